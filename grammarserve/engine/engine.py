@@ -1,0 +1,133 @@
+"""The engine: owns model runner, scheduler and requests; ``step()`` advances every request."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import torch
+
+from grammarserve.config import EngineConfig
+from grammarserve.engine.detokenizer import IncrementalDetokenizer
+from grammarserve.engine.kv_pool import KVPool, ReqToTokenPool
+from grammarserve.engine.model_runner import BatchEntry, ModelRunner
+from grammarserve.engine.request import Req, RequestOutput
+from grammarserve.engine.sampler import sample
+from grammarserve.engine.scheduler import ScheduledReq, Scheduler
+from grammarserve.engine.stopping import append_token
+from grammarserve.errors import InvalidRequestError
+from grammarserve.models.loader import LoadedModel, load_model
+from grammarserve.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    """Continuous-batching generation engine (in-process; see ``LLM`` for the offline API)."""
+
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        device = config.torch_device
+        self.loaded = loaded or load_model(config.model, dtype=config.torch_dtype, device=device,
+                                           cache_dir=config.cache_dir)
+        mc = self.loaded.config
+        self.tokenizer = self.loaded.tokenizer
+        self.max_model_len = min(config.max_model_len or mc.max_position_embeddings,
+                                 mc.max_position_embeddings)
+        pool = KVPool(capacity=config.kv_cache_tokens, num_layers=mc.num_layers,
+                      num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
+                      dtype=config.torch_kv_dtype, device=device)
+        table = ReqToTokenPool(max_reqs=config.max_num_reqs, max_context=self.max_model_len,
+                               device=device)
+        self.runner = ModelRunner(self.loaded.model, pool, table)
+        self.scheduler = Scheduler(pool, table, max_batch_tokens=config.max_batch_tokens)
+        eos = set(mc.eos_token_ids)
+        if self.tokenizer.eos_token_id is not None:
+            eos.add(int(self.tokenizer.eos_token_id))
+        self.eos_ids = frozenset(eos)
+        self.requests: dict[str, Req] = {}
+        self._aborted: list[Req] = []
+        self._arrivals = itertools.count()
+        log.info("KV pool: %d tokens x %d B/token = %.1f MiB", pool.capacity,
+                 KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, pool.dtype),
+                 pool.capacity * KVPool.bytes_per_token(
+                     mc.num_layers, mc.num_kv_heads, mc.head_dim, pool.dtype) / 2**20)
+
+    def add_request(self, request_id: str, prompt: str | list[int],
+                    params: SamplingParams) -> None:
+        """Queue a request; ``prompt`` is text (tokenized as is) or token ids."""
+        if request_id in self.requests:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use",
+                                      param="request_id")
+        ids = self.tokenizer.encode(prompt, add_special_tokens=False) if isinstance(
+            prompt, str) else list(prompt)
+        self._check_prompt(ids, params)
+        gen = None
+        if not params.greedy:
+            gen = torch.Generator(device="cpu")
+            gen.manual_seed(params.seed if params.seed is not None else
+                            int(torch.randint(0, 2**62, (1,)).item()))
+        req = Req(request_id, ids, params, IncrementalDetokenizer(
+            self.tokenizer, skip_special_tokens=params.skip_special_tokens),
+            arrival=next(self._arrivals), generator=gen)
+        self.requests[request_id] = req
+        self.scheduler.add(req)
+
+    def _check_prompt(self, ids: list[int], params: SamplingParams) -> None:
+        vocab = self.loaded.config.vocab_size
+        if not ids:
+            raise InvalidRequestError("the prompt is empty", param="prompt")
+        if any(not 0 <= t < vocab for t in ids):
+            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
+        if len(ids) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt has {len(ids)} tokens; this model's limit is {self.max_model_len}",
+                param="prompt")
+        if len(ids) > self.config.kv_cache_tokens:
+            raise InvalidRequestError(
+                f"the prompt has {len(ids)} tokens but the KV pool holds "
+                f"{self.config.kv_cache_tokens}", param="prompt")
+
+    def abort(self, request_id: str) -> None:
+        req = self.requests.get(request_id)
+        if req is not None and not req.finished:
+            req.finish_reason = "abort"
+            self.scheduler.finish(req)
+            self._aborted.append(req)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run one forward, sample, and return the outputs of requests that advanced."""
+        work = self.scheduler.schedule()
+        if not work:
+            return self._collect([])
+        logits = self.runner.forward([self._entry(w) for w in work])
+        for w in work:
+            w.req.num_computed += w.num_tokens
+        ready = [i for i, w in enumerate(work) if w.req.num_pending == 0]
+        reqs = [work[i].req for i in ready]
+        if reqs:
+            out = sample(logits[ready], [r.params for r in reqs], [r.generator for r in reqs])
+            for req, tok, lp in zip(reqs, out.token_ids, out.logprobs):
+                append_token(req, tok, lp, eos_ids=self.eos_ids, max_model_len=self.max_model_len)
+                if req.finish_reason is not None:
+                    self.scheduler.finish(req)
+        return self._collect(reqs)
+
+    def _entry(self, w: ScheduledReq) -> BatchEntry:
+        r = w.req
+        return BatchEntry(r.row, r.num_computed, r.tokens[r.num_computed:r.num_computed +
+                                                          w.num_tokens])
+
+    def _collect(self, advanced: list[Req]) -> list[RequestOutput]:
+        done = advanced + self._aborted
+        self._aborted = []
+        outs = [r.snapshot() for r in done]
+        for r in done:
+            if r.finished:
+                del self.requests[r.request_id]
+        return outs

@@ -1,0 +1,63 @@
+"""Builds the ragged batch from scheduled work and runs the model on it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from grammarserve.engine.forward_batch import ForwardBatch
+from grammarserve.engine.kv_pool import KVPool, ReqToTokenPool
+from grammarserve.models.attention import AttentionBackend, TorchSDPABackend
+from grammarserve.models.llama import LlamaModel
+
+
+@dataclass(frozen=True)
+class BatchEntry:
+    """One request's share of a forward: ``token_ids`` are new tokens at positions
+    ``prefix_len ..``; their KV slots are already recorded in the request's table row."""
+
+    req_pool_idx: int
+    prefix_len: int
+    token_ids: list[int]
+
+
+class ModelRunner:
+    """Owns the model, the KV pool and the request-to-token table of one device."""
+
+    def __init__(self, model: LlamaModel, pool: KVPool, req_to_token: ReqToTokenPool,
+                 attn: AttentionBackend | None = None) -> None:
+        self.model = model
+        self.pool = pool
+        self.req_to_token = req_to_token
+        self.device = pool.device
+        self.attn = attn or TorchSDPABackend(pool, req_to_token, model.config.sliding_window)
+
+    def build_batch(self, entries: list[BatchEntry]) -> ForwardBatch:
+        """Flatten entries into one ragged :class:`ForwardBatch` (logits: last row of each)."""
+        ids: list[int] = []
+        positions: list[int] = []
+        loc_rows: list[torch.Tensor] = []
+        logit_rows: list[int] = []
+        for e in entries:
+            n = len(e.token_ids)
+            if n == 0:
+                raise ValueError("a batch entry must bring at least one new token")
+            ids.extend(e.token_ids)
+            positions.extend(range(e.prefix_len, e.prefix_len + n))
+            loc_rows.append(self.req_to_token.table[e.req_pool_idx, e.prefix_len:e.prefix_len + n])
+            logit_rows.append(len(ids) - 1)
+        dev = self.device
+        return ForwardBatch(
+            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
+            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
+            out_cache_loc=torch.cat(loc_rows),
+            req_pool_indices=[e.req_pool_idx for e in entries],
+            prefix_lens=[e.prefix_len for e in entries],
+            extend_lens=[len(e.token_ids) for e in entries],
+            logit_rows=torch.tensor(logit_rows, dtype=torch.int64, device=dev),
+        )
+
+    def forward(self, entries: list[BatchEntry]) -> torch.Tensor:
+        """Run the entries; returns fp32 logits ``[len(entries), vocab]`` of each last token."""
+        return self.model(self.build_batch(entries), self.attn)

@@ -1,0 +1,83 @@
+"""Per-request engine state (``Req``) and what callers get back (``RequestOutput``)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+from grammarserve.engine.detokenizer import IncrementalDetokenizer
+from grammarserve.sampling_params import SamplingParams
+
+
+class ReqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class RequestOutput:
+    """A snapshot of one request: the full text so far plus what is new since the last one."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    delta_text: str
+    finished: bool
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    error: str | None = None
+    logprobs: list[float] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class Req:
+    """State of one request inside the engine.
+
+    ``tokens`` is prompt + output; ``num_computed`` tokens of it have KV in the pool (slots listed
+    in the request's table row). The next forward feeds ``tokens[num_computed:]`` (chunked).
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    detok: IncrementalDetokenizer
+    arrival: int
+    tokens: list[int] = field(init=False)
+    num_computed: int = 0
+    num_allocated: int = 0  # KV slots recorded in the table row (>= num_computed)
+    row: int = -1  # row in the request-to-token table while it holds KV
+    status: ReqStatus = ReqStatus.WAITING
+    text: str = ""
+    pending_text: str = ""  # text produced since the last RequestOutput
+    logprobs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+    error: str | None = None
+    generator: torch.Generator | None = None
+
+    def __post_init__(self) -> None:
+        self.tokens = list(self.prompt_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.tokens[len(self.prompt_ids):]
+
+    @property
+    def num_pending(self) -> int:
+        """Tokens not yet run through the model (prompt remainder, last sample, forced span)."""
+        return len(self.tokens) - self.num_computed
+
+    @property
+    def finished(self) -> bool:
+        return self.status is ReqStatus.FINISHED
+
+    def snapshot(self) -> RequestOutput:
+        delta, self.pending_text = self.pending_text, ""
+        return RequestOutput(
+            request_id=self.request_id, prompt_token_ids=self.prompt_ids,
+            token_ids=list(self.output_ids), text=self.text, delta_text=delta,
+            finished=self.finished, finish_reason=self.finish_reason, error=self.error,
+            logprobs=list(self.logprobs),
+        )

@@ -1,0 +1,40 @@
+"""All exceptions raised by grammarserve.
+
+User-facing errors carry a message that says what is wrong and, where possible, how to fix it.
+"""
+
+from __future__ import annotations
+
+
+class GrammarserveError(Exception):
+    """Base class of every error grammarserve raises on purpose."""
+
+
+class ModelLoadError(GrammarserveError):
+    """A model could not be found, read or understood (missing path, unknown architecture,
+    corrupt or truncated weight file)."""
+
+
+class UnsupportedModelError(ModelLoadError):
+    """The model's architecture or one of its settings is not implemented."""
+
+
+class InvalidRequestError(GrammarserveError, ValueError):
+    """A request parameter is out of range or inconsistent; ``param`` names it."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class OutOfMemoryError(GrammarserveError):
+    """The KV pool or request table has no room for what was asked."""
+
+
+class GrammarError(GrammarserveError):
+    """A grammar or schema cannot be compiled or enforced; ``path`` is the JSON path of the
+    offending keyword when known."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path

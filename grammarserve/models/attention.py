@@ -1,0 +1,128 @@
+"""Attention over the token-slot KV pool, behind a backend seam.
+
+A backend is prepared once per forward (index tensors and masks shared by all layers) and then
+called per layer. ``TorchSDPABackend`` runs on any device with ``torch.nn.functional.
+scaled_dot_product_attention``; a GPU backend (Triton / FlashInfer) plugs in behind the same ABC.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from grammarserve.engine.forward_batch import ForwardBatch
+from grammarserve.engine.kv_pool import KVPool, ReqToTokenPool
+
+# Requests with at most this many new tokens (decode steps, jump-forward spans) are attended
+# together in one padded call; longer extends run one call each so no query padding is wasted.
+SHORT_EXTEND = 16
+
+
+class AttentionBackend(ABC):
+    """Contract: ``prepare(batch)`` is called once before the layers run; then ``forward`` is
+    called once per layer. ``forward`` first stores the new tokens' K/V in the pool at
+    ``batch.out_cache_loc`` and then attends each new query to its request's whole sequence
+    (prefix and new tokens, causal)."""
+
+    @abstractmethod
+    def prepare(self, batch: ForwardBatch) -> None: ...
+
+    @abstractmethod
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        """q ``[T, heads, d]``, k/v ``[T, kv_heads, d]`` -> output ``[T, heads, d]``."""
+
+
+@dataclass
+class _CausalGroup:
+    """One request with no cached prefix: plain causal attention over its own new tokens."""
+
+    rows: slice
+    slots: torch.Tensor  # [n]
+
+
+@dataclass
+class _PaddedGroup:
+    """Several requests padded to a common query length and key length."""
+
+    q_rows: torch.Tensor  # [B, Lq] row of each query (padding repeats a valid row)
+    kv_slots: torch.Tensor  # [B, S] KV slot of each key (padding = slot 0)
+    mask: torch.Tensor  # [B, 1, Lq, S] True where attention is allowed
+    valid: torch.Tensor  # [N] flat indices into B*Lq of real queries
+    out_rows: torch.Tensor  # [N] batch rows those queries belong to
+
+
+class TorchSDPABackend(AttentionBackend):
+    """Attention with torch SDPA; K/V gathered from the pool by slot index."""
+
+    def __init__(self, pool: KVPool, req_to_token: ReqToTokenPool,
+                 sliding_window: int | None = None) -> None:
+        self.pool = pool
+        self.req_to_token = req_to_token
+        self.sliding_window = sliding_window
+        self._batch: ForwardBatch | None = None
+        self._groups: list[_CausalGroup | _PaddedGroup] = []
+
+    def prepare(self, batch: ForwardBatch) -> None:
+        self._batch = batch
+        self._groups = []
+        short: list[int] = []
+        for i, (start, p, n) in enumerate(zip(batch.starts, batch.prefix_lens, batch.extend_lens)):
+            window_ok = self.sliding_window is None or n <= self.sliding_window
+            if p == 0 and n > 1 and window_ok:
+                rows = slice(start, start + n)
+                self._groups.append(_CausalGroup(rows, batch.out_cache_loc[rows]))
+            elif n <= SHORT_EXTEND:
+                short.append(i)
+            else:
+                self._groups.append(self._padded(batch, [i]))
+        if short:
+            self._groups.append(self._padded(batch, short))
+
+    def _padded(self, batch: ForwardBatch, members: list[int]) -> _PaddedGroup:
+        device = batch.input_ids.device
+        starts, prefix, extend = batch.starts, batch.prefix_lens, batch.extend_lens
+        lq = max(extend[i] for i in members)
+        s = max(prefix[i] + extend[i] for i in members)
+        q_off = torch.arange(lq, device=device)
+        start_t = torch.tensor([starts[i] for i in members], device=device)
+        ext_t = torch.tensor([extend[i] for i in members], device=device)
+        pre_t = torch.tensor([prefix[i] for i in members], device=device)
+        real = q_off[None, :] < ext_t[:, None]  # [B, Lq]
+        q_rows = start_t[:, None] + torch.minimum(q_off[None, :], ext_t[:, None] - 1)
+        rows_idx = torch.tensor([batch.req_pool_indices[i] for i in members], device=device)
+        kv_slots = self.req_to_token.table[rows_idx, :s]
+        q_pos = pre_t[:, None] + q_off[None, :]  # [B, Lq] absolute position of each query
+        k_pos = torch.arange(s, device=device)
+        mask = k_pos[None, None, :] <= q_pos[:, :, None]
+        if self.sliding_window is not None:
+            mask &= k_pos[None, None, :] > q_pos[:, :, None] - self.sliding_window
+        valid = real.flatten().nonzero().squeeze(1)
+        return _PaddedGroup(q_rows, kv_slots, mask[:, None], valid, q_rows.flatten()[valid])
+
+    def forward(
+        self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        assert self._batch is not None, "prepare() must be called before forward()"
+        self.pool.write(layer, self._batch.out_cache_loc, k, v)
+        k_buf, v_buf = self.pool.k[layer], self.pool.v[layer]
+        out = torch.empty_like(q)
+        for g in self._groups:
+            if isinstance(g, _CausalGroup):
+                qg = q[g.rows].transpose(0, 1)[None]  # [1, H, n, d]
+                kg = k_buf[g.slots].to(q.dtype).transpose(0, 1)[None]
+                vg = v_buf[g.slots].to(q.dtype).transpose(0, 1)[None]
+                o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, enable_gqa=True)
+                out[g.rows] = o[0].transpose(0, 1)
+            else:
+                qg = q[g.q_rows].transpose(1, 2)  # [B, H, Lq, d]
+                kg = k_buf[g.kv_slots].to(q.dtype).transpose(1, 2)  # [B, Hkv, S, d]
+                vg = v_buf[g.kv_slots].to(q.dtype).transpose(1, 2)
+                o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, enable_gqa=True)
+                o = o.transpose(1, 2).flatten(0, 1)  # [B*Lq, H, d]
+                out[g.out_rows] = o[g.valid]
+        return out

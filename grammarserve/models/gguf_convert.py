@@ -1,0 +1,213 @@
+"""Convert a GGUF file once into a cached Hugging Face folder (config.json, safetensors, tokenizer).
+
+Weights are dequantized with the ``gguf`` package (to fp32, or kept as F16/BF16/F32 when stored so);
+the tokenizer and chat template come from transformers' GGUF support. Later starts load the folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from grammarserve.errors import ModelLoadError, UnsupportedModelError
+
+# GGUF general.architecture -> (HF architecture, HF model_type)
+_ARCHS = {
+    "llama": ("LlamaForCausalLM", "llama"),
+    "mistral": ("MistralForCausalLM", "mistral"),
+    "qwen2": ("Qwen2ForCausalLM", "qwen2"),
+    "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+}
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_TOP_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+
+
+def default_cache_dir() -> Path:
+    """``$GRAMMARSERVE_CACHE`` or ``$XDG_CACHE_HOME/grammarserve`` (``~/.cache/grammarserve``)."""
+    if env := os.environ.get("GRAMMARSERVE_CACHE"):
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "grammarserve"
+
+
+def _fingerprint(path: Path) -> str:
+    """Cheap identity of a large file: size plus hashes of its first and last MiB."""
+    h = hashlib.sha256()
+    size = path.stat().st_size
+    h.update(str(size).encode())
+    with path.open("rb") as f:
+        h.update(f.read(1 << 20))
+        f.seek(max(0, size - (1 << 20)))
+        h.update(f.read(1 << 20))
+    return h.hexdigest()[:16]
+
+
+def gguf_to_hf_folder(gguf_path: Path, cache_dir: Path | None = None) -> Path:
+    """Return a cached HF folder for ``gguf_path``, converting it on first use."""
+    if not gguf_path.is_file():
+        raise ModelLoadError(f"GGUF file {gguf_path} does not exist")
+    target = (cache_dir or default_cache_dir()) / f"{gguf_path.stem}-{_fingerprint(gguf_path)}"
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        _convert(gguf_path, tmp)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process finished first
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _read(gguf_path: Path) -> Any:
+    import gguf
+
+    try:
+        return gguf.GGUFReader(str(gguf_path))
+    except Exception as e:  # the reader raises ValueError, struct.error, IndexError, ...
+        raise ModelLoadError(f"{gguf_path} is not a readable GGUF file: {e}") from None
+
+
+def _convert(gguf_path: Path, out: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    reader = _read(gguf_path)
+    meta = {k: _field(f) for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml.")}
+    arch = meta.get("general.architecture")
+    if arch not in _ARCHS:
+        raise UnsupportedModelError(
+            f"GGUF architecture {arch!r} is not supported (supported: {', '.join(_ARCHS)})"
+        )
+    tensors: dict[str, torch.Tensor] = {}
+    n_head = int(meta[f"{arch}.attention.head_count"])
+    n_kv = int(meta.get(f"{arch}.attention.head_count_kv", n_head))
+    for t in reader.tensors:
+        if t.name == "rope_freqs.weight":
+            raise UnsupportedModelError(
+                f"{gguf_path} stores per-frequency RoPE factors (Llama 3.1-style rope scaling), "
+                "which the GGUF path does not convert; load the Hugging Face folder instead"
+            )
+        name = _hf_name(t.name)
+        if name is None:
+            continue
+        arr = _dequantize(t)
+        # NOTE: llama.cpp permutes Q/K rows of llama-arch models for its RoPE layout; undo it.
+        if arch in ("llama", "mistral") and name.endswith(("q_proj.weight", "k_proj.weight")):
+            arr = _unpermute(arr, n_head if "q_proj" in name else n_kv)
+        tensors[name] = torch.from_numpy(np.array(arr, copy=True, order="C"))
+    if "model.embed_tokens.weight" not in tensors:
+        raise ModelLoadError(f"{gguf_path} has no token_embd.weight tensor")
+    config = _hf_config(meta, arch, tensors, reader)
+    save_file(tensors, str(out / "model.safetensors"))
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    _save_tokenizer(gguf_path, out)
+
+
+def _field(f: Any) -> Any:
+    try:
+        return f.contents()
+    except Exception:
+        return None
+
+
+def _hf_name(name: str) -> str | None:
+    if name in _TOP_NAMES:
+        return _TOP_NAMES[name]
+    parts = name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+    return None
+
+
+def _dequantize(t: Any) -> np.ndarray:
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import dequantize
+
+    if t.tensor_type in (Q.F32, Q.F16):
+        arr = np.asarray(t.data)
+    elif t.tensor_type == Q.BF16:
+        arr = dequantize(t.data, t.tensor_type).astype(np.float32)
+    else:
+        arr = dequantize(t.data, t.tensor_type).astype(np.float32)
+    shape = tuple(int(x) for x in reversed(t.shape))
+    return arr.reshape(shape)
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    rows = w.shape[0]
+    return (w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def _hf_config(meta: dict[str, Any], arch: str, tensors: dict[str, Any],
+               reader: Any) -> dict[str, Any]:
+    hf_arch, model_type = _ARCHS[arch]
+    heads = int(meta[f"{arch}.attention.head_count"])
+    hidden = int(meta[f"{arch}.embedding_length"])
+    key_len = meta.get(f"{arch}.attention.key_length")
+    tok = {k: _field(f) for k, f in reader.fields.items()
+           if k in ("tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id")}
+    cfg: dict[str, Any] = {
+        "architectures": [hf_arch],
+        "model_type": model_type,
+        "vocab_size": int(tensors["model.embed_tokens.weight"].shape[0]),
+        "hidden_size": hidden,
+        "intermediate_size": int(meta[f"{arch}.feed_forward_length"]),
+        "num_hidden_layers": int(meta[f"{arch}.block_count"]),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(meta.get(f"{arch}.attention.head_count_kv", heads)),
+        "head_dim": int(key_len) if key_len else hidden // heads,
+        "rms_norm_eps": float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(meta.get(f"{arch}.context_length", 4096)),
+        "tie_word_embeddings": "lm_head.weight" not in tensors,
+        "attention_bias": "model.layers.0.self_attn.q_proj.bias" in tensors,
+        "bos_token_id": tok.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": tok.get("tokenizer.ggml.eos_token_id"),
+        "torch_dtype": "float32",
+    }
+    if meta.get(f"{arch}.rope.scaling.type") == "linear":
+        cfg["rope_scaling"] = {"rope_type": "linear",
+                               "factor": float(meta[f"{arch}.rope.scaling.factor"])}
+    return cfg
+
+
+def _save_tokenizer(gguf_path: Path, out: Path) -> None:
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    except Exception as e:
+        raise ModelLoadError(f"cannot read the tokenizer of {gguf_path}: {e}") from None
+    tok.save_pretrained(str(out))

