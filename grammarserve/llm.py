@@ -32,6 +32,13 @@ class LLM:
         self.engine = Engine(self.config)
         self._ids = 0
 
+    @classmethod
+    def from_engine(cls, engine: Engine) -> "LLM":
+        """Wrap an existing engine (e.g. one sharing already-loaded weights)."""
+        obj = cls.__new__(cls)
+        obj.config, obj.engine, obj._ids = engine.config, engine, 0
+        return obj
+
     @property
     def tokenizer(self) -> Any:
         return self.engine.tokenizer

