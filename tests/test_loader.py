@@ -21,23 +21,23 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-from grammarserve.engine.kv_pool import KVPool, ReqToTokenPool  # noqa: E402
-from grammarserve.engine.model_runner import BatchEntry, ModelRunner  # noqa: E402
-from grammarserve.errors import ModelLoadError, UnsupportedModelError  # noqa: E402
-from grammarserve.models.config import SUPPORTED_ARCHITECTURES, SUPPORTED_ROPE_TYPES  # noqa: E402
-from grammarserve.models.loader import LoadedModel, load_model  # noqa: E402
+from grammarserve.engine.kv_pool import KVPool, ReqToTokenPool
+from grammarserve.engine.model_runner import BatchEntry, ModelRunner
+from grammarserve.errors import ModelLoadError, UnsupportedModelError
+from grammarserve.models.config import SUPPORTED_ARCHITECTURES, SUPPORTED_ROPE_TYPES
+from grammarserve.models.loader import LoadedModel, load_model
 
 VOCAB = 256
-TINY: dict[str, Any] = dict(
-    vocab_size=VOCAB,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    rms_norm_eps=1e-6,
-)
+TINY: dict[str, Any] = {
+    "vocab_size": VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-6,
+}
 LLAMA3_SCALING = {
     "rope_type": "llama3",
     "factor": 8.0,
@@ -46,32 +46,28 @@ LLAMA3_SCALING = {
     "original_max_position_embeddings": 64,
 }
 ATOL = 1e-4
-
-# Bug in grammarserve/models/config.py: transformers >= 5 writes RoPE settings only as a nested
-# ``rope_parameters`` dict (``{"rope_type", "rope_theta", "factor", ...}``) and no longer writes the
-# top-level ``rope_theta`` / ``rope_scaling`` keys. ModelConfig.from_hf_dict reads only the legacy
-# keys, so for folders saved by transformers 5 it silently falls back to theta=10000 and no scaling.
-ROPE_PARAMETERS_BUG = pytest.mark.xfail(
-    strict=True,
-    reason="config.py ignores transformers-5 `rope_parameters` (rope_theta/rope scaling lost)",
-)
-
+_DELETE = object()  # marker for _edit_config: remove the key
 
 # --------------------------------------------------------------------------------------------
 # helpers
 
 
 def _tokenizer() -> Any:
-    """A WordLevel tokenizer: "<unk>" "<s>" "</s>" then "t3" .. "t255", whitespace-split."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    """A byte-level BPE tokenizer with no merges: token id == byte value (vocab 256).
 
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, VOCAB)}}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
-    )
+    Byte-level is what transformers 5 accepts for every family: AutoTokenizer picks the class from
+    config.json's model_type (e.g. Qwen2Tokenizer, which imposes its own byte-level pre-tokenizer),
+    so a WordLevel tokenizer would tokenize to nothing there.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    byte_to_char = bytes_to_unicode()
+    tok = Tokenizer(models.BPE(vocab={byte_to_char[b]: b for b in range(VOCAB)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok)
 
 
 @pytest.fixture(scope="module")
@@ -131,13 +127,26 @@ def _build(family: str, overrides: dict[str, Any], folder: Path, tokenizer: Any,
     return model
 
 
+def _edit_config(folder: Path, **changes: Any) -> None:
+    path = folder / "config.json"
+    cfg = json.loads(path.read_text())
+    for key, value in changes.items():
+        if value is _DELETE:
+            cfg.pop(key)
+        else:
+            cfg[key] = value
+    path.write_text(json.dumps(cfg))
+
+
 def _prompt_ids(n: int, seed: int) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, VOCAB, (n,), generator=g).tolist()
 
 
-def _text(ids: list[int]) -> str:
-    return " ".join(f"t{i}" for i in ids)
+def _prompt_text(n: int, seed: int) -> str:
+    """``n`` random printable ASCII characters (``n`` tokens for the byte-level tokenizer)."""
+    g = torch.Generator().manual_seed(seed)
+    return "".join(chr(c) for c in torch.randint(32, 127, (n,), generator=g).tolist())
 
 
 def _runner(lm: LoadedModel, capacity: int = 256, max_reqs: int = 4) -> ModelRunner:
@@ -179,10 +188,8 @@ PARITY_CASES = [
     pytest.param("llama", {"rope_scaling": LLAMA3_SCALING}, True, id="llama3-rope-legacy-config"),
     pytest.param("llama", {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}, True,
                  id="linear-rope-legacy-config"),
-    pytest.param("llama", {"rope_theta": 500000.0}, False, id="llama-theta-tf5-config",
-                 marks=ROPE_PARAMETERS_BUG),
-    pytest.param("llama", {"rope_scaling": LLAMA3_SCALING}, False, id="llama3-rope-tf5-config",
-                 marks=ROPE_PARAMETERS_BUG),
+    pytest.param("llama", {"rope_theta": 500000.0}, False, id="llama-theta-tf5-config"),
+    pytest.param("llama", {"rope_scaling": LLAMA3_SCALING}, False, id="llama3-rope-tf5-config"),
     pytest.param("qwen2", {}, False, id="qwen2-qkv-bias"),
     pytest.param("qwen3", {"head_dim": 32}, False, id="qwen3-qknorm-head_dim32"),
     pytest.param("mistral", {"sliding_window": None}, False, id="mistral"),
@@ -209,9 +216,9 @@ def test_loader_parity(family: str, overrides: dict[str, Any], legacy: bool, tmp
         assert lm.model.lm_head.weight is lm.model.embed_tokens.weight
     assert lm.model.inv_freq.dtype == torch.float32
 
-    prompt = _prompt_ids(20, seed=1)
-    ids = lm.tokenizer.encode(_text(prompt), add_special_tokens=False)
-    assert ids == prompt
+    text = _prompt_text(20, seed=1)
+    ids = lm.tokenizer.encode(text, add_special_tokens=False)
+    assert ids == list(text.encode())
 
     ours = _all_logits(lm, ids)
     want = _hf_logits(ref, ids)
@@ -220,6 +227,52 @@ def test_loader_parity(family: str, overrides: dict[str, Any], legacy: bool, tmp
     assert want.abs().max() > 0.5  # the tolerance below must be meaningful
     diff = (ours - want).abs().max().item()
     assert diff < ATOL, f"max abs logit diff {diff:.3g} vs transformers"
+
+
+# Hub config.json files carry keys that the transformers config class normalises on load; the
+# loader reads config.json itself, so it must apply the same rules.
+CONFIG_FILE_CASES = [
+    # Qwen2.5 checkpoints ship "sliding_window": 32768 with "use_sliding_window": false.
+    pytest.param("qwen2", {}, {"sliding_window": 8, "use_sliding_window": False},
+                 id="qwen2-window-disabled"),
+    # Same for Qwen3: transformers drops the window when use_sliding_window is false, but
+    # config.py only applies that rule to family "qwen2".
+    pytest.param("qwen3", {"head_dim": 32}, {"sliding_window": 8, "use_sliding_window": False},
+                 id="qwen3-window-disabled"),
+    # With use_sliding_window, Qwen2 windows only layers >= max_window_layers (layer_types);
+    # config.py / the attention backend window every layer.
+]
+
+
+@pytest.mark.parametrize(("family", "overrides", "edits"), CONFIG_FILE_CASES)
+def test_loader_parity_config_file_keys(family: str, overrides: dict[str, Any],
+                                        edits: dict[str, Any], tmp_path: Path,
+                                        hf_tokenizer: Any) -> None:
+    ref = _build(family, overrides, tmp_path / "model", hf_tokenizer)
+    if edits:
+        _edit_config(tmp_path / "model", **edits)
+    lm = load_model(str(tmp_path / "model"))
+    ids = _prompt_ids(20, seed=2)
+    diff = (_all_logits(lm, ids) - _hf_logits(ref, ids)).abs().max().item()
+    assert diff < ATOL, f"max abs logit diff {diff:.3g} vs transformers"
+
+
+def test_load_bf16(tiny_llama: tuple[Path, torch.nn.Module]) -> None:
+    lm = load_model(str(tiny_llama[0]), dtype=torch.bfloat16)
+    assert lm.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert lm.model.layers[0].self_attn.qkv_proj.weight.dtype == torch.bfloat16
+    assert lm.model.inv_freq.dtype == torch.float32
+    assert lm.model.lm_head.weight.dtype == torch.bfloat16
+
+
+def test_load_bf16_keeps_exact_fp32_rope_frequencies(
+        tiny_llama: tuple[Path, torch.nn.Module]) -> None:
+    from grammarserve.models.rope import rope_inv_freq
+
+    lm = load_model(str(tiny_llama[0]), dtype=torch.bfloat16)
+    mc = lm.config
+    want = rope_inv_freq(mc.head_dim, mc.rope_theta, mc.rope_scaling)
+    assert torch.equal(lm.model.inv_freq, want)
 
 
 def test_parity_cases_are_sensitive(tmp_path: Path, hf_tokenizer: Any) -> None:
@@ -319,20 +372,6 @@ def model_copy(tiny_llama: tuple[Path, torch.nn.Module], tmp_path: Path) -> Path
     dst = tmp_path / "model"
     shutil.copytree(tiny_llama[0], dst)
     return dst
-
-
-def _edit_config(folder: Path, **changes: Any) -> None:
-    path = folder / "config.json"
-    cfg = json.loads(path.read_text())
-    for key, value in changes.items():
-        if value is _DELETE:
-            cfg.pop(key)
-        else:
-            cfg[key] = value
-    path.write_text(json.dumps(cfg))
-
-
-_DELETE = object()
 
 
 def test_missing_model_path(tmp_path: Path) -> None:
@@ -511,10 +550,17 @@ def test_unsupported_rope_scaling_legacy_config(model_copy: Path, key: str) -> N
         assert rope_type in msg
 
 
-@ROPE_PARAMETERS_BUG
 def test_unsupported_rope_scaling_tf5_config(model_copy: Path) -> None:
     _edit_config(model_copy, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
                                               "factor": 4.0,
                                               "original_max_position_embeddings": 64})
     msg = _rope_error(model_copy)
     assert "yarn" in msg
+
+
+def test_per_layer_sliding_window_is_refused(tmp_path: Path, hf_tokenizer: Any) -> None:
+    """Qwen2 windows only layers >= max_window_layers; we refuse rather than run it wrong."""
+    _build("qwen2", {"sliding_window": 8, "use_sliding_window": True, "max_window_layers": 1},
+           tmp_path / "m", hf_tokenizer)
+    with pytest.raises(UnsupportedModelError, match="sliding-window"):
+        load_model(str(tmp_path / "m"))

@@ -73,9 +73,11 @@ class ModelConfig:
             heads = int(cfg["num_attention_heads"])
             eos = cfg.get("eos_token_id")
             eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-            window = cfg.get("sliding_window")
-            if family == "qwen2" and not cfg.get("use_sliding_window", False):
-                window = None
+            window = _sliding_window(cfg, family)
+            rope = dict(cfg.get("rope_parameters") or {})  # transformers >= 5 layout
+            theta = cfg.get("rope_theta", rope.pop("rope_theta", 10000.0))
+            if hidden <= 0 or heads <= 0:
+                raise ValueError("hidden_size and num_attention_heads must be positive")
             return cls(
                 family=family,
                 vocab_size=int(cfg["vocab_size"]),
@@ -86,8 +88,8 @@ class ModelConfig:
                 num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
                 head_dim=int(cfg.get("head_dim") or hidden // heads),
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(cfg.get("rope_theta", 10000.0)),
-                rope_scaling=_parse_rope_scaling(cfg.get("rope_scaling")),
+                rope_theta=float(theta),
+                rope_scaling=_parse_rope_scaling(cfg.get("rope_scaling") or rope or None),
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 attention_bias=bool(cfg.get("attention_bias", family == "qwen2")),
@@ -114,6 +116,24 @@ class ModelConfig:
         if not isinstance(data, dict):
             raise ModelLoadError(f"{path} is not a JSON object")
         return cls.from_hf_dict(data)
+
+
+def _sliding_window(cfg: dict[str, Any], family: str) -> int | None:
+    window = cfg.get("sliding_window")
+    if family in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
+        return None
+    if not window:
+        return None
+    n_layers = int(cfg["num_hidden_layers"])
+    layer_types = cfg.get("layer_types")
+    mixed = (layer_types is not None and len(set(layer_types)) > 1) or (
+        family in ("qwen2", "qwen3") and int(cfg.get("max_window_layers", 0)) < n_layers)
+    if mixed:
+        raise UnsupportedModelError(
+            "sliding-window attention on only some layers (max_window_layers / layer_types) is "
+            "not supported"
+        )
+    return int(window)
 
 
 def _parse_rope_scaling(raw: dict[str, Any] | None) -> RopeScaling:

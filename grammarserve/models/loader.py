@@ -73,21 +73,23 @@ def load_model(
     """Load ``spec`` (``default``, a HF folder or a GGUF file) onto ``device`` in ``dtype``."""
     folder = resolve_model_folder(spec, cache_dir)
     config = ModelConfig.from_folder(folder)
+    tokenizer = _load_tokenizer(folder)
     with torch.device("meta"):
         model = LlamaModel(config)
     state = _fused_state_dict(_read_safetensors(folder), config)
     try:
         model.load_state_dict(state, strict=True, assign=True)
     except RuntimeError as e:
-        raise ModelLoadError(f"weights in {folder} do not fit the config: {e}") from None
+        raise ModelLoadError(f"weights in {folder} do not fit the config: {_one_line(e)}") from None
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    # NOTE: the RoPE buffer was built on the meta device and must stay fp32 whatever the dtype.
-    model.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
+    # NOTE: the RoPE buffer must stay fp32 whatever the dtype, so it is rebuilt after .to().
+    inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
+    model.inv_freq = inv_freq  # replaces the meta-device buffer so that .to() can run
     model = model.to(device=device, dtype=dtype)
-    model.inv_freq = model.inv_freq.float()
+    model.inv_freq = inv_freq.to(device)
     model.eval()
-    return LoadedModel(model, config, _load_tokenizer(folder), folder, spec)
+    return LoadedModel(model, config, tokenizer, folder, spec)
 
 
 def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
@@ -146,4 +148,9 @@ def _load_tokenizer(folder: Path) -> Any:
     try:
         return AutoTokenizer.from_pretrained(str(folder))
     except Exception as e:
-        raise ModelLoadError(f"cannot load the tokenizer in {folder}: {e}") from None
+        raise ModelLoadError(f"cannot load the tokenizer in {folder}: {_one_line(e)}") from None
+
+
+def _one_line(e: Exception, limit: int = 300) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[:limit] + " ..."
