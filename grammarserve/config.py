@@ -27,23 +27,30 @@ class EngineConfig:
     device:
         ``"cpu"``, ``"cuda"`` or ``"auto"`` (CUDA when available).
     kv_cache_tokens:
-        KV pool capacity in tokens.
+        KV pool capacity in tokens; ``None`` sizes it from ``kv_memory_fraction``.
+    kv_memory_fraction:
+        Share of the free memory (host RAM on CPU, device memory on CUDA) given to the KV pool
+        when ``kv_cache_tokens`` is None.
     max_num_reqs:
         Requests that may hold KV at once (rows of the request-to-token table).
     max_batch_tokens:
         Token budget of one forward (prefill chunks + decodes).
     max_model_len:
         Longest sequence (prompt + output); ``None`` = the model's own limit.
+    enable_prefix_cache:
+        Share the KV of common prefixes through the radix cache.
     """
 
     model: str = "default"
     dtype: str = "float32"
     kv_dtype: str | None = None
     device: str = "auto"
-    kv_cache_tokens: int = 32768
+    kv_cache_tokens: int | None = None
+    kv_memory_fraction: float = 0.25
     max_num_reqs: int = 64
     max_batch_tokens: int = 2048
     max_model_len: int | None = None
+    enable_prefix_cache: bool = True
     cache_dir: Path | None = None
     num_threads: int | None = None
 
@@ -54,8 +61,12 @@ class EngineConfig:
                 raise InvalidRequestError(f"{name} must be one of {', '.join(_DTYPES)}, got "
                                           f"{value!r}", param=name)
         for name in ("kv_cache_tokens", "max_num_reqs", "max_batch_tokens"):
-            if getattr(self, name) < 1:
+            value = getattr(self, name)
+            if value is not None and value < 1:
                 raise InvalidRequestError(f"{name} must be >= 1", param=name)
+        if not 0.0 < self.kv_memory_fraction <= 0.95:
+            raise InvalidRequestError("kv_memory_fraction must be in (0, 0.95]",
+                                      param="kv_memory_fraction")
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise InvalidRequestError(f"device must be auto, cpu or cuda[:N], got "
                                       f"{self.device!r}", param="device")

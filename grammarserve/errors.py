@@ -38,3 +38,7 @@ class GrammarError(GrammarserveError):
     def __init__(self, message: str, *, path: str | None = None) -> None:
         super().__init__(message)
         self.path = path
+
+
+class EngineDeadError(GrammarserveError):
+    """The engine process stopped (crashed, was killed or shut down) while work was pending."""

@@ -1,4 +1,4 @@
-"""The engine: owns model runner, scheduler and requests; ``step()`` advances every request."""
+"""The engine: owns model runner, scheduler, radix cache and requests; ``step()`` advances them."""
 
 from __future__ import annotations
 
@@ -10,10 +10,13 @@ import torch
 from grammarserve.config import EngineConfig
 from grammarserve.engine.detokenizer import IncrementalDetokenizer
 from grammarserve.engine.kv_pool import KVPool, ReqToTokenPool
+from grammarserve.engine.memory import kv_tokens_for_budget, process_rss_bytes
 from grammarserve.engine.model_runner import BatchEntry, ModelRunner
+from grammarserve.engine.radix_cache import DEFAULT_NAMESPACE, RadixCache
 from grammarserve.engine.request import Req, RequestOutput
 from grammarserve.engine.sampler import sample
 from grammarserve.engine.scheduler import ScheduledReq, Scheduler
+from grammarserve.engine.stats import EngineStats
 from grammarserve.engine.stopping import append_token
 from grammarserve.errors import InvalidRequestError
 from grammarserve.models.loader import LoadedModel, load_model
@@ -23,7 +26,7 @@ log = logging.getLogger(__name__)
 
 
 class Engine:
-    """Continuous-batching generation engine (in-process; see ``LLM`` for the offline API)."""
+    """Continuous-batching generation engine (in-process; see ``LLM`` and ``EngineProcess``)."""
 
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
@@ -34,15 +37,21 @@ class Engine:
                                            cache_dir=config.cache_dir)
         mc = self.loaded.config
         self.tokenizer = self.loaded.tokenizer
+        self.kv_bytes_per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads,
+                                                         mc.head_dim, config.torch_kv_dtype)
+        capacity = config.kv_cache_tokens or kv_tokens_for_budget(
+            config.kv_memory_fraction, self.kv_bytes_per_token, device)
+        pool = KVPool(capacity=capacity, num_layers=mc.num_layers, num_kv_heads=mc.num_kv_heads,
+                      head_dim=mc.head_dim, dtype=config.torch_kv_dtype, device=device)
+        # NOTE: one sequence must always fit in the pool alone, or preemption could livelock.
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings,
-                                 mc.max_position_embeddings)
-        pool = KVPool(capacity=config.kv_cache_tokens, num_layers=mc.num_layers,
-                      num_kv_heads=mc.num_kv_heads, head_dim=mc.head_dim,
-                      dtype=config.torch_kv_dtype, device=device)
+                                 mc.max_position_embeddings, capacity)
         table = ReqToTokenPool(max_reqs=config.max_num_reqs, max_context=self.max_model_len,
                                device=device)
         self.runner = ModelRunner(self.loaded.model, pool, table)
-        self.scheduler = Scheduler(pool, table, max_batch_tokens=config.max_batch_tokens)
+        self.cache = RadixCache(pool) if config.enable_prefix_cache else None
+        self.scheduler = Scheduler(pool, table, self.cache,
+                                   max_batch_tokens=config.max_batch_tokens)
         eos = set(mc.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(int(self.tokenizer.eos_token_id))
@@ -50,20 +59,22 @@ class Engine:
         self.requests: dict[str, Req] = {}
         self._aborted: list[Req] = []
         self._arrivals = itertools.count()
-        log.info("KV pool: %d tokens x %d B/token = %.1f MiB", pool.capacity,
-                 KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, pool.dtype),
-                 pool.capacity * KVPool.bytes_per_token(
-                     mc.num_layers, mc.num_kv_heads, mc.head_dim, pool.dtype) / 2**20)
+        self._counters = dict(prompt_tokens=0, cached_prompt_tokens=0, generated_tokens=0,
+                              finished_requests=0, forward_passes=0)
+        log.info("KV pool: %d tokens x %d B/token = %.1f MiB (%s); process RSS %.0f MiB",
+                 capacity, self.kv_bytes_per_token, capacity * self.kv_bytes_per_token / 2**20,
+                 pool.dtype, process_rss_bytes() / 2**20)
 
-    def add_request(self, request_id: str, prompt: str | list[int],
-                    params: SamplingParams) -> None:
-        """Queue a request; ``prompt`` is text (tokenized as is) or token ids."""
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    *, namespace: str = DEFAULT_NAMESPACE) -> None:
+        """Queue a request; ``prompt`` is text (tokenized as is) or token ids. Requests only
+        share cached prefixes with requests of the same ``namespace``."""
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use",
                                       param="request_id")
         ids = self.tokenizer.encode(prompt, add_special_tokens=False) if isinstance(
             prompt, str) else list(prompt)
-        self._check_prompt(ids, params)
+        self._check_prompt(ids)
         gen = None
         if not params.greedy:
             gen = torch.Generator(device="cpu")
@@ -71,11 +82,11 @@ class Engine:
                             int(torch.randint(0, 2**62, (1,)).item()))
         req = Req(request_id, ids, params, IncrementalDetokenizer(
             self.tokenizer, skip_special_tokens=params.skip_special_tokens),
-            arrival=next(self._arrivals), generator=gen)
+            arrival=next(self._arrivals), generator=gen, namespace=namespace)
         self.requests[request_id] = req
         self.scheduler.add(req)
 
-    def _check_prompt(self, ids: list[int], params: SamplingParams) -> None:
+    def _check_prompt(self, ids: list[int]) -> None:
         vocab = self.loaded.config.vocab_size
         if not ids:
             raise InvalidRequestError("the prompt is empty", param="prompt")
@@ -83,14 +94,11 @@ class Engine:
             raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
         if len(ids) >= self.max_model_len:
             raise InvalidRequestError(
-                f"the prompt has {len(ids)} tokens; this model's limit is {self.max_model_len}",
-                param="prompt")
-        if len(ids) > self.config.kv_cache_tokens:
-            raise InvalidRequestError(
-                f"the prompt has {len(ids)} tokens but the KV pool holds "
-                f"{self.config.kv_cache_tokens}", param="prompt")
+                f"the prompt has {len(ids)} tokens; the limit is {self.max_model_len - 1} "
+                f"(model context and KV pool size)", param="prompt")
 
     def abort(self, request_id: str) -> None:
+        """Stop a request; its final output (finish_reason ``abort``) comes from the next step."""
         req = self.requests.get(request_id)
         if req is not None and not req.finished:
             req.finish_reason = "abort"
@@ -98,7 +106,7 @@ class Engine:
             self._aborted.append(req)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or bool(self._aborted)
 
     def step(self) -> list[RequestOutput]:
         """Schedule, run one forward, sample, and return the outputs of requests that advanced."""
@@ -106,8 +114,11 @@ class Engine:
         if not work:
             return self._collect([])
         logits = self.runner.forward([self._entry(w) for w in work])
+        self._counters["forward_passes"] += 1
         for w in work:
             w.req.num_computed += w.num_tokens
+            if w.num_tokens > 1:
+                self.scheduler.cache_prefix(w.req)
         ready = [i for i, w in enumerate(work) if w.req.num_pending == 0]
         reqs = [work[i].req for i in ready]
         if reqs:
@@ -120,14 +131,29 @@ class Engine:
 
     def _entry(self, w: ScheduledReq) -> BatchEntry:
         r = w.req
-        return BatchEntry(r.row, r.num_computed, r.tokens[r.num_computed:r.num_computed +
-                                                          w.num_tokens])
+        return BatchEntry(r.row, r.num_computed,
+                          r.tokens[r.num_computed:r.num_computed + w.num_tokens])
 
     def _collect(self, advanced: list[Req]) -> list[RequestOutput]:
         done = advanced + self._aborted
         self._aborted = []
         outs = [r.snapshot() for r in done]
+        c = self._counters
+        c["generated_tokens"] += len(advanced)
         for r in done:
             if r.finished:
                 del self.requests[r.request_id]
+                c["finished_requests"] += 1
+                c["prompt_tokens"] += len(r.prompt_ids)
+                c["cached_prompt_tokens"] += r.num_cached_prompt or 0
         return outs
+
+    def stats(self) -> EngineStats:
+        """Counters since start-up and current gauges."""
+        pool, s = self.runner.pool, self.scheduler
+        return EngineStats(
+            **self._counters, running_requests=len(s.running), waiting_requests=len(s.waiting),
+            kv_capacity=pool.capacity, kv_free=pool.num_free,
+            kv_cached=self.cache.total_tokens if self.cache else 0,
+            evicted_tokens=self.cache.evicted_tokens if self.cache else 0,
+            preemptions=s.num_preemptions)

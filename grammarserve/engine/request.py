@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from grammarserve.engine.detokenizer import IncrementalDetokenizer
+from grammarserve.engine.radix_cache import TreeNode
 from grammarserve.sampling_params import SamplingParams
 
 
@@ -30,6 +31,7 @@ class RequestOutput:
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     error: str | None = None
     logprobs: list[float] = field(default_factory=list)
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
 
 
 @dataclass(eq=False)
@@ -48,10 +50,15 @@ class Req:
     tokens: list[int] = field(init=False)
     num_computed: int = 0
     num_allocated: int = 0  # KV slots recorded in the table row (>= num_computed)
+    tree_len: int = 0  # leading slots owned by the radix cache (locked through cache_node)
+    cache_node: TreeNode | None = None
+    num_cached_prompt: int | None = None  # prompt tokens served from the cache at admission
+    namespace: str = ""
     row: int = -1  # row in the request-to-token table while it holds KV
     status: ReqStatus = ReqStatus.WAITING
     text: str = ""
     pending_text: str = ""  # text produced since the last RequestOutput
+    held_text: str = ""  # text that may start a stop string, not released yet
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None
@@ -79,5 +86,5 @@ class Req:
             request_id=self.request_id, prompt_token_ids=self.prompt_ids,
             token_ids=list(self.output_ids), text=self.text, delta_text=delta,
             finished=self.finished, finish_reason=self.finish_reason, error=self.error,
-            logprobs=list(self.logprobs),
+            logprobs=list(self.logprobs), num_cached_tokens=self.num_cached_prompt or 0,
         )

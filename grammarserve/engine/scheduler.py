@@ -1,9 +1,16 @@
-"""Continuous batching under a per-step token budget, with chunked prefill and preemption.
+"""Continuous batching under a per-step token budget, with chunked prefill, a radix prefix cache,
+cache-aware admission and preemption.
 
 Each step every running request brings its pending tokens (one decode token, a jump-forward span,
-or the next prefill chunk), then waiting requests are admitted in arrival order while the token
-budget, the request table and the KV pool allow. When the pool runs dry the newest running request
-is preempted: its KV is freed and it is recomputed later.
+or the next prefill chunk); then waiting requests are admitted, longest cached prefix first, while
+the token budget, the request table and the KV pool allow. A waiting request that shares an
+uncached prefix with a request still prefilling waits one step so the prefix is computed once.
+When the pool runs dry, unlocked cache leaves are evicted; then the newest running request is
+preempted (its computed KV goes into the cache, and it is recomputed from there later).
+
+Slot ownership (NOTE: the invariant that keeps the pool leak-free): a request's table row lists
+``num_allocated`` slots; the first ``tree_len`` of them belong to the radix tree (and are locked by
+the request), the rest belong to the request until it inserts them.
 """
 
 from __future__ import annotations
@@ -12,7 +19,11 @@ from collections import deque
 from dataclasses import dataclass
 
 from grammarserve.engine.kv_pool import KVPool, ReqToTokenPool
+from grammarserve.engine.radix_cache import RadixCache
 from grammarserve.engine.request import Req, ReqStatus
+
+LPM_MAX_QUEUE = 128  # longer queues fall back to arrival order (matching them all costs too much)
+SHARED_PREFIX_MIN = 32  # defer a request whose uncached prefix overlaps an in-flight prefill
 
 
 @dataclass(frozen=True)
@@ -22,12 +33,15 @@ class ScheduledReq:
 
 
 class Scheduler:
-    def __init__(self, pool: KVPool, req_to_token: ReqToTokenPool, *, max_batch_tokens: int) -> None:
+    def __init__(self, pool: KVPool, req_to_token: ReqToTokenPool, cache: RadixCache | None,
+                 *, max_batch_tokens: int) -> None:
         self.pool = pool
         self.req_to_token = req_to_token
+        self.cache = cache
         self.max_batch_tokens = max_batch_tokens
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
+        self.num_preemptions = 0
 
     def add(self, req: Req) -> None:
         self.waiting.append(req)
@@ -51,45 +65,119 @@ class Scheduler:
             if req.status is ReqStatus.RUNNING:
                 out.append(ScheduledReq(req, n))
                 budget -= n
-        while self.waiting and budget > 0 and self.req_to_token.num_free > 0:
-            req = self.waiting[0]
-            n = min(req.num_pending, budget)
-            if n > self.pool.num_free:
+        admitted: list[Req] = []
+        for req in self._admission_order():
+            if budget == 0 or self.req_to_token.num_free == 0:
                 break
-            self.waiting.popleft()
-            req.row = self.req_to_token.alloc()
-            req.status = ReqStatus.RUNNING
-            self.running.append(req)
-            self._reserve(req, n)
+            n = self._admit(req, budget, admitted)
+            if n is None:
+                continue
+            admitted.append(req)
             out.append(ScheduledReq(req, n))
             budget -= n
         return out
 
+    def _admission_order(self) -> list[Req]:
+        reqs = list(self.waiting)
+        if self.cache is None or len(reqs) > LPM_MAX_QUEUE:
+            return reqs
+        cache = self.cache
+        return sorted(reqs, key=lambda r: (-cache.match_prefix(r.tokens[:-1], r.namespace).length,
+                                           r.arrival))
+
+    def _admit(self, req: Req, budget: int, admitted: list[Req]) -> int | None:
+        """Try to start ``req``; returns its token count this step, or None to leave it waiting."""
+        match = (self.cache.match_prefix(req.tokens[:-1], req.namespace)
+                 if self.cache is not None else None)
+        cached = match.length if match is not None else 0
+        inflight = admitted + [r for r in self.running if r.num_computed < len(r.prompt_ids)]
+        if any(r.namespace == req.namespace and
+               _common_len(r.tokens, req.tokens) >= cached + SHARED_PREFIX_MIN for r in inflight):
+            return None
+        n = min(len(req.tokens) - cached, budget)
+        if match is not None and self.cache is not None:
+            self.cache.lock(match.node)  # NOTE: before _make_room, so eviction cannot take it
+        if not self._make_room(n):
+            if match is not None and self.cache is not None:
+                self.cache.unlock(match.node)
+            return None
+        self.waiting.remove(req)
+        req.row = self.req_to_token.alloc()
+        req.status = ReqStatus.RUNNING
+        if req.num_cached_prompt is None:
+            req.num_cached_prompt = cached
+        if match is not None:
+            self.req_to_token.write(req.row, 0, match.slots)
+            req.cache_node = match.node
+        req.num_computed = req.num_allocated = req.tree_len = cached
+        self.running.append(req)
+        self._reserve(req, n)
+        return n
+
+    def _make_room(self, n: int) -> bool:
+        short = n - self.pool.num_free
+        if short > 0 and self.cache is not None:
+            self.cache.evict(short)
+        return self.pool.num_free >= n
+
     def _reserve(self, req: Req, n: int) -> bool:
-        if n > self.pool.num_free:
+        if not self._make_room(n):
             return False
         self.req_to_token.write(req.row, req.num_computed, self.pool.alloc(n))
         req.num_allocated = req.num_computed + n
         return True
 
+    def cache_prefix(self, req: Req) -> None:
+        """Insert ``req``'s computed tokens into the cache now (after a prefill chunk), so that
+        others can reuse them while it runs."""
+        if self.cache is None or req.num_computed <= req.tree_len:
+            return
+        tokens = req.tokens[:req.num_computed]
+        slots = self.req_to_token.slots(req.row, req.num_computed).clone()
+        already, node = self.cache.insert(tokens, slots, req.namespace)
+        if already > req.tree_len:
+            # Someone inserted part of this meanwhile: free our copies, read the tree's instead.
+            self.pool.free(slots[req.tree_len:already])
+            self.req_to_token.write(req.row, 0, self.cache.match_prefix(
+                tokens, req.namespace).slots)
+        self.cache.lock(node)
+        if req.cache_node is not None:
+            self.cache.unlock(req.cache_node)
+        req.cache_node, req.tree_len = node, req.num_computed
+
     def _release(self, req: Req) -> None:
-        self.pool.free(self.req_to_token.slots(req.row, req.num_allocated).clone())
+        """Give up ``req``'s table row: computed KV goes to the cache, the rest back to the pool."""
+        self.cache_prefix(req)
+        start = req.tree_len if self.cache is not None else 0
+        self.pool.free(self.req_to_token.slots(req.row, req.num_allocated)[start:].clone())
+        if self.cache is not None and req.cache_node is not None:
+            self.cache.unlock(req.cache_node)
         self.req_to_token.free(req.row)
-        req.row, req.num_allocated = -1, 0
+        req.row, req.num_allocated, req.tree_len, req.cache_node = -1, 0, 0, None
 
     def preempt(self, req: Req) -> None:
-        """Free ``req``'s KV and put it back at the head of the queue (recomputed later)."""
+        """Stop ``req`` and put it back at the head of the queue (recomputed later, from the
+        cache where its KV survives)."""
         self._release(req)
         self.running.remove(req)
         req.num_computed = 0
         req.status = ReqStatus.WAITING
         self.waiting.appendleft(req)
+        self.num_preemptions += 1
 
     def finish(self, req: Req) -> None:
-        """Free a finished (or aborted) request's KV and table row."""
+        """Free a finished (or aborted) request's resources."""
         if req in self.running:
             self._release(req)
             self.running.remove(req)
         elif req in self.waiting:
             self.waiting.remove(req)
         req.status = ReqStatus.FINISHED
+
+
+def _common_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -1,4 +1,8 @@
-"""Appends a sampled token to a request and decides whether the request is finished."""
+"""Appends a sampled token to a request and decides whether the request is finished.
+
+Stop strings: text that could be the beginning of a stop string is held back (``req.held_text``)
+until the next tokens show whether it is, so streamed text never contains part of a stop string.
+"""
 
 from __future__ import annotations
 
@@ -12,27 +16,38 @@ def append_token(req: Req, token: int, logprob: float, *, eos_ids: frozenset[int
     req.tokens.append(token)
     req.logprobs.append(logprob)
     if (token in eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
-        req.finish_reason = "stop"
-        _emit(req, req.detok.flush())
+        _finish(req, "stop", req.held_text + req.detok.flush())
         return
-    new = req.detok.add([token])
+    buf = req.held_text + req.detok.add([token])
     stops = p.stop_strings
-    if stops and new:
-        # Only the tail can contain a stop string that this token completed.
-        window = max(len(s) for s in stops) + len(new)
-        tail_start = max(0, len(req.text) + len(new) - window)
-        candidate = req.text + new
-        hits = [i for s in stops if (i := candidate.find(s, tail_start)) >= 0]
-        if hits:
-            _emit(req, candidate[:min(hits)][len(req.text):])
-            req.finish_reason = "stop"
-            return
-    _emit(req, new)
+    hits = [i for s in stops if (i := buf.find(s)) >= 0]
+    if hits:
+        _finish(req, "stop", buf[:min(hits)])
+        return
+    keep = _stop_prefix_len(buf, stops)
+    _release(req, buf[:len(buf) - keep])
+    req.held_text = buf[len(buf) - keep:]
     if len(req.output_ids) >= p.max_tokens or len(req.tokens) >= max_model_len:
-        req.finish_reason = "length"
-        _emit(req, req.detok.flush())
+        _finish(req, "length", req.held_text + req.detok.flush())
 
 
-def _emit(req: Req, text: str) -> None:
+def _stop_prefix_len(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest suffix of ``text`` that is a proper prefix of a stop string."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
+
+
+def _finish(req: Req, reason: str, text: str) -> None:
+    req.held_text = ""
+    _release(req, text)
+    req.finish_reason = reason
+
+
+def _release(req: Req, text: str) -> None:
     req.text += text
     req.pending_text += text

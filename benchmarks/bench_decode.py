@@ -1,0 +1,94 @@
+"""Greedy decode throughput: grammarserve's engine vs transformers ``generate``, same model/machine.
+
+For each batch size B: prompts of ``--prompt-len`` random tokens, ``--new-tokens`` greedy tokens
+(EOS ignored). Each side is timed twice: with 1 new token (prefill) and with all of them; decode
+tokens/s = B * (new_tokens - 1) / (t_all - t_prefill). End-to-end tokens/s = B * new_tokens / t_all.
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from typing import Any
+
+import torch
+
+
+def _grammarserve(prompts: list[list[int]], new_tokens: int, llm: Any) -> float:
+    from grammarserve import SamplingParams
+
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, SamplingParams(max_tokens=new_tokens, temperature=0,
+                                                ignore_eos=True))
+    dt = time.perf_counter() - t0
+    assert all(len(o.token_ids) == new_tokens for o in outs)
+    return dt
+
+
+def _transformers(prompts: list[list[int]], new_tokens: int, model: Any) -> float:
+    ids = torch.tensor(prompts)
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    dt = time.perf_counter() - t0
+    assert out.shape[1] == ids.shape[1] + new_tokens
+    return dt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--prompt-len", type=int, default=512)
+    ap.add_argument("--new-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from transformers import AutoModelForCausalLM
+
+    from grammarserve import LLM
+    from grammarserve.models.loader import default_model_path
+
+    batches = [int(b) for b in args.batches.split(",")]
+    max_b = max(batches)
+    llm = LLM("default", device="cpu", max_num_reqs=max_b,
+              kv_cache_tokens=max_b * (args.prompt_len + args.new_tokens) + 64,
+              max_batch_tokens=2048)
+    path = default_model_path()
+    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
+                                              dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(0)
+    vocab = llm.engine.loaded.config.vocab_size
+    results: dict[str, Any] = {"bench": "decode", "model": "SmolLM2-135M-Instruct (GGUF Q4_1 "
+                               "dequantized, fp32)", "prompt_len": args.prompt_len,
+                               "new_tokens": args.new_tokens, "threads": args.threads,
+                               "cpu": platform.processor() or platform.machine(), "runs": []}
+    _grammarserve([[1, 2, 3]], 2, llm)  # warm-up
+    _transformers([[1, 2, 3]], 2, hf)
+    for b in batches:
+        prompts = torch.randint(100, vocab, (b, args.prompt_len), generator=gen).tolist()
+        row: dict[str, Any] = {"batch": b}
+        for name, fn, obj in (("grammarserve", _grammarserve, llm),
+                              ("transformers", _transformers, hf)):
+            t1 = fn(prompts, 1, obj)
+            tn = fn(prompts, args.new_tokens, obj)
+            row[name] = {
+                "prefill_s": round(t1, 3),
+                "total_s": round(tn, 3),
+                "decode_tok_s": round(b * (args.new_tokens - 1) / max(tn - t1, 1e-9), 2),
+                "e2e_tok_s": round(b * args.new_tokens / tn, 2),
+            }
+        row["decode_ratio"] = round(row["grammarserve"]["decode_tok_s"]
+                                    / row["transformers"]["decode_tok_s"], 2)
+        row["e2e_ratio"] = round(row["grammarserve"]["e2e_tok_s"]
+                                 / row["transformers"]["e2e_tok_s"], 2)
+        results["runs"].append(row)
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

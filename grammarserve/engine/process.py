@@ -1,0 +1,271 @@
+"""Runs the engine loop in its own process; callers talk to it through a small message protocol.
+
+Parent -> engine: ``AddRequest``, ``Abort``, ``GetStats``, ``Shutdown``.
+Engine -> parent: ``Ready`` / ``StartupFailed`` once, then ``Outputs``, ``RequestFailed``, ``Stats``.
+If the engine process dies, every waiting caller gets :class:`EngineDeadError` instead of a hang.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import queue
+import threading
+from collections.abc import Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from grammarserve.config import EngineConfig
+from grammarserve.engine.request import RequestOutput
+from grammarserve.engine.stats import EngineStats
+from grammarserve.errors import EngineDeadError, GrammarserveError, InvalidRequestError
+from grammarserve.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AddRequest:
+    request_id: str
+    prompt: str | list[int]
+    params: SamplingParams
+    namespace: str = ""
+
+
+@dataclass(frozen=True)
+class Abort:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class GetStats:
+    pass
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    pass
+
+
+@dataclass(frozen=True)
+class Ready:
+    info: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StartupFailed:
+    message: str
+
+
+@dataclass(frozen=True)
+class Outputs:
+    outputs: list[RequestOutput]
+
+
+@dataclass(frozen=True)
+class RequestFailed:
+    request_id: str
+    message: str
+    param: str | None = None
+
+
+@dataclass(frozen=True)
+class Stats:
+    stats: EngineStats
+
+
+class RequestStream:
+    """Outputs of one request, in order; iteration ends after the finished output."""
+
+    def __init__(self, request_id: str) -> None:
+        self.request_id = request_id
+        self._queue: queue.Queue[RequestOutput | BaseException] = queue.Queue()
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        self._queue.put(item)
+
+    def get(self, timeout: float | None = None) -> RequestOutput:
+        """Next output; raises the engine's error for this request if there was one."""
+        item = self._queue.get(timeout=timeout)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def __iter__(self) -> Iterator[RequestOutput]:
+        while True:
+            out = self.get()
+            yield out
+            if out.finished:
+                return
+
+    def result(self, timeout: float | None = None) -> RequestOutput:
+        """Block until the request finishes; returns its final output."""
+        while True:
+            out = self.get(timeout=timeout)
+            if out.finished:
+                return out
+
+
+class EngineProcess:
+    """Client side of an engine running in a child process (spawned, so CUDA-safe)."""
+
+    def __init__(self, config: EngineConfig, *, startup_timeout_s: float = 900.0) -> None:
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_engine_main, args=(config, child), daemon=True,
+                                 name="grammarserve-engine")
+        self._proc.start()
+        child.close()
+        self._send_lock = threading.Lock()
+        self._streams: dict[str, RequestStream] = {}
+        self._stats_waiters: list[Future[EngineStats]] = []
+        self._dead: EngineDeadError | None = None
+        if not self._conn.poll(startup_timeout_s):
+            self._proc.kill()
+            raise EngineDeadError(f"the engine did not start within {startup_timeout_s:.0f}s")
+        try:
+            first = self._conn.recv()
+        except (EOFError, OSError):
+            self._proc.join(5)
+            raise EngineDeadError(f"the engine process exited during start-up "
+                                  f"(exit code {self._proc.exitcode})") from None
+        if isinstance(first, StartupFailed):
+            self._proc.join(5)
+            raise GrammarserveError(first.message)
+        self.info: dict[str, Any] = first.info
+        self._reader = threading.Thread(target=self._read_loop, daemon=True,
+                                         name="grammarserve-engine-reader")
+        self._reader.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._dead is None and self._proc.is_alive()
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    *, namespace: str = "") -> RequestStream:
+        """Submit a request; iterate the returned stream for its outputs."""
+        stream = RequestStream(request_id)
+        if self._dead is not None:
+            raise self._dead
+        if request_id in self._streams:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use",
+                                      param="request_id")
+        self._streams[request_id] = stream
+        self._send(AddRequest(request_id, prompt, params, namespace))
+        return stream
+
+    def abort(self, request_id: str) -> None:
+        if request_id in self._streams and self._dead is None:
+            self._send(Abort(request_id))
+
+    def stats(self, timeout: float = 30.0) -> EngineStats:
+        fut: Future[EngineStats] = Future()
+        self._stats_waiters.append(fut)
+        self._send(GetStats())
+        return fut.result(timeout=timeout)
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop the engine process (pending requests end with EngineDeadError)."""
+        if self._proc.is_alive():
+            try:
+                self._send(Shutdown())
+            except EngineDeadError:
+                pass
+            self._proc.join(timeout)
+            if self._proc.is_alive():
+                self._proc.kill()
+                self._proc.join(timeout)
+
+    def __enter__(self) -> "EngineProcess":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    def _send(self, msg: object) -> None:
+        try:
+            with self._send_lock:
+                self._conn.send(msg)
+        except (OSError, ValueError) as e:
+            self._fail_all(EngineDeadError(f"the engine process is gone: {e}"))
+            raise self._dead or EngineDeadError(str(e)) from None
+
+    def _read_loop(self) -> None:
+        while True:
+            try:
+                msg = self._conn.recv()
+            except (EOFError, OSError):
+                self._proc.join(5)
+                self._fail_all(EngineDeadError(
+                    f"the engine process died (exit code {self._proc.exitcode})"))
+                return
+            if isinstance(msg, Outputs):
+                for out in msg.outputs:
+                    stream = self._streams.get(out.request_id)
+                    if stream is not None:
+                        stream.put(out)
+                        if out.finished:
+                            self._streams.pop(out.request_id, None)
+            elif isinstance(msg, RequestFailed):
+                stream = self._streams.pop(msg.request_id, None)
+                if stream is not None:
+                    stream.put(InvalidRequestError(msg.message, param=msg.param))
+            elif isinstance(msg, Stats) and self._stats_waiters:
+                self._stats_waiters.pop(0).set_result(msg.stats)
+
+    def _fail_all(self, err: EngineDeadError) -> None:
+        if self._dead is None:
+            self._dead = err
+        for stream in list(self._streams.values()):
+            stream.put(err)
+        self._streams.clear()
+        while self._stats_waiters:
+            self._stats_waiters.pop(0).set_exception(err)
+
+
+def _engine_main(config: EngineConfig, conn: Connection) -> None:
+    """Child process body: build the engine, then serve messages and step while there is work."""
+    from grammarserve.engine.engine import Engine
+    from grammarserve.engine.memory import process_rss_bytes
+
+    try:
+        engine = Engine(config)
+    except Exception as e:  # reported to the parent, which raises it in the caller
+        conn.send(StartupFailed(f"{type(e).__name__}: {e}" if not isinstance(
+            e, GrammarserveError) else str(e)))
+        return
+    conn.send(Ready({"kv_capacity": engine.runner.pool.capacity,
+                     "kv_bytes_per_token": engine.kv_bytes_per_token,
+                     "rss_bytes": process_rss_bytes(), "model": config.model,
+                     "max_model_len": engine.max_model_len}))
+    while True:
+        if not engine.has_unfinished():
+            conn.poll(None)  # idle: sleep until a message arrives
+        while conn.poll(0):
+            msg = conn.recv()
+            if isinstance(msg, Shutdown):
+                return
+            if isinstance(msg, AddRequest):
+                try:
+                    engine.add_request(msg.request_id, msg.prompt, msg.params,
+                                       namespace=msg.namespace)
+                except InvalidRequestError as e:
+                    conn.send(RequestFailed(msg.request_id, str(e), e.param))
+            elif isinstance(msg, Abort):
+                engine.abort(msg.request_id)
+            elif isinstance(msg, GetStats):
+                conn.send(Stats(engine.stats()))
+        if engine.has_unfinished():
+            try:
+                outs = engine.step()
+            except Exception as e:  # a bug must not take the process down with every request
+                log.exception("engine step failed; failing the requests in flight")
+                for rid in list(engine.requests):
+                    engine.abort(rid)
+                    conn.send(RequestFailed(rid, f"internal engine error: {e}"))
+                engine.step()  # collect the aborts
+                continue
+            if outs:
+                conn.send(Outputs(outs))

@@ -1,0 +1,186 @@
+"""Radix tree over token ids whose values are KV slot indices (prefix sharing across requests).
+
+Every slot is owned by exactly one party: the pool's free list, the tree, or one request (slots it
+computed that are not inserted yet). ``insert`` reports how much of a sequence was already present
+so the caller frees its duplicate slots; ``evict`` returns unlocked leaves' slots to the pool in
+LRU order. Running requests lock the path to their last matched node, so nothing they read is
+evicted. Each namespace has its own root: no prefix is ever shared across namespaces.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from grammarserve.engine.kv_pool import KVPool
+
+DEFAULT_NAMESPACE = ""
+
+
+@dataclass(eq=False)
+class TreeNode:
+    """A run of tokens (``key``) and their KV slots (``value``, same length)."""
+
+    key: list[int] = field(default_factory=list)
+    value: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
+    parent: TreeNode | None = None
+    children: dict[int, TreeNode] = field(default_factory=dict)
+    lock_ref: int = 0
+    last_access: int = 0
+
+    @property
+    def is_root(self) -> bool:
+        return self.parent is None
+
+
+@dataclass(frozen=True)
+class MatchResult:
+    """Slots of the longest cached prefix, and the deepest node covering it (lock this one)."""
+
+    slots: torch.Tensor
+    node: TreeNode
+
+    @property
+    def length(self) -> int:
+        return int(self.slots.numel())
+
+
+class RadixCache:
+    """Prefix cache over a :class:`KVPool` (see the module docstring for the ownership rules)."""
+
+    def __init__(self, pool: KVPool) -> None:
+        self.pool = pool
+        self.roots: dict[str, TreeNode] = {}
+        self._clock = itertools.count(1)
+        self.total_tokens = 0  # slots owned by the tree
+        self.locked_tokens = 0  # of those, on a path locked by a running request
+        self.evicted_tokens = 0  # counter
+
+    @property
+    def evictable_tokens(self) -> int:
+        return self.total_tokens - self.locked_tokens
+
+    def root(self, namespace: str = DEFAULT_NAMESPACE) -> TreeNode:
+        node = self.roots.get(namespace)
+        if node is None:
+            node = self.roots[namespace] = TreeNode(lock_ref=1)  # roots are never evicted
+        return node
+
+    def match_prefix(self, tokens: list[int], namespace: str = DEFAULT_NAMESPACE) -> MatchResult:
+        """Longest cached prefix of ``tokens``; splits a node when the match ends inside it."""
+        node = self.root(namespace)
+        now = next(self._clock)
+        node.last_access = now
+        parts: list[torch.Tensor] = []
+        pos = 0
+        while pos < len(tokens) and tokens[pos] in node.children:
+            child = node.children[tokens[pos]]
+            n = _common_len(child.key, tokens, pos)
+            if n < len(child.key):
+                child = self._split(child, n)
+            child.last_access = now
+            parts.append(child.value)
+            pos += n
+            node = child
+        slots = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64,
+                                                           device=self.pool.device)
+        return MatchResult(slots, node)
+
+    def insert(self, tokens: list[int], slots: torch.Tensor,
+               namespace: str = DEFAULT_NAMESPACE) -> tuple[int, TreeNode]:
+        """Insert ``tokens`` with their ``slots``; the tree takes ownership of the new part.
+
+        Returns ``(already, node)``: how many leading tokens were already cached (the caller still
+        owns ``slots[:already]`` and must free those it computed itself) and the deepest node.
+        """
+        if len(tokens) != slots.numel():
+            raise ValueError(f"{len(tokens)} tokens but {slots.numel()} slots")
+        node = self.root(namespace)
+        now = next(self._clock)
+        pos = 0
+        while pos < len(tokens) and tokens[pos] in node.children:
+            child = node.children[tokens[pos]]
+            n = _common_len(child.key, tokens, pos)
+            if n < len(child.key):
+                child = self._split(child, n)
+            child.last_access = now
+            pos += n
+            node = child
+        if pos < len(tokens):
+            new = TreeNode(key=list(tokens[pos:]), value=slots[pos:].clone(), parent=node,
+                           last_access=now)
+            node.children[tokens[pos]] = new
+            self.total_tokens += len(new.key)
+            node = new
+        return pos, node
+
+    def lock(self, node: TreeNode) -> None:
+        """Protect the path root..node from eviction (one count per running request)."""
+        while not node.is_root:
+            if node.lock_ref == 0:
+                self.locked_tokens += len(node.key)
+            node.lock_ref += 1
+            node = node.parent  # type: ignore[assignment]
+
+    def unlock(self, node: TreeNode) -> None:
+        while not node.is_root:
+            if node.lock_ref <= 0:
+                raise RuntimeError("unlock() without a matching lock()")
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self.locked_tokens -= len(node.key)
+            node = node.parent  # type: ignore[assignment]
+
+    def evict(self, num_tokens: int) -> int:
+        """Free at least ``num_tokens`` slots from unlocked leaves, least recently used first.
+        Returns how many were freed (less when not enough is evictable)."""
+        heap = [(n.last_access, id(n), n) for n in self._leaves() if n.lock_ref == 0]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < num_tokens and heap:
+            _, _, leaf = heapq.heappop(heap)
+            parent = leaf.parent
+            assert parent is not None
+            self.pool.free(leaf.value)
+            del parent.children[leaf.key[0]]
+            freed += len(leaf.key)
+            self.total_tokens -= len(leaf.key)
+            if not parent.is_root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, (parent.last_access, id(parent), parent))
+        self.evicted_tokens += freed
+        return freed
+
+    def reset(self) -> None:
+        """Drop every unlocked entry (frees their slots)."""
+        self.evict(self.total_tokens)
+
+    def _leaves(self) -> list[TreeNode]:
+        out, stack = [], list(self.roots.values())
+        while stack:
+            node = stack.pop()
+            if not node.children and not node.is_root:
+                out.append(node)
+            stack.extend(node.children.values())
+        return out
+
+    def _split(self, child: TreeNode, n: int) -> TreeNode:
+        """Cut ``child`` after ``n`` tokens; returns the new upper node (which keeps the locks)."""
+        parent = child.parent
+        assert parent is not None
+        upper = TreeNode(key=child.key[:n], value=child.value[:n], parent=parent,
+                         lock_ref=child.lock_ref, last_access=child.last_access)
+        parent.children[child.key[0]] = upper
+        child.key, child.value, child.parent = child.key[n:], child.value[n:], upper
+        upper.children[child.key[0]] = child
+        return upper
+
+
+def _common_len(key: list[int], tokens: list[int], start: int) -> int:
+    n = min(len(key), len(tokens) - start)
+    i = 0
+    while i < n and key[i] == tokens[start + i]:
+        i += 1
+    return i

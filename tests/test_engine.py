@@ -1,0 +1,108 @@
+"""Engine behaviour on the embedded model: stops, lengths, seeds, chunking, preemption, abort."""
+
+from __future__ import annotations
+
+import pytest
+
+from grammarserve.config import EngineConfig
+from grammarserve.engine.detokenizer import IncrementalDetokenizer
+from grammarserve.engine.engine import Engine
+from grammarserve.errors import InvalidRequestError
+from grammarserve.llm import LLM
+from grammarserve.sampling_params import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=40, temperature=0)
+
+
+def _chat(llm: LLM, text: str) -> str:
+    return str(llm.tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                 tokenize=False, add_generation_prompt=True))
+
+
+@pytest.fixture(scope="module")
+def prompts(llm: LLM) -> list[str]:
+    return [_chat(llm, q) for q in ("Describe a sunny beach in two sentences.",
+                                    "List four animals that live in the ocean.",
+                                    "Explain what a compiler does.",
+                                    "Write a short greeting for a birthday card.")]
+
+
+def test_max_tokens_gives_length(llm: LLM, prompts: list[str]) -> None:
+    out = llm.generate(prompts[0], SamplingParams(max_tokens=5, temperature=0))[0]
+    assert out.finish_reason == "length" and len(out.token_ids) == 5 and out.finished
+
+
+def test_eos_gives_stop_without_eos_text(llm: LLM) -> None:
+    out = llm.generate(_chat(llm, "Say hi."), SamplingParams(max_tokens=64, temperature=0))[0]
+    assert out.finish_reason == "stop"
+    assert out.token_ids[-1] in llm.engine.eos_ids
+    assert "<|im_end|>" not in out.text
+
+
+def test_stop_string_truncates(llm: LLM, prompts: list[str]) -> None:
+    full = llm.generate(prompts[1], GREEDY)[0].text
+    words = full.split()
+    assert len(words) > 4
+    stop = words[3]
+    out = llm.generate(prompts[1], SamplingParams(max_tokens=40, temperature=0, stop=[stop]))[0]
+    assert out.finish_reason == "stop"
+    assert out.text == full[:full.index(stop)]
+
+
+def test_seeded_sampling_is_reproducible_and_batch_independent(llm: LLM,
+                                                               prompts: list[str]) -> None:
+    p = SamplingParams(max_tokens=20, temperature=1.0, seed=1234)
+    a = llm.generate(prompts[2], p)[0].token_ids
+    b = llm.generate(prompts[2], p)[0].token_ids
+    in_batch = llm.generate([prompts[0], prompts[2], prompts[3]],
+                            [GREEDY, p, SamplingParams(max_tokens=10, temperature=0.7)])[1]
+    other = llm.generate(prompts[2], SamplingParams(max_tokens=20, temperature=1.0, seed=99))
+    assert a == b == in_batch.token_ids
+    assert other[0].token_ids != a
+
+
+def test_chunked_prefill_and_preemption_keep_greedy_output(smollm, llm: LLM,  # type: ignore[no-untyped-def]
+                                                           prompts: list[str]) -> None:
+    reference = [o.token_ids for o in llm.generate(prompts, GREEDY)]
+    longest = max(len(llm.tokenizer.encode(p)) for p in prompts)
+    # A pool that holds barely more than two sequences forces preemption; a budget of 16
+    # tokens per step forces chunked prefill.
+    cfg = EngineConfig(device="cpu", kv_cache_tokens=2 * (longest + 40) + 8,
+                       max_batch_tokens=16, max_num_reqs=4)
+    small = LLM.from_engine(Engine(cfg, loaded=smollm))
+    outs = small.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == reference
+    st = small.engine.stats()
+    assert st.preemptions > 0
+    assert st.kv_free + st.kv_cached == cfg.kv_cache_tokens  # nothing leaked
+
+
+def test_abort_frees_resources(llm: LLM, prompts: list[str]) -> None:
+    eng = llm.engine
+    free_before = eng.runner.pool.num_free
+    eng.add_request("to-abort", prompts[0], SamplingParams(max_tokens=100, temperature=0))
+    eng.step()
+    eng.abort("to-abort")
+    outs = eng.step()
+    assert [o.finish_reason for o in outs if o.request_id == "to-abort"] == ["abort"]
+    assert not eng.has_unfinished() and eng.runner.pool.num_free == free_before
+
+
+def test_bad_prompts_are_refused(llm: LLM) -> None:
+    eng = llm.engine
+    with pytest.raises(InvalidRequestError, match="empty"):
+        eng.add_request("e1", [], GREEDY)
+    with pytest.raises(InvalidRequestError, match="token ids"):
+        eng.add_request("e2", [1, 10**9], GREEDY)
+    with pytest.raises(InvalidRequestError, match="limit"):
+        eng.add_request("e3", [5] * 9000, GREEDY)
+    assert not eng.has_unfinished()
+
+
+def test_detokenizer_never_splits_multibyte(llm: LLM) -> None:
+    text = "naïve café — 世界 🎉 ok"
+    ids = llm.tokenizer.encode(text, add_special_tokens=False)
+    detok = IncrementalDetokenizer(llm.tokenizer)
+    pieces = [detok.add([t]) for t in ids] + [detok.flush()]
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces)

@@ -1,0 +1,75 @@
+"""EngineProcess: the engine in its own process, streaming, stats, errors and crash reporting."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from grammarserve.config import EngineConfig
+from grammarserve.engine.process import EngineProcess
+from grammarserve.errors import EngineDeadError, GrammarserveError, InvalidRequestError
+from grammarserve.llm import LLM
+from grammarserve.sampling_params import SamplingParams
+
+CFG = EngineConfig(device="cpu", kv_cache_tokens=4096, max_num_reqs=8, num_threads=1)
+
+
+@pytest.fixture(scope="module")
+def proc(smollm):  # type: ignore[no-untyped-def]
+    p = EngineProcess(CFG)
+    yield p
+    p.shutdown()
+
+
+def test_streams_same_tokens_as_in_process(proc: EngineProcess, llm: LLM) -> None:
+    prompt = "The three primary colours are"
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    outs = list(proc.add_request("s1", prompt, params))
+    assert len(outs) == 16 and outs[-1].finished and not any(o.finished for o in outs[:-1])
+    assert "".join(o.delta_text for o in outs) == outs[-1].text
+    assert outs[-1].token_ids == llm.generate(prompt, params)[0].token_ids
+    st = proc.stats()
+    assert st.generated_tokens >= 16 and st.running_requests == 0
+    assert proc.info["kv_capacity"] == 4096 and proc.info["kv_bytes_per_token"] == 46080
+
+
+def test_bad_request_fails_only_itself(proc: EngineProcess) -> None:
+    good = proc.add_request("g", "Hello", SamplingParams(max_tokens=4, temperature=0))
+    bad = proc.add_request("b", [10**9], SamplingParams(max_tokens=4))
+    with pytest.raises(InvalidRequestError, match="token ids"):
+        bad.result(timeout=60)
+    assert good.result(timeout=60).finished
+
+
+def test_abort_in_process(proc: EngineProcess) -> None:
+    s = proc.add_request("ab", "Count to one hundred:",
+                         SamplingParams(max_tokens=500, temperature=0, ignore_eos=True))
+    s.get(timeout=60)
+    proc.abort("ab")
+    assert s.result(timeout=60).finish_reason == "abort"
+
+
+def test_killed_engine_is_reported_not_hung(smollm) -> None:  # type: ignore[no-untyped-def]
+    p = EngineProcess(CFG)
+    try:
+        s = p.add_request("k", "Tell me a long story.",
+                          SamplingParams(max_tokens=1000, temperature=0, ignore_eos=True))
+        s.get(timeout=60)
+        os.kill(p._proc.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(EngineDeadError, match="died"):
+            s.result(timeout=30)
+        assert time.monotonic() - t0 < 30
+        with pytest.raises(EngineDeadError):
+            p.add_request("k2", "hi", SamplingParams(max_tokens=2))
+    finally:
+        p.shutdown()
+
+
+def test_startup_failure_is_one_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(GrammarserveError, match="does not exist"):
+        EngineProcess(EngineConfig(model=str(tmp_path / "nope"), device="cpu",
+                                   kv_cache_tokens=16))
