@@ -39,6 +39,10 @@ class EngineConfig:
         Longest sequence (prompt + output); ``None`` = the model's own limit.
     enable_prefix_cache:
         Share the KV of common prefixes through the radix cache.
+    decode_mirror_tokens:
+        Token budget of the decode KV mirror (a contiguous copy of the decoding requests' KV
+        kept across steps so decode does not re-gather it from the pool every layer); ``None``
+        = max(KV capacity / 2, 32768), 0 disables it.
     """
 
     model: str = "default"
@@ -51,6 +55,7 @@ class EngineConfig:
     max_batch_tokens: int = 2048
     max_model_len: int | None = None
     enable_prefix_cache: bool = True
+    decode_mirror_tokens: int | None = None
     cache_dir: Path | None = None
     num_threads: int | None = None
 

@@ -101,3 +101,35 @@ def test_mixed_prefill_and_decode_in_one_forward(smollm) -> None:  # type: ignor
     logits = runner.forward([BatchEntry(2, 40, ids[40:41]), BatchEntry(3, 20, ids[20:80])])
     assert (logits[0] - solo_a).abs().max().item() < 1e-4
     assert (logits[1] - solo_b).abs().max().item() < 1e-4
+
+
+def test_decode_kv_mirror_matches_pool_gather(smollm) -> None:  # type: ignore[no-untyped-def]
+    """The decode KV mirror (reused across steps, rebuilt on membership change, multi-token
+    extends) gives exactly the logits of gathering from the pool every step."""
+    from grammarserve.models.attention import TorchSDPABackend
+
+    mc = smollm.config
+    results = []
+    for mirror_tokens in (0, 10_000):
+        pool = KVPool(capacity=1200, num_layers=mc.num_layers, num_kv_heads=mc.num_kv_heads,
+                      head_dim=mc.head_dim, dtype=torch.float32)
+        table = ReqToTokenPool(max_reqs=4, max_context=1024)
+        attn = TorchSDPABackend(pool, table, None, mirror_tokens=mirror_tokens)
+        runner = ModelRunner(smollm.model, pool, table, attn)
+        lens = [20, 35, 50, 64]
+        for b in range(4):
+            table.write(b, 0, pool.alloc(lens[b] + 30))
+        runner.forward([BatchEntry(b, 0, list(range(100, 100 + lens[b])), seq_id=b)
+                        for b in range(4)])
+        outs = []
+        for i in range(6):
+            members = [0, 2, 3] if i == 3 else [0, 1, 2, 3]  # request 1 sits out one step
+            outs.append(runner.forward([BatchEntry(b, lens[b] + i - (b == 1 and i > 3), [7 + b],
+                                                   seq_id=b) for b in members]))
+        outs.append(runner.forward([BatchEntry(b, lens[b] + 6 - (b == 1), [9, 10, 11], seq_id=b)
+                                    for b in range(4)]))
+        results.append(outs)
+        if mirror_tokens:
+            assert attn.mirror is not None and 1 <= attn.mirror.rebuilds < 7
+    for a, b in zip(*results):
+        assert torch.equal(a, b)

@@ -19,6 +19,7 @@ from grammarserve.engine.scheduler import ScheduledReq, Scheduler
 from grammarserve.engine.stats import EngineStats
 from grammarserve.engine.stopping import append_token
 from grammarserve.errors import InvalidRequestError
+from grammarserve.models.attention import TorchSDPABackend
 from grammarserve.models.loader import LoadedModel, load_model
 from grammarserve.sampling_params import SamplingParams
 
@@ -48,7 +49,10 @@ class Engine:
                                  mc.max_position_embeddings, capacity)
         table = ReqToTokenPool(max_reqs=config.max_num_reqs, max_context=self.max_model_len,
                                device=device)
-        self.runner = ModelRunner(self.loaded.model, pool, table)
+        mirror = config.decode_mirror_tokens
+        attn = TorchSDPABackend(pool, table, mc.sliding_window, mirror_tokens=(
+            max(capacity // 2, 32768) if mirror is None else mirror))
+        self.runner = ModelRunner(self.loaded.model, pool, table, attn)
         self.cache = RadixCache(pool) if config.enable_prefix_cache else None
         self.scheduler = Scheduler(pool, table, self.cache,
                                    max_batch_tokens=config.max_batch_tokens)
@@ -132,7 +136,7 @@ class Engine:
     def _entry(self, w: ScheduledReq) -> BatchEntry:
         r = w.req
         return BatchEntry(r.row, r.num_computed,
-                          r.tokens[r.num_computed:r.num_computed + w.num_tokens])
+                          r.tokens[r.num_computed:r.num_computed + w.num_tokens], r.arrival)
 
     def _collect(self, advanced: list[Req]) -> list[RequestOutput]:
         done = advanced + self._aborted

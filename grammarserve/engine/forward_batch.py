@@ -27,6 +27,7 @@ class ForwardBatch:
     prefix_lens: list[int]
     extend_lens: list[int]
     logit_rows: torch.Tensor  # [R] int64 rows of the batch whose logits are returned
+    seq_ids: list[int]  # stable identity of each request across steps (KV mirror reuse)
 
     @property
     def batch_size(self) -> int:

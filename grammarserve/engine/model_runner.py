@@ -20,6 +20,7 @@ class BatchEntry:
     req_pool_idx: int
     prefix_len: int
     token_ids: list[int]
+    seq_id: int = -1  # stable request identity across steps; -1 = unknown (never reused)
 
 
 class ModelRunner:
@@ -56,6 +57,7 @@ class ModelRunner:
             prefix_lens=[e.prefix_len for e in entries],
             extend_lens=[len(e.token_ids) for e in entries],
             logit_rows=torch.tensor(logit_rows, dtype=torch.int64, device=dev),
+            seq_ids=[e.seq_id if e.seq_id >= 0 else -1 - i for i, e in enumerate(entries)],
         )
 
     def forward(self, entries: list[BatchEntry]) -> torch.Tensor:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from grammarserve.engine.forward_batch import ForwardBatch
 from grammarserve.engine.kv_pool import KVPool, ReqToTokenPool
+from grammarserve.models.kv_mirror import KVMirror
 
 # Requests with at most this many new tokens (decode steps, jump-forward spans) are attended
 # together in one padded call; longer extends run one call each so no query padding is wasted.
@@ -54,16 +55,19 @@ class _PaddedGroup:
     mask: torch.Tensor  # [B, 1, Lq, S] True where attention is allowed
     valid: torch.Tensor  # [N] flat indices into B*Lq of real queries
     out_rows: torch.Tensor  # [N] batch rows those queries belong to
+    mirror_flat: torch.Tensor | None = None  # [N] b * S_cap + position, when mirrored
 
 
 class TorchSDPABackend(AttentionBackend):
     """Attention with torch SDPA; K/V gathered from the pool by slot index."""
 
     def __init__(self, pool: KVPool, req_to_token: ReqToTokenPool,
-                 sliding_window: int | None = None) -> None:
+                 sliding_window: int | None = None, mirror_tokens: int | None = None) -> None:
         self.pool = pool
         self.req_to_token = req_to_token
         self.sliding_window = sliding_window
+        self.mirror = (KVMirror(pool, mirror_tokens, req_to_token.max_context)
+                       if mirror_tokens else None)
         self._batch: ForwardBatch | None = None
         self._groups: list[_CausalGroup | _PaddedGroup] = []
 
@@ -81,13 +85,18 @@ class TorchSDPABackend(AttentionBackend):
             else:
                 self._groups.append(self._padded(batch, [i]))
         if short:
-            self._groups.append(self._padded(batch, short))
+            mirrored = self.mirror is not None and self.mirror.plan(
+                [batch.seq_ids[i] for i in short], [batch.prefix_lens[i] for i in short],
+                [batch.extend_lens[i] for i in short])
+            self._groups.append(self._padded(batch, short, mirrored=mirrored))
 
-    def _padded(self, batch: ForwardBatch, members: list[int]) -> _PaddedGroup:
+    def _padded(self, batch: ForwardBatch, members: list[int], *,
+                mirrored: bool = False) -> _PaddedGroup:
         device = batch.input_ids.device
         starts, prefix, extend = batch.starts, batch.prefix_lens, batch.extend_lens
         lq = max(extend[i] for i in members)
         s = max(prefix[i] + extend[i] for i in members)
+        s_slots = self.mirror.capacity if mirrored and self.mirror is not None else s
         q_off = torch.arange(lq, device=device)
         start_t = torch.tensor([starts[i] for i in members], device=device)
         ext_t = torch.tensor([extend[i] for i in members], device=device)
@@ -95,14 +104,19 @@ class TorchSDPABackend(AttentionBackend):
         real = q_off[None, :] < ext_t[:, None]  # [B, Lq]
         q_rows = start_t[:, None] + torch.minimum(q_off[None, :], ext_t[:, None] - 1)
         rows_idx = torch.tensor([batch.req_pool_indices[i] for i in members], device=device)
-        kv_slots = self.req_to_token.table[rows_idx, :s]
+        kv_slots = self.req_to_token.table[rows_idx, :s_slots]
         q_pos = pre_t[:, None] + q_off[None, :]  # [B, Lq] absolute position of each query
         k_pos = torch.arange(s, device=device)
         mask = k_pos[None, None, :] <= q_pos[:, :, None]
         if self.sliding_window is not None:
             mask = mask & (k_pos[None, None, :] > q_pos[:, :, None] - self.sliding_window)
         valid = real.flatten().nonzero().squeeze(1)
-        return _PaddedGroup(q_rows, kv_slots, mask[:, None], valid, q_rows.flatten()[valid])
+        flat = None
+        if mirrored:
+            b_idx = torch.arange(len(members), device=device)[:, None].expand_as(q_pos)
+            flat = (b_idx * s_slots + q_pos).flatten()[valid]
+        return _PaddedGroup(q_rows, kv_slots, mask[:, None], valid, q_rows.flatten()[valid],
+                            flat)
 
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -121,8 +135,15 @@ class TorchSDPABackend(AttentionBackend):
                 out[g.rows] = o[0].transpose(0, 1)
             else:
                 qg = q[g.q_rows].transpose(1, 2)  # [B, H, Lq, d]
-                kg = _gather(k_buf, g.kv_slots).to(q.dtype).transpose(1, 2)  # [B, Hkv, S, d]
-                vg = _gather(v_buf, g.kv_slots).to(q.dtype).transpose(1, 2)
+                if g.mirror_flat is not None and self.mirror is not None:
+                    s = g.mask.shape[-1]
+                    km, vm = self.mirror.update(layer, g.kv_slots, g.mirror_flat,
+                                                self._batch.out_cache_loc[g.out_rows])
+                    kg = km[:, :s].to(q.dtype).transpose(1, 2)
+                    vg = vm[:, :s].to(q.dtype).transpose(1, 2)
+                else:
+                    kg = _gather(k_buf, g.kv_slots).to(q.dtype).transpose(1, 2)  # [B,Hkv,S,d]
+                    vg = _gather(v_buf, g.kv_slots).to(q.dtype).transpose(1, 2)
                 o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, enable_gqa=True)
                 o = o.transpose(1, 2).flatten(0, 1)  # [B*Lq, H, d]
                 out[g.out_rows] = o[g.valid]
