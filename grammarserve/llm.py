@@ -33,7 +33,7 @@ class LLM:
         self._ids = 0
 
     @classmethod
-    def from_engine(cls, engine: Engine) -> "LLM":
+    def from_engine(cls, engine: Engine) -> LLM:
         """Wrap an existing engine (e.g. one sharing already-loaded weights)."""
         obj = cls.__new__(cls)
         obj.config, obj.engine, obj._ids = engine.config, engine, 0

@@ -39,3 +39,11 @@ def llm(smollm):  # type: ignore[no-untyped-def]
 
     config = EngineConfig(device="cpu", kv_cache_tokens=8192, max_num_reqs=16)
     return LLM.from_engine(Engine(config, loaded=smollm))
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer():  # type: ignore[no-untyped-def]
+    """A tiny byte-level tokenizer (vocab 256) for the random-weight loader models."""
+    from tiny_models import _tokenizer
+
+    return _tokenizer()

@@ -178,7 +178,7 @@ class EngineProcess:
                 self._proc.kill()
                 self._proc.join(timeout)
 
-    def __enter__(self) -> "EngineProcess":
+    def __enter__(self) -> EngineProcess:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -54,7 +54,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]
 
     @classmethod
-    def from_hf_dict(cls, cfg: dict[str, Any]) -> "ModelConfig":
+    def from_hf_dict(cls, cfg: dict[str, Any]) -> ModelConfig:
         """Build from the parsed content of a Hugging Face ``config.json``."""
         archs = cfg.get("architectures") or []
         family = next((SUPPORTED_ARCHITECTURES[a] for a in archs if a in SUPPORTED_ARCHITECTURES),
@@ -104,7 +104,7 @@ class ModelConfig:
             raise ModelLoadError(f"config.json has a malformed field: {e}") from None
 
     @classmethod
-    def from_folder(cls, folder: Path) -> "ModelConfig":
+    def from_folder(cls, folder: Path) -> ModelConfig:
         """Read ``folder/config.json``."""
         path = folder / "config.json"
         if not path.is_file():
