@@ -95,6 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``grammarserve`` command; user errors exit 2 with one line."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("grammarserve").setLevel(logging.INFO)  # start-up report: KV pool, RSS
     try:
         return _run(args)
     except GrammarserveError as e:

@@ -70,8 +70,9 @@ def test_small_pool_evicts_and_preempts_with_same_output(smollm, alone) -> None:
     assert st.kv_free + st.kv_cached == st.kv_capacity
 
 
-def test_abort_returns_pool_to_initial_free_count(smollm) -> None:  # type: ignore[no-untyped-def]
-    llm = _engine(smollm, enable_prefix_cache=False)
+@pytest.mark.parametrize("cache", [False, True])
+def test_abort_returns_pool_to_initial_free_count(smollm, cache: bool) -> None:  # type: ignore[no-untyped-def]
+    llm = _engine(smollm, enable_prefix_cache=cache)
     eng = llm.engine
     initial = eng.runner.pool.num_free
     for i, p in enumerate(_prompts(llm)[:6]):
@@ -82,7 +83,11 @@ def test_abort_returns_pool_to_initial_free_count(smollm) -> None:  # type: igno
         eng.abort(f"a{i}")
     outs = eng.step()
     assert sorted(o.finish_reason or "" for o in outs) == ["abort"] * 6
-    assert eng.runner.pool.num_free == initial and not eng.has_unfinished()
+    assert not eng.has_unfinished()
+    if eng.cache is not None:  # aborted requests leave their computed prefix in the cache
+        assert eng.cache.locked_tokens == 0
+        eng.cache.reset()
+    assert eng.runner.pool.num_free == initial
 
 
 def test_namespaces_do_not_share_kv(smollm) -> None:  # type: ignore[no-untyped-def]

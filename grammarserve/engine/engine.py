@@ -81,7 +81,7 @@ class Engine:
         self._check_prompt(ids)
         gen = None
         if not params.greedy:
-            gen = torch.Generator(device="cpu")
+            gen = torch.Generator(device=self.runner.device)
             gen.manual_seed(params.seed if params.seed is not None else
                             int(torch.randint(0, 2**62, (1,)).item()))
         req = Req(request_id, ids, params, IncrementalDetokenizer(

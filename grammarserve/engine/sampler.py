@@ -3,6 +3,7 @@ seeded generator (so a request's samples do not depend on what else is in the ba
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -24,7 +25,7 @@ def process_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
         x = x.masked_fill(x < kth, float("-inf"))
     logp = torch.log_softmax(x, dim=-1)
     if p.min_p > 0.0:
-        logp = logp.masked_fill(logp < logp.max() + torch.log(torch.tensor(p.min_p)), float("-inf"))
+        logp = logp.masked_fill(logp < logp.max() + math.log(p.min_p), float("-inf"))
     if p.top_p < 1.0:
         sorted_lp, order = torch.sort(logp, descending=True)
         cum = sorted_lp.exp().cumsum(0)
