@@ -71,6 +71,34 @@ class RadixCache:
 
     def match_prefix(self, tokens: list[int], namespace: str = DEFAULT_NAMESPACE) -> MatchResult:
         """Longest cached prefix of ``tokens``; splits a node when the match ends inside it."""
+        node, _, parts = self._walk(tokens, namespace)
+        slots = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64,
+                                                           device=self.pool.device)
+        return MatchResult(slots, node)
+
+    def insert(self, tokens: list[int], slots: torch.Tensor,
+               namespace: str = DEFAULT_NAMESPACE) -> tuple[int, TreeNode]:
+        """Insert ``tokens`` with their ``slots``; the tree takes ownership of the new part.
+
+        Returns ``(already, node)``: how many leading tokens were already cached (the caller still
+        owns ``slots[:already]`` and must free those it computed itself) and the deepest node.
+        """
+        if len(tokens) != slots.numel():
+            raise ValueError(f"{len(tokens)} tokens but {slots.numel()} slots")
+        node, pos, _ = self._walk(tokens, namespace)
+        if pos < len(tokens):
+            new = TreeNode(key=list(tokens[pos:]), value=slots[pos:].clone(), parent=node,
+                           last_access=node.last_access)
+            node.children[tokens[pos]] = new
+            self.total_tokens += len(new.key)
+            node = new
+        return pos, node
+
+    def _walk(self, tokens: list[int],
+              namespace: str) -> tuple[TreeNode, int, list[torch.Tensor]]:
+        """Follow ``tokens`` down the tree (splitting where the match ends inside a node) and
+        touch every node on the way; returns the deepest node, the matched length and the slot
+        runs along the path."""
         node = self.root(namespace)
         now = next(self._clock)
         node.last_access = now
@@ -85,37 +113,7 @@ class RadixCache:
             parts.append(child.value)
             pos += n
             node = child
-        slots = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64,
-                                                           device=self.pool.device)
-        return MatchResult(slots, node)
-
-    def insert(self, tokens: list[int], slots: torch.Tensor,
-               namespace: str = DEFAULT_NAMESPACE) -> tuple[int, TreeNode]:
-        """Insert ``tokens`` with their ``slots``; the tree takes ownership of the new part.
-
-        Returns ``(already, node)``: how many leading tokens were already cached (the caller still
-        owns ``slots[:already]`` and must free those it computed itself) and the deepest node.
-        """
-        if len(tokens) != slots.numel():
-            raise ValueError(f"{len(tokens)} tokens but {slots.numel()} slots")
-        node = self.root(namespace)
-        now = next(self._clock)
-        pos = 0
-        while pos < len(tokens) and tokens[pos] in node.children:
-            child = node.children[tokens[pos]]
-            n = _common_len(child.key, tokens, pos)
-            if n < len(child.key):
-                child = self._split(child, n)
-            child.last_access = now
-            pos += n
-            node = child
-        if pos < len(tokens):
-            new = TreeNode(key=list(tokens[pos:]), value=slots[pos:].clone(), parent=node,
-                           last_access=now)
-            node.children[tokens[pos]] = new
-            self.total_tokens += len(new.key)
-            node = new
-        return pos, node
+        return node, pos, parts
 
     def lock(self, node: TreeNode) -> None:
         """Protect the path root..node from eviction (one count per running request)."""
