@@ -2,8 +2,8 @@
 
 For each batch size B: prompts of ``--prompt-len`` random tokens, ``--new-tokens`` greedy tokens
 (EOS ignored). Each side is timed twice: with 1 new token (prefill) and with all of them; decode
-tokens/s = B * (new_tokens - 1) / (t_all - t_prefill). End-to-end tokens/s = B * new_tokens / t_all.
-Prints one JSON line.
+tokens/s = B * (new_tokens - 1) / (t_all - t_prefill). End-to-end tokens/s = B * new_tokens / t_all. The prefix cache is off: the second run of the same prompts must
+not reuse the first run's KV (transformers has no such cache). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def main() -> None:
     max_b = max(batches)
     llm = LLM("default", device="cpu", max_num_reqs=max_b,
               kv_cache_tokens=max_b * (args.prompt_len + args.new_tokens) + 64,
-              max_batch_tokens=2048)
+              max_batch_tokens=2048, enable_prefix_cache=False)  # both runs re-prefill
     path = default_model_path()
     hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                               dtype=torch.float32).eval()

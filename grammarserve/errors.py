@@ -42,3 +42,45 @@ class GrammarError(GrammarserveError):
 
 class EngineDeadError(GrammarserveError):
     """The engine process stopped (crashed, was killed or shut down) while work was pending."""
+
+
+class SchemaValidationError(GrammarError):
+    """The schema is not valid JSON, or not a valid Draft 2020-12 JSON Schema."""
+
+
+class UnsupportedSchemaError(GrammarError):
+    """The schema uses a keyword (``keyword``) that grammarserve cannot enforce, so it is refused
+    instead of being silently dropped."""
+
+    def __init__(self, message: str, *, path: str | None = None,
+                 keyword: str | None = None) -> None:
+        super().__init__(message, path=path)
+        self.keyword = keyword
+
+
+class StrictSchemaError(GrammarError):
+    """The schema breaks OpenAI's strict-mode rules (``strict=True``)."""
+
+
+class GrammarSyntaxError(GrammarError):
+    """A regex, Lark or EBNF grammar does not parse; ``line``/``column`` locate the problem
+    (1-based) when known."""
+
+    def __init__(self, message: str, *, path: str | None = None, line: int | None = None,
+                 column: int | None = None) -> None:
+        super().__init__(message, path=path)
+        self.line = line
+        self.column = column
+
+
+class GrammarBackendError(GrammarError):
+    """A grammar backend refused or failed to compile a grammar; ``backend`` names it."""
+
+    def __init__(self, message: str, *, path: str | None = None,
+                 backend: str | None = None) -> None:
+        super().__init__(message, path=path)
+        self.backend = backend
+
+
+class GrammarTimeoutError(GrammarError):
+    """Compiling a grammar took longer than the configured ``compile_timeout_s``."""

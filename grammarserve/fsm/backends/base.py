@@ -1,0 +1,44 @@
+"""The backend seam: a ``GrammarBackend`` turns a validated ``GrammarSpec`` into a
+``CompiledGrammar`` whose matchers implement :class:`grammarserve.fsm.matcher.Matcher`."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+from grammarserve.fsm.config import GrammarConfig, GrammarSpec
+from grammarserve.fsm.matcher import CompiledGrammar
+from grammarserve.fsm.vocab import VocabInfo
+
+
+class GrammarBackend(ABC):
+    """One grammar engine (xgrammar, llguidance).
+
+    Contract
+    --------
+    - ``compile(spec)`` is called from compile worker threads, possibly concurrently; it must be
+      thread-safe. It raises a :class:`grammarserve.errors.GrammarError` subclass (usually
+      ``GrammarBackendError`` or ``UnsupportedSchemaError``) when the backend refuses the spec,
+      including for any keyword it would otherwise silently ignore. It never returns a grammar
+      that is laxer than the spec, except for the documented ``format`` annotations.
+    - The matchers it creates allow the vocabulary's stop tokens exactly where the grammar may
+      end, and no other special token.
+    """
+
+    name: ClassVar[str]
+
+    def __init__(self, vocab: VocabInfo, config: GrammarConfig) -> None:
+        self.vocab = vocab
+        self.config = config
+
+    @abstractmethod
+    def compile(self, spec: GrammarSpec, *, background: bool = False) -> CompiledGrammar:
+        """Compile ``spec``; raise a ``GrammarError`` subclass if refused. ``background`` says
+        nobody waits for the result (a backend may then trade compile time for faster masks)."""
+
+    def warmup(self, max_whitespace: int | None) -> None:
+        """Build lazily built tables now (called at start-up)."""
+
+    def accepts(self, spec: GrammarSpec) -> bool:
+        """Cheap pre-check: False if :meth:`compile` would certainly refuse ``spec``."""
+        return True

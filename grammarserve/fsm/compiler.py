@@ -1,0 +1,239 @@
+"""``GrammarCompiler``: the public entry point of the grammar layer."""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import replace
+from typing import Any
+
+import torch
+
+from grammarserve.errors import GrammarError
+from grammarserve.fsm import text_grammars
+from grammarserve.fsm.cache import CacheStats, GrammarCache
+from grammarserve.fsm.config import (
+    DEFAULT_MAX_WHITESPACE,
+    BackendName,
+    GrammarConfig,
+    GrammarSpec,
+    canonical_json,
+)
+from grammarserve.fsm.json_schema import prepare_schema
+from grammarserve.fsm.matcher import CompiledGrammar
+from grammarserve.fsm.normalize import normalize
+from grammarserve.fsm.policy import AUTO_ORDER, BackendPolicy
+from grammarserve.fsm.strict import check_strict
+from grammarserve.fsm.tools import normalize_tools
+from grammarserve.fsm.vocab import VocabInfo
+
+#: Validated front-end results kept for repeated inputs.
+_SPEC_MEMO_SIZE = 4096
+
+
+class GrammarCompiler:
+    """Compiles JSON schemas, regexes, Lark/EBNF grammars, choices and tool-call formats into
+    :class:`CompiledGrammar` objects for one tokenizer, with a shared cache.
+
+    Parameters
+    ----------
+    tokenizer : transformers.PreTrainedTokenizerFast
+        The model's tokenizer.
+    backend : {"auto", "xgrammar", "llguidance"}
+        ``"auto"`` picks per grammar and falls back when a backend refuses one.
+    cache_bytes : int
+        Byte bound of the LRU cache of compiled grammars.
+    compile_timeout_s : float
+        Compiles running longer raise :class:`~grammarserve.errors.GrammarTimeoutError`.
+    max_whitespace : int | None
+        Whitespace characters allowed between JSON tokens (``None``: unbounded).
+    vocab_size : int, optional
+        The model's logits width (default ``len(tokenizer)``).
+    stop_token_ids : list[int], optional
+        Tokens that end generation (default: the tokenizer's EOS).
+    compile_threads : int
+        Concurrent compiles.
+    """
+
+    def __init__(self, tokenizer: Any, *, backend: BackendName = "auto",
+                 cache_bytes: int = 256 * 1024 * 1024, compile_timeout_s: float = 10.0,
+                 max_whitespace: int | None = DEFAULT_MAX_WHITESPACE,
+                 vocab_size: int | None = None, stop_token_ids: list[int] | None = None,
+                 compile_threads: int = 4) -> None:
+        self.config = GrammarConfig(backend=backend, cache_bytes=cache_bytes,
+                                    compile_timeout_s=compile_timeout_s,
+                                    max_whitespace=max_whitespace,
+                                    compile_threads=compile_threads)
+        self.vocab = VocabInfo.from_tokenizer(tokenizer, vocab_size=vocab_size,
+                                              stop_token_ids=stop_token_ids)
+        self.policy = BackendPolicy(self.vocab, self.config)
+        self.cache = GrammarCache(max_bytes=cache_bytes, timeout_s=compile_timeout_s,
+                                  threads=compile_threads)
+        self._specs: OrderedDict[str, GrammarSpec] = OrderedDict()
+        self._specs_lock = threading.Lock()
+
+    # -- facts the engine needs ------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        """The logits width the bitmask covers."""
+        return self.vocab.vocab_size
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """Token ids the mask allows where the grammar may end."""
+        return self.vocab.stop_token_ids
+
+    def allocate_bitmask(self, batch_size: int) -> torch.Tensor:
+        """A CPU int32 bitmask ``[batch_size, ceil(vocab_size / 32)]``, all tokens allowed."""
+        return torch.full((batch_size, self.vocab.bitmask_width), -1, dtype=torch.int32)
+
+    def warmup(self) -> None:
+        """Build every backend ``auto`` may use now (about 1 s: tokenizer tables, the
+        whitespace-bound tables), instead of during the first compile that needs it. Call it
+        at engine start-up."""
+        names = {n for kind in AUTO_ORDER for n in self.policy.order(kind)}
+        for name in sorted(names):
+            self.policy.backend(name).warmup(self.config.max_whitespace)
+
+    def cache_stats(self) -> CacheStats:
+        """Hits, misses, shared in-flight compiles, timeouts, bytes and compile time."""
+        return self.cache.stats()
+
+    # -- compile entry points --------------------------------------------------------------
+    def compile_json_schema(self, schema: dict[str, Any] | str, *,
+                            strict: bool = False) -> CompiledGrammar:
+        """Compile a JSON Schema (Draft 2020-12, local ``$ref`` only).
+
+        Parameters
+        ----------
+        schema : dict | str
+            The schema, or its JSON text.
+        strict : bool
+            Apply OpenAI's strict-mode rules (raises ``StrictSchemaError`` on violations).
+
+        Raises
+        ------
+        GrammarError
+            A subclass naming the problem and its JSON path.
+        """
+        return self.compile_async("json_schema", schema, strict=strict).result()
+
+    def compile_regex(self, pattern: str) -> CompiledGrammar:
+        """Compile a regular expression (the whole output must match it)."""
+        return self.compile_async("regex", pattern).result()
+
+    def compile_grammar(self, text: str, syntax: str = "lark") -> CompiledGrammar:
+        """Compile a context-free grammar in ``syntax`` ``"lark"`` or ``"ebnf"`` (GBNF)."""
+        return self.compile_async("grammar", text, syntax=syntax).result()
+
+    def compile_choice(self, options: list[str]) -> CompiledGrammar:
+        """Compile a choice: the output is exactly one of ``options``."""
+        return self.compile_async("choice", options).result()
+
+    def compile_tool_calls(self, tools: list[dict[str, Any]], mode: Any = "required", *,
+                           parallel: bool = True) -> CompiledGrammar:
+        """Compile the Hermes tool-call format for OpenAI ``tools`` and ``tool_choice`` ``mode``
+        (``"auto"``, ``"required"`` or ``{"type": "function", "function": {"name": ...}}``).
+        For ``"auto"`` the grammar starts right after the ``<tool_call>`` trigger text; see
+        :mod:`grammarserve.fsm.tools`."""
+        return self.compile_async("tool_calls", tools, mode, parallel=parallel).result()
+
+    def compile_async(self, kind: str, *args: Any, **kwargs: Any) -> Future[CompiledGrammar]:
+        """Start compiling and return a future; identical in-flight requests share one future.
+
+        ``kind`` is ``"json_schema"``, ``"regex"``, ``"grammar"``, ``"choice"`` or
+        ``"tool_calls"``, with the arguments of the matching ``compile_*`` method. Front-end
+        errors (bad schema, bad syntax) are delivered through the future too.
+        """
+        try:
+            spec = self._memo_spec(kind, args, kwargs)
+        except GrammarError as e:
+            failed: Future[CompiledGrammar] = Future()
+            failed.set_exception(e)
+            return failed
+        key = spec.key(self.vocab.fingerprint, self.config.backend)
+        return self.cache.get_or_compile(key, lambda: self.policy.compile(spec))
+
+    # -- front ends ------------------------------------------------------------------------
+    def _memo_spec(self, kind: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> GrammarSpec:
+        # NOTE: validating a large schema takes ~1 ms; a repeated request skips it. The key is
+        # the exact input (key order included), so a hit returns the same spec.
+        try:
+            raw = json.dumps([kind, args, kwargs], separators=(",", ":"))
+        except (TypeError, ValueError):
+            return self._spec(kind, *args, **kwargs)
+        with self._specs_lock:
+            spec = self._specs.get(raw)
+            if spec is not None:
+                self._specs.move_to_end(raw)
+                return spec
+        spec = self._spec(kind, *args, **kwargs)
+        with self._specs_lock:
+            self._specs[raw] = spec
+            while len(self._specs) > _SPEC_MEMO_SIZE:
+                self._specs.popitem(last=False)
+        return spec
+
+    def _spec(self, kind: str, *args: Any, **kwargs: Any) -> GrammarSpec:
+        builders: dict[str, Callable[..., GrammarSpec]] = {
+            "json_schema": self._json_spec, "regex": self._regex_spec,
+            "grammar": self._grammar_spec, "choice": self._choice_spec,
+            "tool_calls": self._tools_spec,
+        }
+        if kind not in builders:
+            raise ValueError(f"unknown grammar kind {kind!r}; use one of {sorted(builders)}")
+        return builders[kind](*args, **kwargs)
+
+    def _ws_options(self) -> tuple[tuple[str, Any], ...]:
+        return (("max_whitespace", self.config.max_whitespace),)
+
+    def _check_schema(self, schema: Any, strict: bool, path: str = "$") -> dict[str, Any]:
+        try:
+            prepared = prepare_schema(schema)
+            if strict:
+                check_strict(prepared)
+            prepared = normalize(prepared)
+        except GrammarError as e:
+            if path != "$":
+                e.path = path + (e.path or "$")[1:]
+                e.args = (f"{path}: {e.args[0]}",)
+            raise
+        return prepared
+
+    def _json_spec(self, schema: Any, *, strict: bool = False) -> GrammarSpec:
+        prepared = self._check_schema(schema, strict)
+        return GrammarSpec("json_schema", canonical_json(prepared),
+                           self._ws_options() + (("strict", strict),))
+
+    def _regex_spec(self, pattern: str) -> GrammarSpec:
+        return GrammarSpec("regex", text_grammars.check_regex(pattern))
+
+    def _grammar_spec(self, text: str, *, syntax: str = "lark") -> GrammarSpec:
+        if syntax == "lark":
+            return GrammarSpec("lark", text_grammars.check_lark(text))
+        if syntax == "ebnf":
+            return GrammarSpec("ebnf", text_grammars.check_ebnf(text))
+        raise GrammarError(f"grammar syntax must be 'lark' or 'ebnf', got {syntax!r}",
+                           path="$.syntax")
+
+    def _choice_spec(self, options: list[str]) -> GrammarSpec:
+        return GrammarSpec("choice", json.dumps(text_grammars.check_choice(options)))
+
+    def _tools_spec(self, tools: list[dict[str, Any]], mode: Any = "required", *,
+                    parallel: bool = True) -> GrammarSpec:
+        spec = normalize_tools(tools, mode, parallel=parallel, check_schema=self._check_schema)
+        return GrammarSpec("tool_calls", canonical_json(spec), self._ws_options())
+
+    def with_backend(self, backend: BackendName) -> GrammarCompiler:
+        """A compiler sharing this tokenizer but using ``backend`` (for benchmarks/tests)."""
+        other = copy.copy(self)
+        other.config = replace(self.config, backend=backend)
+        other.policy = BackendPolicy(self.vocab, other.config)
+        other.cache = GrammarCache(max_bytes=other.config.cache_bytes,
+                                   timeout_s=other.config.compile_timeout_s,
+                                   threads=other.config.compile_threads)
+        return other

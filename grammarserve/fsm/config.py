@@ -1,0 +1,91 @@
+"""Configuration and the normalized grammar request (``GrammarSpec``) of the grammar layer."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+BackendName = Literal["auto", "xgrammar", "llguidance"]
+SpecKind = Literal["json_schema", "regex", "lark", "ebnf", "choice", "tool_calls"]
+
+#: Default bound on whitespace characters between two JSON tokens. Large enough for
+#: ``json.dumps(indent=2)`` output nested 10 levels deep (newline + 20 spaces).
+DEFAULT_MAX_WHITESPACE = 24
+
+
+@dataclass(frozen=True)
+class GrammarConfig:
+    """Settings of a :class:`~grammarserve.fsm.GrammarCompiler`.
+
+    Attributes
+    ----------
+    backend : {"auto", "xgrammar", "llguidance"}
+        Which backend compiles and matches. ``"auto"`` picks per grammar (see ``policy.py``).
+    cache_bytes : int
+        Upper bound of the compiled-grammar LRU cache, in (estimated) bytes.
+    compile_timeout_s : float
+        A compile running longer than this raises :class:`GrammarTimeoutError` for its waiters;
+        it keeps its worker thread until the backend returns, but blocks nobody else.
+    max_whitespace : int | None
+        Maximum whitespace characters between JSON tokens (``None``: unbounded).
+    compile_threads : int
+        Size of the compile thread pool.
+    backend_threads : int
+        Threads one backend compile may use internally (xgrammar's mask-cache build).
+    """
+
+    backend: BackendName = "auto"
+    cache_bytes: int = 256 * 1024 * 1024
+    compile_timeout_s: float = 10.0
+    max_whitespace: int | None = DEFAULT_MAX_WHITESPACE
+    compile_threads: int = 4
+    backend_threads: int = 1
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("auto", "xgrammar", "llguidance"):
+            raise ValueError(f"backend must be 'auto', 'xgrammar' or 'llguidance', got "
+                             f"{self.backend!r}")
+        if self.cache_bytes < 0:
+            raise ValueError(f"cache_bytes must be >= 0, got {self.cache_bytes}")
+        if not self.compile_timeout_s > 0:
+            raise ValueError(f"compile_timeout_s must be > 0, got {self.compile_timeout_s}")
+        if self.max_whitespace is not None and self.max_whitespace < 1:
+            raise ValueError("max_whitespace must be >= 1 or None (unbounded), got "
+                             f"{self.max_whitespace}")
+        if self.compile_threads < 1:
+            raise ValueError(f"compile_threads must be >= 1, got {self.compile_threads}")
+
+
+@dataclass(frozen=True)
+class GrammarSpec:
+    """A validated, normalized grammar request: what a backend compiles and the cache keys on.
+
+    ``source`` is canonical text: sorted-key compact JSON for JSON-based kinds, the grammar text
+    otherwise. ``options`` is a sorted tuple of ``(name, value)`` pairs.
+    """
+
+    kind: SpecKind
+    source: str
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def option(self, name: str, default: Any = None) -> Any:
+        """The value of option ``name`` (``default`` if absent)."""
+        for key, value in self.options:
+            if key == name:
+                return value
+        return default
+
+    def key(self, fingerprint: str, backend: str) -> str:
+        """Cache key: canonical JSON of kind, source, options, tokenizer fingerprint, backend."""
+        return json.dumps([self.kind, self.source, list(self.options), fingerprint, backend],
+                          sort_keys=True, separators=(",", ":"))
+
+
+def canonical_json(value: Any) -> str:
+    """Compact JSON, keys in their given order (the cache-key form of a schema).
+
+    NOTE: keys are not sorted: property order is meaningful (keys are generated in schema
+    order), so two schemas that differ only in property order are different grammars.
+    """
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

@@ -1,0 +1,83 @@
+"""Helpers that check a compiled grammar against JSON instances token by token (used by the
+tests and ``benchmarks/bench_grammar.py``)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grammarserve.fsm.matcher import Matcher
+
+
+@dataclass(frozen=True)
+class SuiteCase:
+    """One schema of the JSON-Schema-Test-Suite with its instances."""
+
+    file: str
+    description: str
+    schema: Any
+    tests: tuple[tuple[str, Any, bool], ...]  # (description, instance, valid)
+
+
+def load_suite(folder: str | Path) -> Iterator[SuiteCase]:
+    """Every test group of every ``*.json`` file directly in ``folder`` (sorted)."""
+    for path in sorted(Path(folder).glob("*.json")):
+        for group in json.loads(path.read_text()):
+            tests = tuple((t["description"], t["data"], bool(t["valid"])) for t in group["tests"])
+            yield SuiteCase(path.name, group["description"], group["schema"], tests)
+
+
+def instance_texts(instance: Any) -> list[str]:
+    """The forms a model may write: compact, ``json.dumps`` default, and ``indent=2``."""
+    forms = [json.dumps(instance, ensure_ascii=False, separators=(",", ":")),
+             json.dumps(instance, ensure_ascii=False),
+             json.dumps(instance, ensure_ascii=False, indent=2)]
+    return list(dict.fromkeys(forms))
+
+
+def bit(bitmask: torch.Tensor, row: int, token: int) -> bool:
+    """Whether ``token`` is allowed in ``bitmask[row]``."""
+    return bool((int(bitmask[row, token // 32]) >> (token % 32)) & 1)
+
+
+def walk(matcher: Matcher, tokens: list[int], stop_token: int, bitmask: torch.Tensor,
+         row: int = 0, mask_times: list[float] | None = None) -> tuple[bool, str]:
+    """Feed ``tokens`` then ``stop_token``, checking each against the mask first (appending
+    each ``fill_bitmask`` duration in seconds to ``mask_times`` if given).
+
+    Returns
+    -------
+    (bool, str)
+        ``(True, "")`` if every token was allowed and accepted and the matcher terminated;
+        else ``(False, reason)``.
+    """
+    for i, tok in enumerate(tokens + [stop_token]):
+        if mask_times is None:
+            matcher.fill_bitmask(bitmask, row)
+        else:
+            start = time.perf_counter()
+            matcher.fill_bitmask(bitmask, row)
+            mask_times.append(time.perf_counter() - start)
+        if not bit(bitmask, row, tok):
+            return False, f"token {i} ({tok}) masked out"
+        if not matcher.accept_token(tok):
+            return False, f"token {i} ({tok}) allowed by the mask but refused: {matcher.error()}"
+    if not matcher.is_terminated():
+        return False, "not terminated after the stop token"
+    return True, ""
+
+
+def load_corpus(folder: str | Path) -> Iterator[SuiteCase]:
+    """The ``schemas/*.json`` corpus (``{"name", "schema", "valid", "invalid"}`` per file)."""
+    for path in sorted(Path(folder).glob("*.json")):
+        doc = json.loads(path.read_text())
+        tests = tuple([(f"valid[{i}]", v, True) for i, v in enumerate(doc.get("valid", []))] +
+                      [(f"invalid[{i}]", v, False) for i, v in enumerate(doc.get("invalid", []))])
+        yield SuiteCase(path.name, doc.get("description", doc.get("name", path.stem)),
+                        doc["schema"], tests)

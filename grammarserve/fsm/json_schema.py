@@ -1,0 +1,232 @@
+"""JSON Schema front end: parse, meta-validate (Draft 2020-12), check ``$ref``s are local and
+resolvable, and refuse keywords that no backend enforces (instead of dropping them silently)."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import unquote
+
+import jsonschema
+
+from grammarserve.errors import SchemaValidationError, UnsupportedSchemaError
+
+# Keywords whose value is one subschema / a map of subschemas / a list of subschemas.
+_ONE = ("items", "additionalProperties", "contains", "not", "if", "then", "else",
+        "propertyNames", "unevaluatedItems", "unevaluatedProperties", "additionalItems")
+_MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_LIST = ("allOf", "anyOf", "oneOf", "prefixItems")
+
+#: Keywords refused wherever they appear (a backend would ignore them, or we cannot resolve
+#: them), with the reason given to the user.
+REFUSED_KEYWORDS: dict[str, str] = {
+    "not": "negation cannot be enforced by the grammar",
+    "dependentRequired": "conditional requirements cannot be enforced by the grammar",
+    "dependentSchemas": "conditional subschemas cannot be enforced by the grammar",
+    "contains": "'contains' (and min/maxContains) cannot be enforced by the grammar",
+    "unevaluatedItems": "'unevaluatedItems' cannot be enforced; use 'items' instead",
+    "unevaluatedProperties": ("'unevaluatedProperties' cannot be enforced; use "
+                              "'additionalProperties' instead"),
+    "$dynamicRef": "dynamic references are not supported; use a local '$ref'",
+    "$dynamicAnchor": "dynamic anchors are not supported; use '$defs' and a local '$ref'",
+    "$recursiveRef": "recursive references are not supported; use a local '$ref'",
+}
+
+
+def json_path(parts: tuple[str | int, ...]) -> str:
+    """``("properties", "a", 0)`` -> ``$.properties.a[0]`` (``$`` is the schema root)."""
+    out = "$"
+    for p in parts:
+        if isinstance(p, int):
+            out += f"[{p}]"
+        elif p.isidentifier():
+            out += f".{p}"
+        else:
+            out += f"[{json.dumps(p)}]"
+    return out
+
+
+def iter_subschemas(schema: Any, path: tuple[str | int, ...] = ()
+                    ) -> Iterator[tuple[dict[str, Any], tuple[str | int, ...]]]:
+    """Yield every object subschema with its path (depth-first, schema positions only, so
+    ``enum``/``const``/``default`` values are never mistaken for schemas)."""
+    if not isinstance(schema, dict):
+        return
+    yield schema, path
+    for key in _ONE:
+        if key in schema:
+            yield from iter_subschemas(schema[key], path + (key,))
+    for key in _MAP:
+        value = schema.get(key)
+        if isinstance(value, dict):
+            for name, sub in value.items():
+                yield from iter_subschemas(sub, path + (key, name))
+    for key in _LIST:
+        value = schema.get(key)
+        if isinstance(value, list):
+            for i, sub in enumerate(value):
+                yield from iter_subschemas(sub, path + (key, i))
+
+
+def parse_schema(schema: dict[str, Any] | str | bool) -> dict[str, Any] | bool:
+    """Parse a schema given as text; refuse values that cannot be a schema."""
+    if isinstance(schema, (str, bytes)):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as e:
+            raise SchemaValidationError(
+                f"the schema is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}",
+                path="$") from None
+    if not isinstance(schema, (dict, bool)):
+        raise SchemaValidationError(
+            f"a JSON Schema must be an object or a boolean, got {type(schema).__name__}",
+            path="$")
+    return schema
+
+
+_META = "https://json-schema.org/draft/2020-12/"
+_VOCABULARIES = ("schema", "meta/core", "meta/applicator", "meta/unevaluated", "meta/validation",
+                 "meta/meta-data", "meta/format-annotation", "meta/content")
+
+
+def _static_refs(node: Any) -> Any:
+    if isinstance(node, dict):
+        if node.get("$dynamicRef") == "#meta":
+            return {"$ref": "#"}
+        return {k: _static_refs(v) for k, v in node.items() if k != "$dynamicAnchor"}
+    if isinstance(node, list):
+        return [_static_refs(v) for v in node]
+    return node
+
+
+@functools.lru_cache(maxsize=1)
+def _meta_validator() -> jsonschema.Draft202012Validator:
+    """A validator for the Draft 2020-12 meta-schema with its vocabularies merged into one
+    schema and ``$dynamicRef: "#meta"`` replaced by ``$ref: "#"``.
+
+    NOTE: equivalent to ``Draft202012Validator.check_schema`` (same vocabularies, same regex
+    format check; verified on the whole JSON-Schema-Test-Suite and schemas/) but ~20x faster,
+    since the dynamic-reference resolution dominates the stock meta-validation cost.
+    """
+    from jsonschema_specifications import REGISTRY
+
+    flat: dict[str, Any] = {"type": ["object", "boolean"], "properties": {}, "$defs": {}}
+    for vocab in _VOCABULARIES:
+        contents = REGISTRY.contents(_META + vocab)
+        flat["properties"].update(_static_refs(contents.get("properties", {})))
+        flat["$defs"].update(_static_refs(contents.get("$defs", {})))
+    cls = jsonschema.Draft202012Validator
+    return cls(flat, format_checker=cls.FORMAT_CHECKER)
+
+
+def meta_validate(schema: dict[str, Any] | bool) -> None:
+    """Check ``schema`` against the Draft 2020-12 meta-schema (with ``jsonschema``)."""
+    try:
+        error = jsonschema.exceptions.best_match(_meta_validator().iter_errors(schema))
+    except RecursionError:
+        raise SchemaValidationError("the schema is nested too deeply", path="$") from None
+    if error is not None:
+        parts = tuple(error.absolute_path)
+        raise SchemaValidationError(f"invalid JSON Schema at {json_path(parts)}: "
+                                    f"{error.message}", path=json_path(parts))
+
+
+def resolve_pointer(root: Any, ref: str) -> Any:
+    """Resolve a local ``#/...`` JSON pointer; raise ``KeyError`` if it does not resolve."""
+    node = root
+    if ref in ("#", "#/"):
+        return root
+    for raw in ref[2:].split("/"):
+        part = unquote(raw).replace("~1", "/").replace("~0", "~")
+        if isinstance(node, list):
+            node = node[int(part)]
+        elif isinstance(node, dict):
+            node = node[part]
+        else:
+            raise KeyError(part)
+    return node
+
+
+def check_keywords(schema: dict[str, Any]) -> None:
+    """Refuse unsupported keywords and non-local or dangling ``$ref``s."""
+    for sub, parts in iter_subschemas(schema):
+        for key, reason in REFUSED_KEYWORDS.items():
+            if key in sub and not _is_trivial(key, sub[key]):
+                where = json_path(parts + (key,))
+                raise UnsupportedSchemaError(f"unsupported keyword '{key}' at {where}: {reason}",
+                                             path=where, keyword=key)
+        if sub.get("uniqueItems") is True:
+            where = json_path(parts + ("uniqueItems",))
+            raise UnsupportedSchemaError(
+                f"unsupported keyword 'uniqueItems' at {where}: item uniqueness cannot be "
+                "enforced by the grammar (use an 'enum' of items or drop the constraint)",
+                path=where, keyword="uniqueItems")
+        if "if" in sub and ("then" in sub or "else" in sub):
+            where = json_path(parts + ("if",))
+            raise UnsupportedSchemaError(
+                f"unsupported keyword 'if' at {where}: if/then/else cannot be enforced by the "
+                "grammar; use 'anyOf' of the cases", path=where, keyword="if")
+        if parts and "$id" in sub:
+            where = json_path(parts + ("$id",))
+            raise UnsupportedSchemaError(
+                f"unsupported keyword '$id' at {where}: only the root may set '$id'",
+                path=where, keyword="$id")
+        if "$ref" in sub:
+            _check_ref(schema, sub["$ref"], parts)
+
+
+def _is_trivial(key: str, value: Any) -> bool:
+    return key in ("dependentRequired", "dependentSchemas") and value == {}
+
+
+def _check_ref(root: dict[str, Any], ref: Any, parts: tuple[str | int, ...]) -> None:
+    where = json_path(parts + ("$ref",))
+    if not isinstance(ref, str) or not ref.startswith("#"):
+        raise UnsupportedSchemaError(
+            f"remote $ref {ref!r} at {where} is not supported: only local references "
+            "('#/$defs/Name') are resolved; inline the referenced schema", path=where,
+            keyword="$ref")
+    if ref not in ("#",) and not ref.startswith("#/"):
+        raise UnsupportedSchemaError(
+            f"$ref {ref!r} at {where} uses an anchor; only JSON-pointer references "
+            "('#/$defs/Name') are supported", path=where, keyword="$ref")
+    try:
+        resolve_pointer(root, ref)
+    except (KeyError, IndexError, ValueError):
+        raise SchemaValidationError(f"$ref {ref!r} at {where} does not resolve in this schema",
+                                    path=where) from None
+
+
+def prepare_schema(schema: dict[str, Any] | str | bool) -> dict[str, Any]:
+    """Parse, meta-validate and check ``schema``; return a deep copy ready for a backend
+    (``true`` becomes ``{}``; ``false`` is refused since nothing can be generated)."""
+    parsed = parse_schema(schema)
+    meta_validate(parsed)
+    if parsed is True:
+        return {}
+    if parsed is False:
+        raise SchemaValidationError("the schema `false` accepts no instance, so nothing can be "
+                                    "generated", path="$")
+    if not isinstance(parsed, dict):  # unreachable: parse_schema returns a dict or a bool
+        raise SchemaValidationError("a JSON Schema must be an object or a boolean", path="$")
+    try:
+        check_keywords(parsed)
+    except RecursionError:
+        raise SchemaValidationError("the schema is nested too deeply", path="$") from None
+    out = copy.deepcopy(parsed)
+    out.pop("x-guidance", None)  # backend options are ours to set, not the user's
+    return out
+
+
+def rebase_refs(schema: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """A copy of ``schema`` whose local ``$ref``s point under ``prefix`` (a JSON pointer such
+    as ``#/$defs/args``), for embedding it inside another schema."""
+    out = copy.deepcopy(schema)
+    for sub, _ in iter_subschemas(out):
+        ref = sub.get("$ref")
+        if isinstance(ref, str) and ref.startswith("#"):
+            sub["$ref"] = prefix + ref[1:]
+    return out

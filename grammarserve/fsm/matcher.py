@@ -1,0 +1,247 @@
+"""``Matcher`` (per-request grammar state) and ``CompiledGrammar`` (a reusable compiled grammar).
+
+Matchers never raise for grammar problems: a rejected token, a backend failure or a resource
+limit puts the matcher into a sticky error state (``is_error()`` / ``error()``), as llguidance
+does. They raise ``ValueError`` only for API misuse (wrong bitmask shape or dtype, negative
+rollback), with a message that says how to fix it.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from concurrent.futures import Future
+
+import numpy as np
+import torch
+
+from grammarserve.fsm.vocab import VocabInfo
+
+
+class Matcher(ABC):
+    """Grammar state of one request.
+
+    Contract for backend subclasses: implement the ``_``-prefixed hooks; they may raise any
+    exception, which the public methods turn into the sticky error state. The public methods
+    track termination (a stop token was accepted) and errors themselves, so both backends behave
+    the same.
+    """
+
+    def __init__(self, vocab: VocabInfo) -> None:
+        self._vocab = vocab
+        self._stops = frozenset(vocab.stop_token_ids)
+        self._error: str | None = None
+        self._terminated = False
+        self._checked_bitmask: torch.Tensor | None = None
+        self._checked_rows = 0
+        self._bitmask_np: np.ndarray | None = None  # numpy view of the checked bitmask
+
+    # -- backend hooks ---------------------------------------------------------------------
+    @abstractmethod
+    def _accept(self, token_id: int) -> bool:
+        """Advance by one token; return False if the grammar rejects it."""
+
+    @abstractmethod
+    def _fill(self, bitmask: torch.Tensor, row: int) -> None:
+        """Write the allowed-token bits (stop tokens included where the grammar may end) into
+        ``bitmask[row]``; ``bitmask`` is a validated contiguous CPU int32 tensor
+        ``[B, vocab.bitmask_width]``."""
+
+    @abstractmethod
+    def _forced(self) -> list[int]:
+        """Tokens that are the only legal continuation, safe at token boundaries."""
+
+    @abstractmethod
+    def _rollback(self, n: int) -> None:
+        """Undo the last ``n`` accepted tokens (a stop token counts as one)."""
+
+    @abstractmethod
+    def _backend_error(self) -> str | None:
+        """An error the backend itself reports (llguidance), else None."""
+
+    # -- public API ------------------------------------------------------------------------
+    def accept_token(self, token_id: int) -> bool:
+        """Advance by ``token_id``.
+
+        Returns
+        -------
+        bool
+            True if accepted. False if the grammar rejects it, the matcher already terminated, or
+            it is in the error state; the matcher is then (and stays) in the error state.
+        """
+        if self._error is not None:
+            return False
+        if self._terminated:
+            self._error = f"token {token_id} after the grammar terminated"
+            return False
+        try:
+            ok = self._accept(int(token_id))
+        except Exception as e:  # noqa: BLE001 - backend failures become sticky state
+            self._error = f"backend failure on token {token_id}: {e}"
+            return False
+        if not ok:
+            self._error = self._backend_error() or f"token {token_id} is not allowed here"
+            return False
+        if int(token_id) in self._stops:
+            self._terminated = True
+        return True
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        """Write the allowed next tokens of this request into ``bitmask[row]`` (bit set =
+        allowed). After termination or an error only the stop tokens are allowed.
+
+        Parameters
+        ----------
+        bitmask : torch.Tensor
+            Contiguous CPU int32 tensor ``[B, ceil(vocab_size / 32)]`` (see
+            :meth:`GrammarCompiler.allocate_bitmask`); copy it to the GPU after filling.
+        row : int
+            The request's row.
+        """
+        # NOTE: the checks cost more than a cached mask; they run once per bitmask object.
+        if bitmask is not self._checked_bitmask:
+            self._check_bitmask(bitmask)
+        if not 0 <= row < self._checked_rows:
+            raise ValueError(f"row {row} is out of range for a bitmask of "
+                             f"{self._checked_rows} rows")
+        if self._error is None and not self._terminated:
+            try:
+                self._fill(bitmask, row)
+                err = self._backend_error()
+                if err is None:
+                    return
+                self._error = err
+            except Exception as e:  # noqa: BLE001
+                self._error = f"backend failure while computing the mask: {e}"
+        self._fill_stop_only(bitmask[row])
+
+    def _check_bitmask(self, bitmask: torch.Tensor) -> None:
+        if bitmask.dtype != torch.int32 or bitmask.dim() != 2:
+            raise ValueError(f"bitmask must be a 2-D torch.int32 tensor, got {bitmask.dtype} with "
+                             f"shape {tuple(bitmask.shape)}; use GrammarCompiler.allocate_bitmask")
+        if bitmask.shape[1] != self._vocab.bitmask_width or bitmask.device.type != "cpu":
+            raise ValueError(f"bitmask must be a CPU tensor of width {self._vocab.bitmask_width} "
+                             f"(ceil({self._vocab.vocab_size}/32)), got shape "
+                             f"{tuple(bitmask.shape)} on {bitmask.device}; fill on the CPU, "
+                             "then copy to the device")
+        if not bitmask.is_contiguous():
+            raise ValueError("bitmask must be contiguous; use bitmask.contiguous()")
+        self._checked_bitmask = bitmask
+        self._checked_rows = bitmask.shape[0]
+        self._bitmask_np = bitmask.numpy()
+
+    def forced_tokens(self) -> list[int]:
+        """Jump-forward tokens: a span that is the only legal continuation, tokenized so that
+        its last token is not a prefix of a longer allowed token. Accept them one by one with
+        :meth:`accept_token`. Empty when nothing is forced, or after termination or an error.
+        """
+        if self._error is not None or self._terminated:
+            return []
+        try:
+            return [t for t in self._forced() if t not in self._stops]
+        except Exception:  # noqa: BLE001 - jump-forward is an optimization; never fail on it
+            return []
+
+    def rollback(self, n: int) -> None:
+        """Undo the last ``n`` accepted tokens (up to ``max_rollback_tokens``). No-op in the
+        error state (errors are sticky)."""
+        if n < 0:
+            raise ValueError(f"rollback needs n >= 0, got {n}")
+        if n == 0 or self._error is not None:
+            return
+        try:
+            self._rollback(n)
+        except Exception as e:  # noqa: BLE001
+            self._error = f"rollback({n}) failed: {e}"
+            return
+        self._terminated = False
+
+    def is_terminated(self) -> bool:
+        """True once a stop token was accepted where the grammar may end."""
+        return self._terminated
+
+    def is_error(self) -> bool:
+        """True if the matcher is in the (sticky) error state."""
+        return self._error is not None
+
+    def error(self) -> str | None:
+        """The error message, or None."""
+        return self._error
+
+    def _fill_stop_only(self, target: torch.Tensor) -> None:
+        target.zero_()
+        for t in self._stops:
+            word, bit = divmod(t, 32)
+            value = int(target[word]) | (1 << bit)
+            target[word] = value - (1 << 32) if value >= (1 << 31) else value
+
+
+class CompiledGrammar:
+    """A compiled grammar, shared by every request that uses it. Thread-safe to share;
+    :meth:`matcher` creates independent per-request state.
+
+    With ``backend="auto"`` a grammar may be *upgraded* in the background to a second backend
+    that enforces the same language with faster masks (see ``policy.py``). The upgrade starts
+    when the grammar is reused (its ``UPGRADE_AFTER_USES``-th matcher) or on
+    :meth:`request_upgrade`; matchers created before it completes keep their backend.
+    """
+
+    #: Start the background upgrade when this many matchers have been created.
+    UPGRADE_AFTER_USES = 2
+
+    def __init__(self, *, backend: str, kind: str, make_matcher: Callable[[], Matcher],
+                 size_bytes: int | Callable[[], int], compile_s: float) -> None:
+        self.kind = kind
+        self.compile_s = compile_s
+        self.upgrade_future: Future[bool] | None = None
+        self._upgrader: Callable[[], Future[bool]] | None = None
+        self._uses = 0
+        self._backend = backend
+        self._make_matcher = make_matcher
+        self._sizes: list[int | Callable[[], int]] = [size_bytes]
+        self._lock = threading.Lock()
+
+    @property
+    def backend(self) -> str:
+        """The backend new matchers use."""
+        return self._backend
+
+    @property
+    def size_bytes(self) -> int:
+        """Estimated memory held now (all backends; lazily built masks make it grow)."""
+        return sum(s() if callable(s) else s for s in self._sizes)
+
+    def matcher(self) -> Matcher:
+        """A fresh matcher at the start of the grammar."""
+        with self._lock:
+            make = self._make_matcher
+            self._uses += 1
+            uses = self._uses
+        if uses == self.UPGRADE_AFTER_USES:
+            self.request_upgrade()
+        return make()
+
+    def set_upgrader(self, upgrader: Callable[[], Future[bool]]) -> None:
+        """Register how to start the upgrade (``upgrader()`` returns a future of success)."""
+        with self._lock:
+            self._upgrader = upgrader
+
+    def request_upgrade(self) -> Future[bool] | None:
+        """Start the planned upgrade now (once); None if no upgrade is planned. The future
+        resolves to True once new matchers use the other backend, False if abandoned."""
+        with self._lock:
+            if self._upgrader is not None and self.upgrade_future is None:
+                self.upgrade_future = self._upgrader()
+            return self.upgrade_future
+
+    def upgrade(self, other: CompiledGrammar) -> None:
+        """Make new matchers come from ``other`` (same language, another backend)."""
+        with self._lock:
+            self._backend = other.backend
+            self._make_matcher = other._make_matcher
+            self._sizes.extend(other._sizes)
+
+    def __repr__(self) -> str:
+        return (f"CompiledGrammar(backend={self.backend!r}, kind={self.kind!r}, "
+                f"size_bytes={self.size_bytes})")

