@@ -54,12 +54,19 @@ class LLM:
                  else [params or SamplingParams()] * len(batch))
         if len(plist) != len(batch):
             raise ValueError(f"got {len(batch)} prompts but {len(plist)} SamplingParams")
-        ids = []
-        for prompt, p in zip(batch, plist):
-            rid = f"offline-{self._ids}"
-            self._ids += 1
-            self.engine.add_request(rid, prompt, p)
-            ids.append(rid)
+        ids: list[str] = []
+        try:
+            for prompt, p in zip(batch, plist):
+                rid = f"offline-{self._ids}"
+                self._ids += 1
+                self.engine.add_request(rid, prompt, p)
+                ids.append(rid)
+        except Exception:
+            for rid in ids:  # one bad prompt refuses the whole call; leave nothing queued
+                self.engine.abort(rid)
+            while self.engine.has_unfinished():
+                self.engine.step()
+            raise
         final: dict[str, RequestOutput] = {}
         while self.engine.has_unfinished():
             for out in self.engine.step():

@@ -106,3 +106,10 @@ def test_detokenizer_never_splits_multibyte(llm: LLM) -> None:
     pieces = [detok.add([t]) for t in ids] + [detok.flush()]
     assert "".join(pieces) == text
     assert all("\ufffd" not in p for p in pieces)
+
+
+def test_generate_with_one_bad_prompt_leaves_nothing_queued(llm: LLM) -> None:
+    with pytest.raises(InvalidRequestError, match="empty"):
+        llm.generate(["Hello there", []], GREEDY)
+    assert not llm.engine.has_unfinished()
+    assert llm.generate("Hello there", SamplingParams(max_tokens=3, temperature=0))[0].finished
