@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_SUITE = REPO.parent / "shared" / "data" / "json-schema-test-suite" / "draft2020-12"
+DEFAULT_SUITE = REPO / "tests" / "data" / "json-schema-test-suite" / "draft2020-12"
 
 
 def _pct(values: list[float], q: float) -> float | None:
