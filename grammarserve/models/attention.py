@@ -55,7 +55,8 @@ class _PaddedGroup:
     mask: torch.Tensor  # [B, 1, Lq, S] True where attention is allowed
     valid: torch.Tensor  # [N] flat indices into B*Lq of real queries
     out_rows: torch.Tensor  # [N] batch rows those queries belong to
-    mirror_flat: torch.Tensor | None = None  # [N] b * S_cap + position, when mirrored
+    mirror_b: torch.Tensor | None = None  # [N] group row of each new token, when mirrored
+    mirror_pos: torch.Tensor | None = None  # [N] its position
 
 
 class TorchSDPABackend(AttentionBackend):
@@ -111,12 +112,12 @@ class TorchSDPABackend(AttentionBackend):
         if self.sliding_window is not None:
             mask = mask & (k_pos[None, None, :] > q_pos[:, :, None] - self.sliding_window)
         valid = real.flatten().nonzero().squeeze(1)
-        flat = None
+        m_b = m_pos = None
         if mirrored:
             b_idx = torch.arange(len(members), device=device)[:, None].expand_as(q_pos)
-            flat = (b_idx * s_slots + q_pos).flatten()[valid]
+            m_b, m_pos = b_idx.flatten()[valid], q_pos.flatten()[valid]
         return _PaddedGroup(q_rows, kv_slots, mask[:, None], valid, q_rows.flatten()[valid],
-                            flat)
+                            m_b, m_pos)
 
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -135,12 +136,11 @@ class TorchSDPABackend(AttentionBackend):
                 out[g.rows] = o[0].transpose(0, 1)
             else:
                 qg = q[g.q_rows].transpose(1, 2)  # [B, H, Lq, d]
-                if g.mirror_flat is not None and self.mirror is not None:
+                if g.mirror_b is not None and g.mirror_pos is not None and self.mirror is not None:
                     s = g.mask.shape[-1]
-                    km, vm = self.mirror.update(layer, g.kv_slots, g.mirror_flat,
+                    km, vm = self.mirror.update(layer, g.kv_slots, g.mirror_b, g.mirror_pos,
                                                 self._batch.out_cache_loc[g.out_rows])
-                    kg = km[:, :s].to(q.dtype).transpose(1, 2)
-                    vg = vm[:, :s].to(q.dtype).transpose(1, 2)
+                    kg, vg = km[:, :, :s].to(q.dtype), vm[:, :, :s].to(q.dtype)
                 else:
                     kg = _gather(k_buf, g.kv_slots).to(q.dtype).transpose(1, 2)  # [B,Hkv,S,d]
                     vg = _gather(v_buf, g.kv_slots).to(q.dtype).transpose(1, 2)

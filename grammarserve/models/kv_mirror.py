@@ -18,7 +18,8 @@ HEADROOM = 64  # extra positions per row so that steady decoding rarely forces a
 
 
 class KVMirror:
-    """Per-layer ``[B, S_cap, kv_heads, head_dim]`` K and V buffers for one group of sequences."""
+    """Per-layer ``[B, kv_heads, S_cap, head_dim]`` K and V buffers for one group of sequences
+    (head-major: SDPA reads it ~25% faster than a transposed token-major view)."""
 
     def __init__(self, pool: KVPool, max_tokens: int, max_context: int) -> None:
         self.pool = pool
@@ -53,20 +54,21 @@ class KVMirror:
     def capacity(self) -> int:
         return self._cap
 
-    def update(self, layer: int, kv_slots_full: torch.Tensor, new_flat: torch.Tensor,
-               new_slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Bring layer ``layer`` up to date and return its K, V ``[B, S_cap, h, d]``.
+    def update(self, layer: int, kv_slots_full: torch.Tensor, new_b: torch.Tensor,
+               new_pos: torch.Tensor, new_slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Bring layer ``layer`` up to date and return its K, V ``[B, h, S_cap, d]``.
 
         ``kv_slots_full`` ``[B, S_cap]``: slots of every position (0 = padding), used to rebuild;
-        ``new_flat`` ``[N]``: flat positions ``b * S_cap + pos`` of this step's new tokens, whose
-        pool slots are ``new_slots`` ``[N]``.
+        this step's new tokens sit in rows ``new_b`` at positions ``new_pos``, with pool slots
+        ``new_slots`` (all ``[N]``).
         """
         k_pool, v_pool = self.pool.k[layer], self.pool.v[layer]
         if self.rebuild:
             b, s = kv_slots_full.shape
             flat = kv_slots_full.flatten()
-            k = k_pool.index_select(0, flat).view(b, s, *k_pool.shape[1:])
-            v = v_pool.index_select(0, flat).view(b, s, *v_pool.shape[1:])
+            k = k_pool.index_select(0, flat).view(b, s, *k_pool.shape[1:]).transpose(1, 2)
+            v = v_pool.index_select(0, flat).view(b, s, *v_pool.shape[1:]).transpose(1, 2)
+            k, v = k.contiguous(), v.contiguous()
             if layer < len(self.k):
                 self.k[layer], self.v[layer] = k, v
             else:
@@ -74,6 +76,6 @@ class KVMirror:
                 self.v.append(v)
             return k, v
         k, v = self.k[layer], self.v[layer]
-        k.view(-1, *k.shape[2:]).index_copy_(0, new_flat, k_pool.index_select(0, new_slots))
-        v.view(-1, *v.shape[2:]).index_copy_(0, new_flat, v_pool.index_select(0, new_slots))
+        k[new_b, :, new_pos] = k_pool.index_select(0, new_slots)
+        v[new_b, :, new_pos] = v_pool.index_select(0, new_slots)
         return k, v
