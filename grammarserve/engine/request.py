@@ -84,7 +84,7 @@ class Req:
         delta, self.pending_text = self.pending_text, ""
         return RequestOutput(
             request_id=self.request_id, prompt_token_ids=self.prompt_ids,
-            token_ids=list(self.output_ids), text=self.text, delta_text=delta,
+            token_ids=self.output_ids, text=self.text, delta_text=delta,
             finished=self.finished, finish_reason=self.finish_reason, error=self.error,
             logprobs=list(self.logprobs), num_cached_tokens=self.num_cached_prompt or 0,
         )
