@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from grammarserve.constraints import Constraint
 from grammarserve.errors import InvalidRequestError
 
 
@@ -27,6 +28,12 @@ class SamplingParams:
     stop_token_ids:
         Extra token ids that end the completion (the model's EOS always does unless
         ``ignore_eos``).
+    constraint:
+        The output must match it (JSON schema, regex, grammar, choice, tool calls); the reply
+        ends with ``finish_reason`` ``stop`` only when it is complete and valid.
+    jump_forward:
+        Feed the tokens the constraint forces (keys, punctuation, enum tails) in one forward
+        instead of decoding them one by one (the engine-wide switch must be on too).
     """
 
     max_tokens: int = 16
@@ -39,6 +46,8 @@ class SamplingParams:
     stop_token_ids: Sequence[int] = ()
     ignore_eos: bool = False
     skip_special_tokens: bool = True
+    constraint: Constraint | None = None
+    jump_forward: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -56,6 +65,9 @@ class SamplingParams:
             raise InvalidRequestError(f"min_p must be in [0, 1], got {self.min_p}", param="min_p")
         if any(not isinstance(s, str) or not s for s in self.stop_strings):
             raise InvalidRequestError("stop must be non-empty strings", param="stop")
+        if self.constraint is not None and not isinstance(self.constraint, Constraint):
+            raise InvalidRequestError("constraint must be a grammarserve.Constraint",
+                                      param="constraint")
 
     @property
     def greedy(self) -> bool:

@@ -7,7 +7,7 @@ import torch
 
 from grammarserve.config import EngineConfig
 from grammarserve.engine.kv_pool import KVPool, ReqToTokenPool
-from grammarserve.engine.sampler import process_logits, sample
+from grammarserve.engine.sampler import RowRng, process_logits, sample
 from grammarserve.errors import InvalidRequestError, OutOfMemoryError
 from grammarserve.sampling_params import SamplingParams
 
@@ -80,12 +80,9 @@ def test_sample_seeded_rows_are_independent_of_batch() -> None:
     logits = torch.randn(3, 1000)
     p = SamplingParams(temperature=1.0, seed=1)
 
-    def gen(seed: int) -> torch.Generator:
-        return torch.Generator().manual_seed(seed)
-
-    alone = [sample(logits[1:2], [p], [gen(11)]).token_ids[0] for _ in range(1)]
+    alone = [sample(logits[1:2], [p], [RowRng(11)]).token_ids[0] for _ in range(1)]
     batched = sample(logits, [SamplingParams(temperature=0), p, p],
-                     [None, gen(11), gen(12)])
+                     [None, RowRng(11), RowRng(12)])
     assert batched.token_ids[1] == alone[0]
     assert batched.token_ids[0] == int(logits[0].argmax())
     assert batched.logprobs[0] == pytest.approx(float(torch.log_softmax(logits[0], -1).max()))

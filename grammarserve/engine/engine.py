@@ -14,7 +14,7 @@ from grammarserve.engine.memory import kv_tokens_for_budget, process_rss_bytes
 from grammarserve.engine.model_runner import BatchEntry, ModelRunner
 from grammarserve.engine.radix_cache import DEFAULT_NAMESPACE, RadixCache
 from grammarserve.engine.request import Req, RequestOutput
-from grammarserve.engine.sampler import sample
+from grammarserve.engine.sampler import make_rng, sample
 from grammarserve.engine.scheduler import ScheduledReq, Scheduler
 from grammarserve.engine.stats import EngineStats
 from grammarserve.engine.stopping import append_token
@@ -79,14 +79,10 @@ class Engine:
         ids = self.tokenizer.encode(prompt, add_special_tokens=False) if isinstance(
             prompt, str) else list(prompt)
         self._check_prompt(ids)
-        gen = None
-        if not params.greedy:
-            gen = torch.Generator(device=self.runner.device)
-            gen.manual_seed(params.seed if params.seed is not None else
-                            int(torch.randint(0, 2**62, (1,)).item()))
+        rng = None if params.greedy else make_rng(params.seed)
         req = Req(request_id, ids, params, IncrementalDetokenizer(
             self.tokenizer, skip_special_tokens=params.skip_special_tokens),
-            arrival=next(self._arrivals), generator=gen, namespace=namespace)
+            arrival=next(self._arrivals), rng=rng, namespace=namespace)
         self.requests[request_id] = req
         self.scheduler.add(req)
 
@@ -126,7 +122,7 @@ class Engine:
         ready = [i for i, w in enumerate(work) if w.req.num_pending == 0]
         reqs = [work[i].req for i in ready]
         if reqs:
-            out = sample(logits[ready], [r.params for r in reqs], [r.generator for r in reqs])
+            out = sample(logits[ready], [r.params for r in reqs], [r.rng for r in reqs])
             for req, tok, lp in zip(reqs, out.token_ids, out.logprobs):
                 append_token(req, tok, lp, eos_ids=self.eos_ids, max_model_len=self.max_model_len)
                 if req.finish_reason is not None:

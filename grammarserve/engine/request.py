@@ -5,10 +5,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-import torch
-
 from grammarserve.engine.detokenizer import IncrementalDetokenizer
 from grammarserve.engine.radix_cache import TreeNode
+from grammarserve.engine.sampler import RowRng
 from grammarserve.sampling_params import SamplingParams
 
 
@@ -62,7 +61,7 @@ class Req:
     logprobs: list[float] = field(default_factory=list)
     finish_reason: str | None = None
     error: str | None = None
-    generator: torch.Generator | None = None
+    rng: RowRng | None = None
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt_ids)

@@ -1,0 +1,69 @@
+"""What a request's output must match: a JSON schema, regex, grammar, choice or tool calls.
+
+A :class:`Constraint` travels inside :class:`~grammarserve.sampling_params.SamplingParams`; the
+engine compiles it with :class:`grammarserve.fsm.GrammarCompiler` (cached) and enforces it token
+by token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+ConstraintKind = Literal["json_schema", "regex", "grammar", "choice", "tool_calls"]
+
+#: ``response_format: {"type": "json_object"}``: any JSON object.
+JSON_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """One output constraint. Build it with the class methods.
+
+    ``spec`` is the schema (dict or JSON text), the regex, the grammar text, the list of choices,
+    or the list of OpenAI tools, depending on ``kind``.
+    """
+
+    kind: ConstraintKind
+    spec: Any
+    strict: bool = False  # json_schema: OpenAI strict-mode rules
+    syntax: str = "lark"  # grammar: "lark" or "ebnf"
+    tool_choice: Any = "required"  # tool_calls: "auto" | "required" | {"type": "function", ...}
+    parallel_tool_calls: bool = True
+
+    @classmethod
+    def json_schema(cls, schema: dict[str, Any] | str, *, strict: bool = False) -> Constraint:
+        return cls("json_schema", schema, strict=strict)
+
+    @classmethod
+    def json_object(cls) -> Constraint:
+        return cls("json_schema", JSON_OBJECT_SCHEMA)
+
+    @classmethod
+    def regex(cls, pattern: str) -> Constraint:
+        return cls("regex", pattern)
+
+    @classmethod
+    def grammar(cls, text: str, syntax: str = "lark") -> Constraint:
+        return cls("grammar", text, syntax=syntax)
+
+    @classmethod
+    def choice(cls, options: Sequence[str]) -> Constraint:
+        return cls("choice", list(options))
+
+    @classmethod
+    def tool_calls(cls, tools: list[dict[str, Any]], tool_choice: Any = "required", *,
+                   parallel: bool = True) -> Constraint:
+        return cls("tool_calls", tools, tool_choice=tool_choice, parallel_tool_calls=parallel)
+
+    def compile_args(self) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+        """``(kind, args, kwargs)`` for :meth:`GrammarCompiler.compile_async`."""
+        if self.kind == "json_schema":
+            return "json_schema", (self.spec,), {"strict": self.strict}
+        if self.kind == "grammar":
+            return "grammar", (self.spec,), {"syntax": self.syntax}
+        if self.kind == "tool_calls":
+            return "tool_calls", (self.spec, self.tool_choice), {
+                "parallel": self.parallel_tool_calls}
+        return self.kind, (self.spec,), {}
