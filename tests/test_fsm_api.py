@@ -1,6 +1,6 @@
 """Grammar-layer API on the SmolLM2 tokenizer: bad input -> GrammarError with a location,
 strict mode, matcher contract (stop tokens, sticky errors, rollback, bitmask misuse), regex,
-Lark, EBNF, choice and tool-call grammars."""
+Lark, EBNF and choice grammars (tool calls: test_fsm_tools.py)."""
 
 from __future__ import annotations
 
@@ -246,49 +246,6 @@ def test_choice_validation(compiler: GrammarCompiler) -> None:
     for bad in ([], ["a", "a"], ["a", 3], "ab"):
         with pytest.raises(GrammarError):
             compiler.compile_choice(bad)  # type: ignore[arg-type]
-
-
-TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
-    {"type": "function", "function": {"name": "search", "parameters": {
-        "type": "object", "properties": {"q": {"type": "string"}, "n": {"$ref": "#/$defs/N"}},
-        "required": ["q"], "$defs": {"N": {"type": "integer", "minimum": 1}}}}},
-]
-CALL_W = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "unit": "c"}}\n' \
-         '</tool_call>'
-CALL_S = '<tool_call>\n{"name": "search", "arguments": {"q": "pizza", "n": 3}}\n</tool_call>'
-
-
-def test_tool_calls_required_named_auto(compiler: GrammarCompiler, tokenizer: Any) -> None:
-    required = compiler.compile_tool_calls(TOOLS, "required")
-    assert accepts(compiler, tokenizer, required, CALL_W)
-    assert accepts(compiler, tokenizer, required, CALL_S + "\n" + CALL_W)
-    assert not accepts(compiler, tokenizer, required, CALL_S.replace('"n": 3', '"n": 0'))
-    assert not accepts(compiler, tokenizer, required, CALL_W.replace("get_weather", "get_time"))
-    assert not accepts(compiler, tokenizer, required, "Sure! " + CALL_W)
-    single = compiler.compile_tool_calls(TOOLS, "required", parallel=False)
-    assert not accepts(compiler, tokenizer, single, CALL_S + "\n" + CALL_W)
-    named = compiler.compile_tool_calls(TOOLS, {"type": "function",
-                                                "function": {"name": "search"}})
-    assert accepts(compiler, tokenizer, named, CALL_S)
-    assert not accepts(compiler, tokenizer, named, CALL_W)
-    auto = compiler.compile_tool_calls(TOOLS, "auto")  # region after the trigger
-    assert accepts(compiler, tokenizer, auto, CALL_W[len("<tool_call>"):] + "\n" + CALL_S)
-    assert not accepts(compiler, tokenizer, auto, CALL_W)
-
-
-def test_tool_call_errors(compiler: GrammarCompiler) -> None:
-    with pytest.raises(GrammarError, match="not in 'tools'"):
-        compiler.compile_tool_calls(TOOLS, {"type": "function", "function": {"name": "nope"}})
-    with pytest.raises(GrammarError, match="name must match"):
-        compiler.compile_tool_calls([{"type": "function", "function": {"name": "a b"}}])
-    with pytest.raises(UnsupportedSchemaError) as info:
-        compiler.compile_tool_calls([{"type": "function", "function": {
-            "name": "f", "parameters": {"type": "object", "not": {}}}}])
-    assert info.value.path == "$.tools[0].function.parameters.not"
-    with pytest.raises(StrictSchemaError):
-        compiler.compile_tool_calls([{"type": "function", "function": {
-            "name": "f", "strict": True, "parameters": {"type": "object"}}}])
 
 
 @pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])

@@ -10,19 +10,17 @@ import json
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
 import pytest
-import torch
 
 from grammarserve.errors import GrammarError
-from grammarserve.fsm import GrammarCompiler, Matcher
+from grammarserve.fsm import GrammarCompiler
 from grammarserve.fsm.conformance import (
     SuiteCase,
-    bit,
     instance_texts,
     load_corpus,
     load_suite,
     walk,
+    walk_jump_forward,
 )
 
 REPO = Path(__file__).resolve().parents[1]
@@ -143,62 +141,6 @@ def test_strict_compatible_corpus_schemas_compile_strict(compilers: dict[str, Gr
     assert n > 0
 
 
-def _allowed(bitmask: torch.Tensor) -> list[int]:
-    bits = np.unpackbits(bitmask[0].numpy().view(np.uint8), bitorder="little")
-    return np.flatnonzero(bits).tolist()
-
-
-def _offsets(ids: list[int], token_bytes: list[bytes], start: int) -> dict[int, int]:
-    """Byte offset -> the token that starts there."""
-    out, pos = {}, start
-    for t in ids:
-        out[pos] = t
-        pos += len(token_bytes[t])
-    return out
-
-
-def _walk_jump_forward(matcher: Matcher, text: str, tokenizer: Any, compiler: GrammarCompiler,
-                       token_bytes: list[bytes]) -> tuple[str, int]:
-    """Generate ``text`` taking forced tokens wherever offered; return (text, n_forced)."""
-    bitmask = compiler.allocate_bitmask(1)
-    stop = compiler.stop_token_ids[0]
-    out = b""
-    target = text.encode()
-    forced_total = 0
-    plan = _offsets(tokenizer.encode(text, add_special_tokens=False), token_bytes, 0)
-    while out != target:
-        matcher.fill_bitmask(bitmask, 0)
-        forced = matcher.forced_tokens()
-        if forced:
-            assert not bit(bitmask, 0, stop), "forced tokens offered where the grammar may end"
-            span = tokenizer.convert_tokens_to_string(
-                tokenizer.convert_ids_to_tokens(forced)).encode()
-            assert target[len(out):].startswith(span), (out, span)
-            # Every token the mask allows here agrees with the forced span.
-            for t in _allowed(bitmask):
-                piece = token_bytes[t]
-                assert span.startswith(piece) or piece.startswith(span), (span, piece)
-            for t in forced:
-                matcher.fill_bitmask(bitmask, 0)
-                assert bit(bitmask, 0, t)
-                assert matcher.accept_token(t), matcher.error()
-            out += span
-            forced_total += len(forced)
-            continue
-        # Sample the way a model following the text would: its next token, re-tokenizing the
-        # rest only when a forced span ended inside one of its tokens.
-        if len(out) not in plan:
-            rest = tokenizer.encode(target[len(out):].decode(), add_special_tokens=False)
-            plan.update(_offsets(rest, token_bytes, len(out)))
-        t = plan[len(out)]
-        assert bit(bitmask, 0, t), f"next token {t} masked out after {out!r}"
-        assert matcher.accept_token(t), matcher.error()
-        out += token_bytes[t]
-    matcher.fill_bitmask(bitmask, 0)
-    assert bit(bitmask, 0, stop) and matcher.accept_token(stop) and matcher.is_terminated()
-    return out.decode(), forced_total
-
-
 @pytest.mark.skipif(not CORPUS.is_dir(), reason="schemas/ not present")
 @pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])
 def test_jump_forward_equals_token_by_token(backend: str, compilers: dict[str, GrammarCompiler],
@@ -207,6 +149,7 @@ def test_jump_forward_equals_token_by_token(backend: str, compilers: dict[str, G
 
     compiler = compilers[backend]
     token_bytes = xgr.TokenizerInfo.from_huggingface(tokenizer).decoded_vocab
+    bitmask, stop = compiler.allocate_bitmask(1), compiler.stop_token_ids[0]
     total_forced = walked = 0
     for case in load_corpus(CORPUS):
         try:
@@ -217,9 +160,9 @@ def test_jump_forward_equals_token_by_token(backend: str, compilers: dict[str, G
             if not valid:
                 continue
             for text in instance_texts(instance)[:2]:
-                got, forced = _walk_jump_forward(grammar.matcher(), text, tokenizer, compiler,
-                                                 token_bytes)
-                assert got == text
+                ok, reason, forced = walk_jump_forward(grammar.matcher(), text, tokenizer,
+                                                       bitmask, stop, token_bytes)
+                assert ok, (case.file, text, reason)
                 total_forced += forced
                 walked += 1
     assert walked > 100 and total_forced > 0

@@ -138,7 +138,8 @@ class GrammarCompiler:
                            parallel: bool = True) -> CompiledGrammar:
         """Compile the Hermes tool-call format for OpenAI ``tools`` and ``tool_choice`` ``mode``
         (``"auto"``, ``"required"`` or ``{"type": "function", "function": {"name": ...}}``).
-        For ``"auto"`` the grammar starts right after the ``<tool_call>`` trigger text; see
+        The grammar covers the whole output: for ``"auto"``, plain text without a call, or
+        free text then the calls from the first ``<tool_call>`` on; otherwise only calls. See
         :mod:`grammarserve.fsm.tools`."""
         return self.compile_async("tool_calls", tools, mode, parallel=parallel).result()
 

@@ -1,14 +1,22 @@
 """Tool calls in the Hermes format: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``.
 
 ``normalize_tools`` validates OpenAI ``tools`` + ``tool_choice`` into a JSON description;
-``tool_calls_lark`` renders it as an llguidance Lark grammar with embedded ``%json`` schemas.
+``tool_calls_lark`` renders it as an llguidance Lark grammar with embedded ``%json`` schemas
+(each call object ``{"name": <const>, "arguments": <that tool's parameters>}``).
 
-Modes
------
-- ``"required"``: the whole output is one or more calls (one if ``parallel`` is False).
+Modes (every grammar covers the *whole* output)
+------------------------------------------------
+- ``"required"``: one or more calls (one if ``parallel`` is False).
 - named (``{"type": "function", "function": {"name": "f"}}``): exactly one call to ``f``.
-- ``"auto"``: a region that starts right *after* the trigger text ``<tool_call>`` (which the
-  model emits freely); it covers the rest of the call and any further calls.
+- ``"auto"``: either plain text that never contains ``<tool_call>`` (possibly empty), or free
+  text (possibly empty) up to the first ``<tool_call>``, then the calls.
+
+Between two calls and after the last one only whitespace is allowed (bounded like JSON
+whitespace), then the stop token. The grammar works on bytes, so a token may straddle any
+boundary: ``.<`` (text, then the trigger's first byte), ``>\\n{"`` (trigger, newline, JSON), or
+``}}\\n</`` (JSON, then the end tag). The free text before the trigger is one *lazy* lexeme
+``/(?s:.*)<tool_call>/``: it ends at the first occurrence of the trigger, which then must be
+followed by a call. No trigger detection is needed outside the grammar.
 """
 
 from __future__ import annotations
@@ -81,18 +89,31 @@ def call_schema(tool: dict[str, Any], json_options: dict[str, Any]) -> dict[str,
     }
 
 
-def tool_calls_lark(spec: dict[str, Any], json_options: dict[str, Any]) -> str:
-    """The llguidance Lark grammar for a normalized tool-call spec."""
-    lines = []
-    names = []
-    for i, tool in enumerate(spec["tools"]):
-        names.append(f"fn{i}")
-        lines.append(f"fn{i}: %json {json.dumps(call_schema(tool, json_options))}")
-    body = f'fn: {" | ".join(names)}'
-    first = f'"\\n" fn "\\n{END}"'
-    more = f'("\\n{TRIGGER}\\n" fn "\\n{END}")*' if spec["parallel"] else ""
+def _ws(max_ws: int | None) -> str:
+    return r"[\x20\x0A\x0D\x09]" + ("*" if max_ws is None else f"{{0,{max_ws}}}")
+
+
+def tool_calls_lark(spec: dict[str, Any], json_options: dict[str, Any],
+                    max_ws: int | None = None) -> str:
+    """The llguidance Lark grammar for a normalized tool-call spec (whole output).
+
+    ``max_ws`` bounds the whitespace between calls and after the last one (``None``: unbounded).
+    """
+    fns = [f"fn{i}: %json {json.dumps(call_schema(tool, json_options))}"
+           for i, tool in enumerate(spec["tools"])]
+    more = " (SEP call)*" if spec["parallel"] else ""
     if spec["mode"] == "auto":
-        start = f"start: {first} {more}"
+        # NOTE: TEXT is plain text without the trigger; ``head`` is lazy, so it ends at the
+        # first ``<tool_call>``, after which only a call may follow.
+        start = [f"start: TEXT | head call{more} TAIL",
+                 r"TEXT: /(?s:.*)/ & ~/(?s:.*)<tool_call>(?s:.*)/",
+                 r"head[lazy]: /(?s:.*)<tool_call>/"]
     else:
-        start = f'start: "{TRIGGER}" {first} {more}'
-    return "\n".join([start, body, *lines]) + "\n"
+        start = [f'start: "{TRIGGER}" call{more} TAIL']
+    return "\n".join([
+        *start,
+        f'call: "\\n" fn "\\n{END}"',
+        f"SEP: /{_ws(max_ws)}{TRIGGER}/",
+        f"TAIL: /{_ws(max_ws)}/",
+        f'fn: {" | ".join(f"fn{i}" for i in range(len(fns)))}',
+        *fns]) + "\n"

@@ -96,7 +96,7 @@ class LLGuidanceBackend(GrammarBackend):
             alts = " | ".join(json.dumps(o) for o in options)
             return str(llguidance.LLMatcher.grammar_from_lark(f"start: {alts}\n"))
         if spec.kind == "tool_calls":
-            lark = tool_calls_lark(json.loads(spec.source), self.json_options(max_ws))
+            lark = tool_calls_lark(json.loads(spec.source), self.json_options(max_ws), max_ws)
             return str(llguidance.LLMatcher.grammar_from_lark(lark))
         raise GrammarBackendError(f"llguidance cannot compile a {spec.kind!r} grammar",
                                   backend=self.name)
