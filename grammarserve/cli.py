@@ -1,4 +1,5 @@
-"""Command line: ``grammarserve generate`` (one-shot) and ``grammarserve chat`` (REPL)."""
+"""Command line: ``grammarserve serve`` (OpenAI-compatible server), ``grammarserve generate``
+(one-shot) and ``grammarserve chat`` (REPL)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from collections.abc import Sequence
 from grammarserve.config import EngineConfig
 from grammarserve.errors import GrammarserveError
 from grammarserve.sampling_params import SamplingParams
+from grammarserve.server.config import ServerConfig
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -20,6 +22,17 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     p.add_argument("--kv-cache-tokens", type=int, default=EngineConfig.kv_cache_tokens)
     p.add_argument("--max-batch-tokens", type=int, default=EngineConfig.max_batch_tokens)
+    p.add_argument("--max-num-reqs", type=int, default=EngineConfig.max_num_reqs,
+                   help="requests holding KV at once")
+    p.add_argument("--max-model-len", type=int, default=None,
+                   help="longest sequence (default: the model's, capped by the KV pool)")
+    p.add_argument("--grammar-backend", default=EngineConfig.grammar_backend,
+                   choices=["auto", "llguidance", "xgrammar"])
+    p.add_argument("--jump-forward", default=EngineConfig.enable_jump_forward,
+                   action=argparse.BooleanOptionalAction,
+                   help="feed the tokens a constraint forces without decoding them one by one")
+    p.add_argument("--prefix-cache", default=EngineConfig.enable_prefix_cache,
+                   action=argparse.BooleanOptionalAction, help="radix prefix cache on/off")
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -40,13 +53,56 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (gen, chat):
         _engine_args(p)
         _sampling_args(p)
+    serve = sub.add_parser("serve", help="run the OpenAI-compatible HTTP server")
+    _engine_args(serve)
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--served-model-name", default=None,
+                       help="model id reported by the API (default: from the model path)")
+    serve.add_argument("--max-n", type=int, default=ServerConfig.max_n,
+                       help="largest n (choices per request)")
+    serve.add_argument("--max-pending-requests", type=int,
+                       default=ServerConfig.max_pending_requests,
+                       help="engine requests in flight beyond which requests get 503")
+    serve.add_argument("--log-level", default="info",
+                       choices=["debug", "info", "warning", "error"])
     return parser
 
 
 def _config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
                         kv_cache_tokens=args.kv_cache_tokens,
-                        max_batch_tokens=args.max_batch_tokens)
+                        max_batch_tokens=args.max_batch_tokens, max_num_reqs=args.max_num_reqs,
+                        max_model_len=args.max_model_len,
+                        enable_prefix_cache=args.prefix_cache,
+                        grammar_backend=args.grammar_backend,
+                        enable_jump_forward=args.jump_forward)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from grammarserve.server import create_app
+
+    config = ServerConfig(engine=_config(args), served_model_name=args.served_model_name,
+                          max_n=args.max_n, max_pending_requests=args.max_pending_requests)
+    failure: list[str] = []
+    server: uvicorn.Server | None = None
+
+    def on_failure(message: str) -> None:
+        failure.append(message)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(config, on_failure=on_failure)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
+                                           log_level=args.log_level, timeout_keep_alive=30))
+    print(f"grammarserve: serving {args.model} on http://{args.host}:{args.port}/v1 "
+          f"(loading; GET /health answers 200 when ready)", file=sys.stderr, flush=True)
+    server.run()
+    if failure:
+        raise GrammarserveError(failure[0])
+    return 0
 
 
 def _params(args: argparse.Namespace) -> SamplingParams:
@@ -56,6 +112,9 @@ def _params(args: argparse.Namespace) -> SamplingParams:
 
 def _run(args: argparse.Namespace) -> int:
     from grammarserve.llm import LLM
+
+    if args.command == "serve":
+        return _serve(args)
 
     config = _config(args)
     params = _params(args)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -34,6 +35,29 @@ def test_streams_same_tokens_as_in_process(proc: EngineProcess, llm: LLM) -> Non
     st = proc.stats()
     assert st.generated_tokens >= 16 and st.running_requests == 0
     assert proc.info["kv_capacity"] == 4096 and proc.info["kv_bytes_per_token"] == 46080
+
+
+def test_async_stream_matches_blocking_stream(proc: EngineProcess) -> None:
+    prompt = "List three fruits:"
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    blocking = proc.add_request("sync1", prompt, params).result(timeout=60)
+
+    async def run() -> tuple[list[str], list[int], int]:
+        a = proc.add_request_async("async1", prompt, params)
+        b = proc.add_request_async("async2", [10**9], params)
+        deltas = [out.delta_text async for out in a]
+        with pytest.raises(InvalidRequestError, match="token ids"):
+            await b.result(timeout=60)
+        stats = await proc.stats_async()
+        return deltas, (await _final(proc, prompt, params)).token_ids, stats.generated_tokens
+
+    deltas, ids, generated = asyncio.run(run())
+    assert "".join(deltas) == blocking.text and ids == blocking.token_ids
+    assert generated >= 24
+
+
+async def _final(proc: EngineProcess, prompt: str, params: SamplingParams):  # type: ignore[no-untyped-def]
+    return await proc.add_request_async("async3", prompt, params).result(timeout=60)
 
 
 def test_bad_request_fails_only_itself(proc: EngineProcess) -> None:

@@ -3,19 +3,24 @@
 Parent -> engine: ``AddRequest``, ``Abort``, ``GetStats``, ``Shutdown``.
 Engine -> parent: ``Ready`` / ``StartupFailed`` once, then ``Outputs``, ``RequestFailed``, ``Stats``.
 If the engine process dies, every waiting caller gets :class:`EngineDeadError` instead of a hang.
+
+Blocking callers iterate a :class:`RequestStream`; asyncio callers (the server) use
+:meth:`EngineProcess.add_request_async`, whose :class:`AsyncRequestStream` is fed from the reader
+thread with ``loop.call_soon_threadsafe``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import multiprocessing as mp
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, TypeVar
 
 from grammarserve.config import EngineConfig
 from grammarserve.engine.request import RequestOutput
@@ -24,6 +29,8 @@ from grammarserve.errors import EngineDeadError, GrammarserveError, InvalidReque
 from grammarserve.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
+
+_S = TypeVar("_S", bound="RequestStream")
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,7 @@ class RequestFailed:
     request_id: str
     message: str
     param: str | None = None
+    internal: bool = False  # an engine bug, not a bad request
 
 
 @dataclass(frozen=True)
@@ -108,6 +116,48 @@ class RequestStream:
                 return out
 
 
+class AsyncRequestStream(RequestStream):
+    """A :class:`RequestStream` for asyncio: ``await get()`` and ``async for``.
+
+    ``put`` may be called from any thread; items reach the event loop that created the stream.
+    """
+
+    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(request_id)
+        self._loop = loop
+        self._aqueue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+
+    def put(self, item: RequestOutput | BaseException) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._aqueue.put_nowait, item)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+    async def get(self, timeout: float | None = None) -> RequestOutput:  # type: ignore[override]
+        """Next output; raises the engine's error for this request if there was one."""
+        item = await asyncio.wait_for(self._aqueue.get(), timeout)
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def __iter__(self) -> Iterator[RequestOutput]:
+        raise TypeError("AsyncRequestStream is iterated with 'async for'")
+
+    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
+        while True:
+            out = await self.get()
+            yield out
+            if out.finished:
+                return
+
+    async def result(self, timeout: float | None = None) -> RequestOutput:  # type: ignore[override]
+        """Wait until the request finishes; returns its final output."""
+        while True:
+            out = await self.get(timeout=timeout)
+            if out.finished:
+                return out
+
+
 class EngineProcess:
     """Client side of an engine running in a child process (spawned, so CUDA-safe)."""
 
@@ -121,6 +171,7 @@ class EngineProcess:
         self._send_lock = threading.Lock()
         self._streams: dict[str, RequestStream] = {}
         self._stats_waiters: list[Future[EngineStats]] = []
+        self._stats_lock = threading.Lock()  # waiters are answered in the order they asked
         self._dead: EngineDeadError | None = None
         if not self._conn.poll(startup_timeout_s):
             self._proc.kill()
@@ -146,7 +197,20 @@ class EngineProcess:
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     *, namespace: str = "") -> RequestStream:
         """Submit a request; iterate the returned stream for its outputs."""
-        stream = RequestStream(request_id)
+        return self._submit(RequestStream(request_id), prompt, params, namespace)
+
+    def add_request_async(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                          *, namespace: str = "") -> AsyncRequestStream:
+        """Submit a request from a coroutine; ``async for`` over the returned stream.
+
+        Must be called with a running event loop (the outputs are delivered to it)."""
+        stream = AsyncRequestStream(request_id, asyncio.get_running_loop())
+        self._submit(stream, prompt, params, namespace)
+        return stream
+
+    def _submit(self, stream: _S, prompt: str | list[int], params: SamplingParams,
+                namespace: str) -> _S:
+        request_id = stream.request_id
         if self._dead is not None:
             raise self._dead
         if request_id in self._streams:
@@ -161,10 +225,21 @@ class EngineProcess:
             self._send(Abort(request_id))
 
     def stats(self, timeout: float = 30.0) -> EngineStats:
+        return self._request_stats().result(timeout=timeout)
+
+    async def stats_async(self, timeout: float = 30.0) -> EngineStats:
+        """:meth:`stats` without blocking the event loop."""
+        return await asyncio.wait_for(asyncio.wrap_future(self._request_stats()), timeout)
+
+    def _request_stats(self) -> Future[EngineStats]:
         fut: Future[EngineStats] = Future()
-        self._stats_waiters.append(fut)
-        self._send(GetStats())
-        return fut.result(timeout=timeout)
+        if self._dead is not None:
+            fut.set_exception(self._dead)
+            return fut
+        with self._stats_lock:
+            self._stats_waiters.append(fut)
+            self._send(GetStats())
+        return fut
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop the engine process (pending requests end with EngineDeadError)."""
@@ -211,7 +286,8 @@ class EngineProcess:
             elif isinstance(msg, RequestFailed):
                 stream = self._streams.pop(msg.request_id, None)
                 if stream is not None:
-                    stream.put(InvalidRequestError(msg.message, param=msg.param))
+                    stream.put(GrammarserveError(msg.message) if msg.internal else
+                               InvalidRequestError(msg.message, param=msg.param))
             elif isinstance(msg, Stats) and self._stats_waiters:
                 self._stats_waiters.pop(0).set_result(msg.stats)
 
@@ -239,6 +315,9 @@ def _engine_main(config: EngineConfig, conn: Connection) -> None:
     conn.send(Ready({"kv_capacity": engine.runner.pool.capacity,
                      "kv_bytes_per_token": engine.kv_bytes_per_token,
                      "rss_bytes": process_rss_bytes(), "model": config.model,
+                     "model_folder": str(engine.loaded.folder),
+                     "vocab_size": engine.loaded.config.vocab_size,
+                     "stop_token_ids": sorted(engine.eos_ids),
                      "max_model_len": engine.max_model_len}))
     while True:
         if not engine.has_unfinished():
@@ -264,7 +343,7 @@ def _engine_main(config: EngineConfig, conn: Connection) -> None:
                 log.exception("engine step failed; failing the requests in flight")
                 for rid in list(engine.requests):
                     engine.abort(rid)
-                    conn.send(RequestFailed(rid, f"internal engine error: {e}"))
+                    conn.send(RequestFailed(rid, f"internal engine error: {e}", internal=True))
                 engine.step()  # collect the aborts
                 continue
             if outs:

@@ -1,0 +1,117 @@
+"""Prometheus metrics: request counts and latencies measured by the server, plus the engine's
+counters and gauges (:class:`EngineStats`) and the server-side grammar cache, read at scrape time.
+
+Every app gets its own :class:`CollectorRegistry` (no process-global state).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from grammarserve.engine.stats import EngineStats
+from grammarserve.fsm.cache import CacheStats
+
+PREFIX = "grammarserve"
+#: EngineStats fields that are levels, not running totals.
+_GAUGES = {"running_requests", "waiting_requests", "kv_capacity", "kv_free", "kv_cached"}
+_HELP = {
+    "prompt_tokens": "Prompt tokens of finished requests",
+    "cached_prompt_tokens": "Prompt tokens served from the radix prefix cache",
+    "generated_tokens": "Generated tokens",
+    "running_requests": "Requests holding KV (running)",
+    "waiting_requests": "Requests waiting to be scheduled",
+    "kv_capacity": "KV pool capacity in tokens",
+    "kv_free": "Free KV slots",
+    "kv_cached": "KV slots owned by the radix cache",
+    "jump_forward_tokens": "Output tokens fed by jump-forward (no decode step of their own)",
+    "grammar_compile_s": "Engine time spent compiling grammars",
+    "grammar_cache_hits": "Engine grammar cache hits",
+    "grammar_cache_misses": "Engine grammar cache misses",
+}
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+def _metric_name(field: str) -> str:
+    return f"{PREFIX}_{field[:-2]}_seconds" if field.endswith("_s") else f"{PREFIX}_{field}"
+
+
+class _Snapshot(Collector):
+    """Exports the last engine / grammar-cache snapshot given to :meth:`update`."""
+
+    def __init__(self) -> None:
+        self.engine: EngineStats | None = None
+        self.grammar: CacheStats | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.engine
+        if s is not None:
+            for f in dataclasses.fields(s):
+                value = getattr(s, f.name)
+                if not isinstance(value, (int, float)):
+                    continue
+                help_ = _HELP.get(f.name, f"engine statistic {f.name}")
+                if f.name in _GAUGES:
+                    yield GaugeMetricFamily(_metric_name(f.name), help_, value=value)
+                else:
+                    yield CounterMetricFamily(_metric_name(f.name), help_, value=value)
+            used = s.kv_capacity - s.kv_free
+            yield GaugeMetricFamily(f"{PREFIX}_kv_used", "Used KV slots", value=used)
+            yield GaugeMetricFamily(f"{PREFIX}_kv_usage_ratio", "Used share of the KV pool",
+                                    value=used / s.kv_capacity if s.kv_capacity else 0.0)
+        g = self.grammar
+        if g is not None:
+            p = f"{PREFIX}_server_grammar"
+            yield CounterMetricFamily(f"{p}_cache_hits", "Server-side grammar cache hits "
+                                      "(up-front validation)", value=g.hits)
+            yield CounterMetricFamily(f"{p}_cache_misses", "Server-side grammar cache misses",
+                                      value=g.misses)
+            yield CounterMetricFamily(f"{p}_compile_seconds", "Server-side grammar compile time",
+                                      value=g.compile_s_total)
+            yield GaugeMetricFamily(f"{p}_cache_bytes", "Server-side grammar cache size",
+                                    value=g.bytes)
+
+
+class ServerMetrics:
+    """The server's Prometheus registry and the instruments the routes update."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(f"{PREFIX}_http_requests", "HTTP requests by route and status",
+                                ["route", "status"], registry=r)
+        self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds", "Time to first token",
+                              buckets=_LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram(f"{PREFIX}_inter_token_latency_seconds",
+                             "Time between streamed outputs of one request",
+                             buckets=_ITL_BUCKETS, registry=r)
+        self.e2e = Histogram(f"{PREFIX}_request_latency_seconds", "Generation request latency",
+                             buckets=_LATENCY_BUCKETS, registry=r)
+        self.prompt_tokens = Counter(f"{PREFIX}_request_prompt_tokens",
+                                     "Prompt tokens of completed API requests", registry=r)
+        self.cached_tokens = Counter(f"{PREFIX}_request_cached_tokens",
+                                     "Cached prompt tokens of completed API requests", registry=r)
+        self.completion_tokens = Counter(f"{PREFIX}_request_completion_tokens",
+                                         "Completion tokens of completed API requests", registry=r)
+        self.in_flight = Gauge(f"{PREFIX}_requests_in_flight",
+                               "Engine requests submitted by the server and not finished",
+                               registry=r)
+        self._snapshot = _Snapshot()
+        r.register(self._snapshot)
+
+    def render(self, engine: EngineStats | None, grammar: CacheStats | None) -> bytes:
+        self._snapshot.engine = engine
+        self._snapshot.grammar = grammar
+        return generate_latest(self.registry)
+
+    def observe_usage(self, usage: dict[str, Any]) -> None:
+        details = usage.get("prompt_tokens_details") or {}
+        self.prompt_tokens.inc(usage["prompt_tokens"])
+        self.completion_tokens.inc(usage["completion_tokens"])
+        self.cached_tokens.inc(details.get("cached_tokens", 0))

@@ -1,0 +1,160 @@
+"""Chat messages (+ tools) to prompt text, through the model's chat template.
+
+A template that handles ``tools`` itself gets them as ``tools=``; otherwise the tools are described
+in a Hermes-style system block and past tool calls / results are written in the same
+``<tool_call>`` / ``<tool_response>`` format the model is asked (and constrained) to produce.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from grammarserve.errors import InvalidRequestError
+from grammarserve.fsm.tools import END, TRIGGER
+from grammarserve.server.protocol import ChatMessage
+
+TOOLS_HEADER = (
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+)
+TOOLS_FOOTER = (
+    "\n</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n"
+    f"{TRIGGER}\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n{END}"
+)
+
+
+def template_supports_tools(tokenizer: Any) -> bool:
+    """Whether the chat template renders a ``tools`` argument itself."""
+    template = getattr(tokenizer, "chat_template", None)
+    return isinstance(template, str) and "tools" in template
+
+
+def content_text(content: str | list[dict[str, Any]] | None, where: str) -> str:
+    """The text of a message ``content`` (string or list of text parts)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type")
+        if kind == "text" and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind == "refusal" and isinstance(part.get("refusal"), str):
+            texts.append(part["refusal"])
+        elif kind in ("image_url", "input_audio", "file", "image", "audio"):
+            raise InvalidRequestError(f"{where}.content[{j}]: content of type {kind!r} is not "
+                                      f"supported by this text-only model",
+                                      param=f"{where}.content[{j}].type")
+        else:
+            raise InvalidRequestError(f"{where}.content[{j}] must be {{'type': 'text', 'text': "
+                                      f"...}}, got type {kind!r}", param=f"{where}.content[{j}]")
+    return "\n".join(texts)
+
+
+def tools_system_block(tools: list[dict[str, Any]], tool_choice: Any, parallel: bool) -> str:
+    """The built-in (Hermes-style) description of ``tools`` and of the call format."""
+    lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    rules = []
+    if tool_choice == "required":
+        rules.append("You must call at least one of these functions.")
+    elif isinstance(tool_choice, dict):
+        rules.append(f"You must call the function {tool_choice['function']['name']!r}.")
+    if not parallel:
+        rules.append("Call at most one function.")
+    return TOOLS_HEADER + lines + TOOLS_FOOTER + ("\n\n" + " ".join(rules) if rules else "")
+
+
+def _call_text(call: dict[str, Any]) -> str:
+    fn = call["function"]
+    try:
+        args: Any = json.loads(fn.get("arguments") or "{}")
+    except json.JSONDecodeError:
+        args = fn.get("arguments")
+    body = json.dumps({"name": fn["name"], "arguments": args}, ensure_ascii=False)
+    return f"{TRIGGER}\n{body}\n{END}"
+
+
+def openai_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """Plain dicts with text content; ``developer`` becomes ``system``, ``function`` ``tool``."""
+    if not messages:
+        raise InvalidRequestError("'messages' must contain at least one message", param="messages")
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        role = {"developer": "system", "function": "tool"}.get(m.role, m.role)
+        msg: dict[str, Any] = {"role": role, "content": content_text(m.content, where)}
+        if m.role == "assistant" and m.tool_calls:
+            msg["tool_calls"] = [c.model_dump(include={"id", "type", "function"})
+                                 for c in m.tool_calls]
+        elif m.role == "assistant" and m.content is None:
+            if m.refusal is None:
+                raise InvalidRequestError(f"{where}: an assistant message needs 'content' or "
+                                          "'tool_calls'", param=f"{where}.content")
+            msg["content"] = m.refusal
+        if role == "tool":
+            msg["tool_call_id"] = m.tool_call_id or ""
+            if m.name:
+                msg["name"] = m.name
+        out.append(msg)
+    return out
+
+
+def hermes_messages(messages: list[dict[str, Any]], tools_block: str | None
+                    ) -> list[dict[str, Any]]:
+    """Rewrite tool calls and results as text for a template without tool support, and put the
+    tools description into the system message."""
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            calls = "\n".join(_call_text(c) for c in m["tool_calls"])
+            text = f"{m['content']}\n{calls}" if m["content"] else calls
+            out.append({"role": "assistant", "content": text})
+        elif m["role"] == "tool":
+            block = f"<tool_response>\n{m['content']}\n</tool_response>"
+            if out and out[-1].get("_tool_results"):
+                out[-1]["content"] += "\n" + block
+            else:
+                out.append({"role": "user", "content": block, "_tool_results": True})
+        else:
+            out.append({"role": m["role"], "content": m["content"]})
+    if tools_block is not None:
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{tools_block}"}
+        else:
+            out.insert(0, {"role": "system", "content": tools_block})
+    return [{k: v for k, v in m.items() if not k.startswith("_")} for m in out]
+
+
+def render_chat(tokenizer: Any, messages: list[ChatMessage], *,
+                tools: list[dict[str, Any]] | None = None, tool_choice: Any = "auto",
+                parallel: bool = True, add_generation_prompt: bool = True) -> str:
+    """Prompt text for ``messages``; ``tools`` (OpenAI format) are shown to the model unless
+    None."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise InvalidRequestError("this model has no chat template; use /v1/completions with a "
+                                  "formatted prompt", param="messages")
+    msgs = openai_messages(messages)
+    kwargs: dict[str, Any] = {}
+    if template_supports_tools(tokenizer):
+        if tools:
+            kwargs["tools"] = tools
+        for m in msgs:
+            for c in m.get("tool_calls") or []:
+                try:
+                    c["function"]["arguments"] = json.loads(c["function"]["arguments"] or "{}")
+                except json.JSONDecodeError:
+                    pass
+    else:
+        msgs = hermes_messages(msgs, tools_system_block(tools, tool_choice, parallel)
+                               if tools else None)
+    try:
+        text = tokenizer.apply_chat_template(msgs, tokenize=False,
+                                             add_generation_prompt=add_generation_prompt,
+                                             **kwargs)
+    except Exception as e:  # jinja raises for conversations the template refuses
+        raise InvalidRequestError(f"the chat template cannot render these messages: {e}",
+                                  param="messages") from None
+    return str(text)

@@ -1,0 +1,132 @@
+"""What the routes share: the engine process, the tokenizer, the up-front grammar compiler,
+metrics, and the load state (``loading`` -> ``ready`` | ``failed``)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+from grammarserve.engine.process import AsyncRequestStream, EngineProcess
+from grammarserve.errors import EngineDeadError
+from grammarserve.fsm import GrammarCompiler
+from grammarserve.fsm.config import BackendName
+from grammarserve.sampling_params import SamplingParams
+from grammarserve.server.config import ServerConfig
+from grammarserve.server.metrics import ServerMetrics
+from grammarserve.server.responses import TokenTexts
+
+log = logging.getLogger(__name__)
+
+
+class ServerState:
+    """Loads the engine in the background so ``/health`` can answer 503 while it loads."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.metrics = ServerMetrics()
+        self.status = "loading"
+        self.error: str | None = None
+        self.engine: EngineProcess | None = None
+        self.tokenizer: Any = None
+        self.compiler: GrammarCompiler | None = None
+        self.token_texts: TokenTexts | None = None
+        self.max_model_len = 0
+        self.model_name = config.model_name()
+        self.created = int(time.time())
+        self.in_flight = 0
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self, on_failure: Callable[[str], None] | None = None) -> None:
+        """Start loading on a background thread; ``on_failure(message)`` if it fails."""
+        self._thread = threading.Thread(target=self._load, args=(on_failure,), daemon=True,
+                                        name="grammarserve-load")
+        self._thread.start()
+
+    def _load(self, on_failure: Callable[[str], None] | None) -> None:
+        from transformers import AutoTokenizer
+
+        try:
+            t0 = time.perf_counter()
+            engine = EngineProcess(self.config.engine,
+                                   startup_timeout_s=self.config.startup_timeout_s)
+            if self._closed:
+                engine.shutdown()
+                return
+            self.engine = engine
+            info = engine.info
+            tokenizer = AutoTokenizer.from_pretrained(info["model_folder"])
+            backend = cast(BackendName, self.config.engine.grammar_backend)
+            compiler = GrammarCompiler(tokenizer, backend=backend,
+                                       compile_timeout_s=self.config.engine.
+                                       grammar_compile_timeout_s,
+                                       vocab_size=info["vocab_size"],
+                                       stop_token_ids=info["stop_token_ids"])
+            compiler.warmup()
+            self.tokenizer, self.compiler = tokenizer, compiler
+            self.token_texts = TokenTexts(tokenizer)
+            self.max_model_len = int(info["max_model_len"])
+            self.model_name = self.config.model_name(info["model_folder"])
+            self.status = "ready"
+            log.info("grammarserve ready: %s (KV %d tokens, context %d) in %.1fs",
+                     self.model_name, info["kv_capacity"], self.max_model_len,
+                     time.perf_counter() - t0)
+        except Exception as e:  # reported through /health and on_failure
+            self.status, self.error = "failed", str(e)
+            log.error("grammarserve failed to start: %s", e)
+            if on_failure is not None:
+                on_failure(str(e))
+
+    def shutdown(self) -> None:
+        self._closed = True
+        if self.engine is not None:
+            self.engine.shutdown()
+
+    @property
+    def ready(self) -> bool:
+        return self.status == "ready" and self.engine is not None and self.engine.alive
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        if self.ready:
+            return 200, {"status": "ok"}
+        if self.status == "loading":
+            return 503, {"status": "loading", "message": "Loading model"}
+        reason = self.error or "the engine process is not running"
+        return 503, {"status": "error", "message": reason}
+
+    def require_engine(self) -> EngineProcess:
+        """The engine, or :class:`EngineDeadError` (503) while loading or after a crash."""
+        if self.status == "loading":
+            raise EngineDeadError("the model is still loading; retry shortly")
+        if not self.ready or self.engine is None:
+            raise EngineDeadError(self.error or "the engine process is not running")
+        return self.engine
+
+    # -- requests --------------------------------------------------------------------------
+    def try_reserve(self, n: int) -> bool:
+        """Count ``n`` engine requests in flight, unless that would exceed the limit."""
+        if self.in_flight + n > self.config.max_pending_requests:
+            return False
+        self.in_flight += n
+        self.metrics.in_flight.set(self.in_flight)
+        return True
+
+    def release(self, n: int) -> None:
+        self.in_flight -= n
+        self.metrics.in_flight.set(self.in_flight)
+
+    def submit(self, request_id: str, prompt: list[int], params: SamplingParams,
+               namespace: str) -> AsyncRequestStream:
+        return self.require_engine().add_request_async(request_id, prompt, params,
+                                                       namespace=namespace)
+
+    def abort(self, request_id: str) -> None:
+        if self.engine is not None:
+            try:
+                self.engine.abort(request_id)
+            except EngineDeadError:
+                pass

@@ -1,0 +1,249 @@
+"""OpenAI request bodies to engine requests: prompt, :class:`SamplingParams` and
+:class:`Constraint`. Every client mistake raises :class:`InvalidRequestError` naming the param."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from grammarserve.constraints import Constraint
+from grammarserve.errors import GrammarError, InvalidRequestError
+from grammarserve.sampling_params import SamplingParams
+from grammarserve.server.protocol import (
+    AllowedToolsChoice,
+    ChatCompletionRequest,
+    CompletionRequest,
+    NamedToolChoice,
+    _Generation,
+)
+
+#: Fields other servers use for constraints; refused with a pointer instead of ignored.
+_FOREIGN_CONSTRAINTS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
+                        "guided_decoding_backend", "structured_outputs", "ebnf", "json_schema",
+                        "structural_tag", "functions", "function_call")
+_MAX_STOP = 16
+
+
+@dataclass(frozen=True)
+class ToolsPlan:
+    """Tools shown to the model and how their calls are constrained and parsed."""
+
+    tools: list[dict[str, Any]]
+    choice: Any  # "auto" | "required" | {"type": "function", "function": {"name": ...}}
+    parallel: bool
+
+
+@dataclass(frozen=True)
+class ConstraintPlan:
+    """The request's constraint and where it came from (``param`` of errors)."""
+
+    constraint: Constraint
+    param: str
+    label: str = ""  # response_format name, for OpenAI-style schema messages
+
+
+def check_common(req: _Generation, *, max_n: int) -> None:
+    """Refusals shared by chat and completions."""
+    extra = req.model_extra or {}
+    for key in _FOREIGN_CONSTRAINTS:
+        if key in extra and extra[key] is not None:
+            hint = ("use 'tools' / 'tool_choice'" if key.startswith("function") else
+                    "use response_format, or the 'regex', 'grammar' (Lark) or 'choice' fields")
+            raise InvalidRequestError(f"'{key}' is not supported by grammarserve; {hint}",
+                                      param=key)
+    if req.n is not None and req.n > max_n:
+        raise InvalidRequestError(f"n must be <= {max_n} on this server, got {req.n}", param="n")
+    if req.logit_bias:
+        raise InvalidRequestError("logit_bias is not supported", param="logit_bias")
+    for name in ("frequency_penalty", "presence_penalty"):
+        if getattr(req, name):
+            raise InvalidRequestError(f"{name} is not supported (only 0 or null)", param=name)
+    if req.stream_options is not None and not req.stream:
+        raise InvalidRequestError("stream_options is only allowed when 'stream' is true",
+                                  param="stream_options")
+    stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
+    if len(stops) > _MAX_STOP or any(not s for s in stops):
+        raise InvalidRequestError(f"stop must be at most {_MAX_STOP} non-empty strings",
+                                  param="stop")
+
+
+def _format_constraint(req: _Generation) -> ConstraintPlan | None:
+    rf = req.response_format
+    if rf is None or rf.type == "text":
+        return None
+    if rf.type == "json_object":
+        if rf.schema_ is not None:  # older instructor / llama.cpp shape
+            return ConstraintPlan(Constraint.json_schema(rf.schema_), "response_format.schema")
+        return ConstraintPlan(Constraint.json_object(), "response_format")
+    js = rf.json_schema
+    if js is None:
+        raise InvalidRequestError("response_format of type 'json_schema' needs a 'json_schema' "
+                                  "object", param="response_format.json_schema")
+    if not js.name or len(js.name) > 64 or not all(c.isalnum() or c in "_-" for c in js.name):
+        raise InvalidRequestError("response_format.json_schema.name must match "
+                                  "^[a-zA-Z0-9_-]{1,64}$", param="response_format.json_schema.name")
+    schema: dict[str, Any] = js.schema_ if js.schema_ is not None else {"type": "object"}
+    return ConstraintPlan(Constraint.json_schema(schema, strict=bool(js.strict)),
+                          "response_format", js.name)
+
+
+def constraint_plan(req: _Generation, tools: ToolsPlan | None) -> ConstraintPlan | None:
+    """The one constraint of a request (response_format, regex, grammar, choice or tools)."""
+    found: list[ConstraintPlan] = []
+    fmt = _format_constraint(req)
+    if fmt is not None:
+        found.append(fmt)
+    if req.regex is not None:
+        found.append(ConstraintPlan(Constraint.regex(req.regex), "regex"))
+    if req.grammar is not None:
+        found.append(ConstraintPlan(Constraint.grammar(req.grammar), "grammar"))
+    if req.choice is not None:
+        found.append(ConstraintPlan(Constraint.choice(req.choice), "choice"))
+    if len(found) > 1:
+        raise InvalidRequestError("use only one of response_format (json), 'regex', 'grammar' "
+                                  "and 'choice'", param=found[1].param)
+    if tools is None:
+        return found[0] if found else None
+    if found and tools.choice == "auto":
+        raise InvalidRequestError(f"'{found[0].param}' cannot be combined with tools and "
+                                  "tool_choice 'auto'; use tool_choice 'required' or 'none'",
+                                  param=found[0].param)
+    return ConstraintPlan(Constraint.tool_calls(tools.tools, tools.choice, parallel=tools.parallel),
+                          "tools")
+
+
+def tools_plan(req: ChatCompletionRequest) -> ToolsPlan | None:
+    """None when no tool may be called (no tools, or tool_choice 'none')."""
+    choice = req.tool_choice
+    if not req.tools:
+        if choice not in (None, "none"):
+            raise InvalidRequestError("tool_choice is only allowed when 'tools' are given",
+                                      param="tool_choice")
+        return None
+    if choice == "none":
+        return None
+    tools = [t.model_dump(by_alias=True, exclude_none=True) for t in req.tools]
+    names = [t["function"]["name"] for t in tools]
+    parallel = req.parallel_tool_calls is not False
+    if choice is None:
+        choice = "auto"
+    if isinstance(choice, AllowedToolsChoice):
+        allowed = [c.function.name for c in choice.allowed_tools.tools]
+        _check_names(allowed, names, "tool_choice.allowed_tools.tools")
+        tools = [t for t in tools if t["function"]["name"] in allowed]
+        return ToolsPlan(tools, choice.allowed_tools.mode, parallel)
+    if isinstance(choice, NamedToolChoice):
+        _check_names([choice.function.name], names, "tool_choice")
+        return ToolsPlan(tools, {"type": "function", "function": {"name": choice.function.name}},
+                         False)
+    return ToolsPlan(tools, choice, parallel)
+
+
+def _check_names(wanted: list[str], names: list[str], param: str) -> None:
+    for name in wanted:
+        if name not in names:
+            raise InvalidRequestError(f"tool_choice names the function {name!r}, which is not "
+                                      f"in 'tools' ({', '.join(names)})", param=param)
+
+
+def check_json_mode(req: ChatCompletionRequest, texts: list[str]) -> None:
+    """OpenAI's rule for ``json_object``: the conversation must mention JSON."""
+    rf = req.response_format
+    if rf is not None and rf.type == "json_object" and rf.schema_ is None and not any(
+            "json" in t.lower() for t in texts):
+        raise InvalidRequestError("'messages' must contain the word 'json' in some form, to use "
+                                  "'response_format' of type 'json_object'.", param="messages")
+
+
+def max_new_tokens(requested: int | None, prompt_len: int, max_model_len: int,
+                   where: str = "messages") -> int:
+    """The completion budget; a request that cannot fit the context is refused."""
+    room = max_model_len - prompt_len
+    if room < 1 or (requested is not None and requested > room):
+        asked = prompt_len + (requested or 1)
+        raise InvalidRequestError(
+            f"This model's maximum context length is {max_model_len} tokens. However, you "
+            f"requested {asked} tokens ({prompt_len} in the {where}, {requested or 1} in the "
+            f"completion). Please reduce the length of the {where} or completion.", param=where)
+    return requested if requested is not None else room
+
+
+def sampling_params(req: _Generation, *, max_tokens: int, plan: ConstraintPlan | None,
+                    n: int) -> list[SamplingParams]:
+    """One :class:`SamplingParams` per choice (choice ``i`` gets seed ``seed + i``)."""
+    temperature = 1.0 if req.temperature is None else req.temperature
+    top_p = 1.0 if req.top_p is None else req.top_p
+    if top_p == 0.0:
+        temperature, top_p = 0.0, 1.0
+    out = []
+    for i in range(n):
+        seed = None if req.seed is None else (req.seed + i) % 2**63
+        out.append(SamplingParams(
+            max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=req.top_k or 0,
+            min_p=req.min_p or 0.0, seed=seed, stop=req.stop or (),
+            ignore_eos=bool(req.ignore_eos),
+            constraint=plan.constraint if plan is not None else None))
+    return out
+
+
+def grammar_error(e: GrammarError, plan: ConstraintPlan) -> InvalidRequestError:
+    """A compile error as a 400 naming the field (and, in the message, the keyword path)."""
+    message = str(e)
+    param = plan.param
+    if plan.param.startswith("response_format"):
+        detail = message.removeprefix("Invalid schema: ")
+        message = f"Invalid schema for response_format '{plan.label or 'response'}': {detail}"
+    elif plan.param == "tools" and e.path and e.path.startswith("$."):
+        param = e.path[2:]
+        for cut in (".function.parameters", ".function.name"):
+            if cut in param:
+                param = param[:param.index(cut) + len(cut)]
+    return InvalidRequestError(message, param=param)
+
+
+def completion_prompts(req: CompletionRequest, tokenizer: Any) -> list[list[int]]:
+    """``prompt`` (string, strings, token ids or lists of token ids) as token-id lists."""
+    p = req.prompt
+    if isinstance(p, str):
+        items: list[str | list[int]] = [p]
+    elif p and all(isinstance(x, int) for x in p):
+        items = [list(p)]  # type: ignore[arg-type]
+    else:
+        items = list(p)  # type: ignore[arg-type]
+    if not items:
+        raise InvalidRequestError("'prompt' must not be empty", param="prompt")
+    vocab = len(tokenizer)
+    out = []
+    for i, item in enumerate(items):
+        ids = tokenizer.encode(item, add_special_tokens=False) if isinstance(item, str) else item
+        if not ids:
+            raise InvalidRequestError(f"prompt {i} is empty", param="prompt")
+        if any(not 0 <= t < vocab for t in ids):
+            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
+        out.append(list(ids))
+    return out
+
+
+def check_completion(req: CompletionRequest) -> None:
+    if req.suffix:
+        raise InvalidRequestError("suffix is not supported", param="suffix")
+    if req.best_of is not None and req.best_of != (req.n or 1):
+        raise InvalidRequestError("best_of must equal n (no server-side ranking)",
+                                  param="best_of")
+    if req.logprobs:
+        raise InvalidRequestError("logprobs > 0 (top alternatives) is not supported; use "
+                                  "logprobs=0 for the sampled tokens' logprobs", param="logprobs")
+
+
+def check_chat_logprobs(req: ChatCompletionRequest) -> None:
+    if req.top_logprobs:
+        raise InvalidRequestError("top_logprobs > 0 is not supported: the engine returns the "
+                                  "sampled token's logprob only (use top_logprobs=0)",
+                                  param="top_logprobs")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise InvalidRequestError("top_logprobs requires logprobs=true", param="top_logprobs")
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
