@@ -1,13 +1,19 @@
 """Turns logits into next tokens: greedy, or temperature / top-k / top-p / min-p, under an
 optional per-row token bitmask. Each request has its own random stream (seed + draw counter), so
-its samples do not depend on what else is in the batch."""
+its samples do not depend on what else is in the batch.
+
+The work is done by the fused mask + sample kernel in ``grammarserve_kernels`` (Triton on CUDA,
+torch on CPU). Rows that ask for top-k / top-p / min-p are masked and scaled first, filtered
+(the sort path), then sampled by the same kernel with temperature 1.
+"""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
+from grammarserve_kernels import filter_logits, masked_scaled_logits, sample_tokens, stream_keys
+from grammarserve_kernels.sample_ref import disallowed_mask
 
 from grammarserve.sampling_params import SamplingParams
 
@@ -31,68 +37,78 @@ def make_rng(seed: int | None) -> RowRng:
 class SampleOutput:
     token_ids: list[int]
     logprobs: list[float]  # log-probability of each chosen token under the processed distribution
-    no_allowed: list[bool]  # the row's mask allowed no token (its token id is meaningless)
+    no_allowed: list[bool]  # the row's mask allowed no token (its token id is 0, logprob -inf)
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
     """int32 ``[B, ceil(V/32)]`` (bit set = allowed) -> bool ``[B, V]``."""
-    bits = torch.arange(32, dtype=torch.int32, device=bitmask.device)
-    allowed = (bitmask.unsqueeze(-1) >> bits) & 1
-    return allowed.reshape(bitmask.shape[0], -1)[:, :vocab].bool()
+    return ~disallowed_mask(bitmask, vocab)
+
+
+def _filtered(p: SamplingParams, vocab: int) -> bool:
+    return not p.greedy and (0 < p.top_k < vocab or p.top_p < 1.0 or p.min_p > 0.0)
+
+
+def _filter_args(params: list[SamplingParams],
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return (torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
+            torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
+            torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device))
 
 
 def process_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     """Apply temperature, top-k, top-p and min-p to one row ``[V]``; returns log-probs."""
-    x = logits / p.temperature
-    if p.top_k and p.top_k < x.numel():
-        kth = torch.topk(x, p.top_k).values[-1]
-        x = x.masked_fill(x < kth, float("-inf"))
-    logp = torch.log_softmax(x, dim=-1)
-    if p.min_p > 0.0:
-        logp = logp.masked_fill(logp < logp.max() + math.log(p.min_p), float("-inf"))
-    if p.top_p < 1.0:
-        sorted_lp, order = torch.sort(logp, descending=True)
-        cum = sorted_lp.exp().cumsum(0)
-        drop_sorted = (cum - sorted_lp.exp()) >= p.top_p  # keep the token that crosses top_p
-        drop = torch.zeros_like(drop_sorted).scatter(0, order, drop_sorted)
-        logp = logp.masked_fill(drop, float("-inf"))
-    return torch.log_softmax(logp, dim=-1)
+    temperature = torch.tensor([p.temperature], dtype=torch.float32, device=logits.device)
+    y = masked_scaled_logits(logits[None], None, temperature)
+    return torch.log_softmax(filter_logits(y, *_filter_args([p], logits.device))[0], dim=-1)
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], rngs: list[RowRng | None],
            bitmask: torch.Tensor | None = None) -> SampleOutput:
-    """Sample one token per row of ``logits`` ``[B, V]`` (fp32).
+    """Sample one token per row of ``logits`` ``[B, V]`` (fp32, bf16 or fp16).
 
     ``bitmask`` (int32 ``[B, ceil(V/32)]``, bit set = allowed; all ones for unconstrained rows)
     restricts each row; a row with no allowed token is reported in ``no_allowed``. ``rngs[i]``
-    is advanced by one draw for every sampled (non-greedy) row.
+    is advanced by one draw for every sampled (non-greedy) row. Greedy rows take the argmax of the
+    masked logits and report its log-probability under the masked softmax; sampled rows report
+    the chosen token's log-probability under the masked, temperature-scaled, filtered
+    distribution.
     """
-    no_allowed = [False] * len(params)
-    if bitmask is not None:
-        allowed = unpack_bitmask(bitmask.to(logits.device), logits.shape[-1])
-        logits = logits.masked_fill(~allowed, float("-inf"))
-        no_allowed = (~allowed.any(dim=-1)).tolist()
-    greedy_ids = logits.argmax(dim=-1)
-    log_norm = torch.logsumexp(logits, dim=-1)
-    ids: list[int] = []
-    lps: list[float] = []
-    for i, p in enumerate(params):
-        if no_allowed[i]:
-            ids.append(0)
-            lps.append(float("-inf"))
-            continue
+    b, vocab = logits.shape
+    if len(params) != b or len(rngs) != b:
+        raise ValueError(f"need one SamplingParams and one RowRng|None per row: {b} rows, "
+                         f"{len(params)} params, {len(rngs)} rngs")
+    dev = logits.device
+    draws = []
+    for p, rng in zip(params, rngs):
         if p.greedy:
-            tok = int(greedy_ids[i])
-            ids.append(tok)
-            lps.append(float(logits[i, tok] - log_norm[i]))
+            draws.append((0, 0))
             continue
-        rng = rngs[i]
-        assert rng is not None, "a sampled row needs a random stream"
-        gen = torch.Generator(device=logits.device).manual_seed(
-            (rng.seed * 1_000_003 + rng.offset) % 2**63)
+        if rng is None:
+            raise ValueError("a sampled (temperature > 0) row needs a RowRng: make_rng(seed)")
+        draws.append((rng.seed, rng.offset))
         rng.offset += 1
-        logp = process_logits(logits[i], p)
-        tok = int(torch.multinomial(logp.exp(), 1, generator=gen))
-        ids.append(tok)
-        lps.append(float(logp[tok]))
-    return SampleOutput(ids, lps, no_allowed)
+    keys = stream_keys([s for s, _ in draws], [o for _, o in draws], device=dev)
+    temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev)
+    if bitmask is not None:
+        bitmask = bitmask.to(dev, non_blocking=True)
+
+    filt = [i for i, p in enumerate(params) if _filtered(p, vocab)]
+    if not filt:
+        ids, logprobs = sample_tokens(logits, bitmask, temps, keys)
+    else:
+        ids = torch.empty(b, dtype=torch.int64, device=dev)
+        logprobs = torch.empty(b, dtype=torch.float32, device=dev)
+        rows = torch.tensor(filt, device=dev)
+        y = masked_scaled_logits(logits[rows], None if bitmask is None else bitmask[rows],
+                                 temps[rows])
+        y = filter_logits(y, *_filter_args([params[i] for i in filt], dev))
+        ids[rows], logprobs[rows] = sample_tokens(y, None, torch.ones_like(temps[rows]), keys[rows])
+        plain = torch.tensor(sorted(set(range(b)) - set(filt)), dtype=torch.int64, device=dev)
+        if plain.numel():
+            ids[plain], logprobs[plain] = sample_tokens(
+                logits[plain], None if bitmask is None else bitmask[plain], temps[plain],
+                keys[plain])
+    no_allowed = ids < 0
+    ids = ids.masked_fill(no_allowed, 0)
+    return SampleOutput(ids.tolist(), logprobs.tolist(), no_allowed.tolist())
