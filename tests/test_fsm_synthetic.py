@@ -101,3 +101,41 @@ def test_bad_input_without_model(compilers: dict[str, GrammarCompiler]) -> None:
         c.compile_regex("(")
     with pytest.raises(GrammarError):
         c.compile_grammar("start: (")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pattern_with_length_bounds(compilers: dict[str, GrammarCompiler], byte_tokenizer: Any,
+                                    backend: str) -> None:
+    # xgrammar ignores lengths next to a pattern; a one-class pattern absorbs them instead.
+    c = compilers[backend]
+    schema = {"type": "object", "properties": {"u": {
+        "type": "string", "pattern": "^[a-z_]+$", "minLength": 2, "maxLength": 4}},
+        "required": ["u"], "additionalProperties": False}
+    g = c.compile_json_schema(schema)
+    for text in ('{"u":"ab"}', '{"u":"a_cd"}'):
+        assert check(c, byte_tokenizer, g, text), text
+    for text in ('{"u":"a"}', '{"u":"abcde"}', '{"u":"aB"}', '{"u":""}'):
+        assert not check(c, byte_tokenizer, g, text), text
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_start_mask_is_shared(compilers: dict[str, GrammarCompiler], byte_tokenizer: Any,
+                              backend: str) -> None:
+    c = compilers[backend]
+    g = c.compile_json_schema(SCHEMA)
+    first, other = c.allocate_bitmask(2), c.allocate_bitmask(1)
+    a = g.matcher()
+    a.fill_bitmask(first, 1)  # computed, then shared
+    b = g.matcher()
+    b.fill_bitmask(other, 0)  # copied: another bitmask, another row
+    assert other[0].equal(first[1])
+    for t in byte_tokenizer.encode('{"name":'):
+        assert b.accept_token(t)
+    b.fill_bitmask(other, 0)
+    assert not other[0].equal(first[1])
+    b.rollback(len('{"name":'))
+    b.fill_bitmask(other, 0)
+    assert other[0].equal(first[1])
+    assert not b.accept_token(byte_tokenizer.encode("x")[0])
+    b.fill_bitmask(other, 0)  # error state: only the stop token, even at the start
+    assert other[0, 0].item() == 1 and int(other[0, 1:].abs().sum()) == 0

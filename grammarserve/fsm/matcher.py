@@ -19,6 +19,16 @@ import torch
 from grammarserve.fsm.vocab import VocabInfo
 
 
+class SharedMasks:
+    """State shared by the matchers of one compiled grammar (one backend): the mask at the
+    grammar's start, which is the same for all of them, and the last bitmask tensor one of them
+    validated. Both spare a request's first ``fill_bitmask`` its most expensive work."""
+
+    def __init__(self) -> None:
+        self.initial: np.ndarray | None = None  # the start mask row (int32), once computed
+        self.checked: tuple[torch.Tensor, np.ndarray] | None = None  # bitmask, numpy view
+
+
 class Matcher(ABC):
     """Grammar state of one request.
 
@@ -28,11 +38,13 @@ class Matcher(ABC):
     the same.
     """
 
-    def __init__(self, vocab: VocabInfo) -> None:
+    def __init__(self, vocab: VocabInfo, shared: SharedMasks | None = None) -> None:
         self._vocab = vocab
         self._stops = frozenset(vocab.stop_token_ids)
         self._error: str | None = None
         self._terminated = False
+        self._shared = shared if shared is not None else SharedMasks()
+        self._pos = 0  # accepted tokens (a stop token counts), so 0 = the grammar's start
         self._checked_bitmask: torch.Tensor | None = None
         self._checked_rows = 0
         self._bitmask_np: np.ndarray | None = None  # numpy view of the checked bitmask
@@ -83,6 +95,7 @@ class Matcher(ABC):
         if not ok:
             self._error = self._backend_error() or f"token {token_id} is not allowed here"
             return False
+        self._pos += 1
         if int(token_id) in self._stops:
             self._terminated = True
         return True
@@ -99,17 +112,24 @@ class Matcher(ABC):
         row : int
             The request's row.
         """
-        # NOTE: the checks cost more than a cached mask; they run once per bitmask object.
+        # NOTE: the checks cost more than a cached mask; they run once per bitmask object
+        # (shared by the matchers of a grammar).
         if bitmask is not self._checked_bitmask:
             self._check_bitmask(bitmask)
         if not 0 <= row < self._checked_rows:
             raise ValueError(f"row {row} is out of range for a bitmask of "
                              f"{self._checked_rows} rows")
         if self._error is None and not self._terminated:
+            initial = self._shared.initial
+            if self._pos == 0 and initial is not None and self._bitmask_np is not None:
+                np.copyto(self._bitmask_np[row], initial)
+                return
             try:
                 self._fill(bitmask, row)
                 err = self._backend_error()
                 if err is None:
+                    if self._pos == 0 and self._bitmask_np is not None:
+                        self._shared.initial = self._bitmask_np[row].copy()
                     return
                 self._error = err
             except Exception as e:  # noqa: BLE001
@@ -117,6 +137,11 @@ class Matcher(ABC):
         self._fill_stop_only(bitmask[row])
 
     def _check_bitmask(self, bitmask: torch.Tensor) -> None:
+        checked = self._shared.checked  # NOTE: one tuple, so threads see a consistent pair
+        if checked is not None and bitmask is checked[0]:
+            self._checked_bitmask, self._bitmask_np = checked
+            self._checked_rows = bitmask.shape[0]
+            return
         if bitmask.dtype != torch.int32 or bitmask.dim() != 2:
             raise ValueError(f"bitmask must be a 2-D torch.int32 tensor, got {bitmask.dtype} with "
                              f"shape {tuple(bitmask.shape)}; use GrammarCompiler.allocate_bitmask")
@@ -130,6 +155,7 @@ class Matcher(ABC):
         self._checked_bitmask = bitmask
         self._checked_rows = bitmask.shape[0]
         self._bitmask_np = bitmask.numpy()
+        self._shared.checked = (bitmask, self._bitmask_np)
 
     def forced_tokens(self) -> list[int]:
         """Jump-forward tokens: a span that is the only legal continuation, tokenized so that
@@ -155,6 +181,7 @@ class Matcher(ABC):
         except Exception as e:  # noqa: BLE001
             self._error = f"rollback({n}) failed: {e}"
             return
+        self._pos = max(0, self._pos - n)
         self._terminated = False
 
     def is_terminated(self) -> bool:

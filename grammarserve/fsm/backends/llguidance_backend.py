@@ -16,7 +16,7 @@ from llguidance.gbnf_to_lark import any_to_lark
 from grammarserve.errors import GrammarBackendError, GrammarError, UnsupportedSchemaError
 from grammarserve.fsm.backends.base import GrammarBackend
 from grammarserve.fsm.config import GrammarConfig, GrammarSpec
-from grammarserve.fsm.matcher import CompiledGrammar, Matcher
+from grammarserve.fsm.matcher import CompiledGrammar, Matcher, SharedMasks
 from grammarserve.fsm.tools import tool_calls_lark
 from grammarserve.fsm.vocab import VocabInfo
 
@@ -29,8 +29,8 @@ _BASE_BYTES = 256 * 1024
 class LLGuidanceMatcher(Matcher):
     """A matcher over ``llguidance.LLMatcher``."""
 
-    def __init__(self, vocab: VocabInfo, inner: Any) -> None:
-        super().__init__(vocab)
+    def __init__(self, vocab: VocabInfo, inner: Any, shared: SharedMasks | None = None) -> None:
+        super().__init__(vocab, shared)
         self._m = inner
         self._nbytes = vocab.bitmask_width * 4
         self._stop_unrecorded = False
@@ -111,12 +111,12 @@ class LLGuidanceBackend(GrammarBackend):
         proto = llguidance.LLMatcher(self._tok, grammar, log_level=0)
         if proto.is_error():
             raise _refusal(spec, proto.get_error())
-        vocab = self.vocab
+        vocab, shared = self.vocab, SharedMasks()
 
         def make() -> Matcher:
             with self._lock:  # deep_copy of a shared prototype
                 inner = proto.deep_copy()
-            return LLGuidanceMatcher(vocab, inner)
+            return LLGuidanceMatcher(vocab, inner, shared)
 
         return CompiledGrammar(backend=self.name, kind=spec.kind, make_matcher=make,
                                size_bytes=_BASE_BYTES + 8 * len(grammar),

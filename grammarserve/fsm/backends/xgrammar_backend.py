@@ -16,9 +16,9 @@ import xgrammar as xgr
 
 from grammarserve.errors import GrammarBackendError, GrammarError, GrammarSyntaxError
 from grammarserve.fsm.backends.base import GrammarBackend
-from grammarserve.fsm.backends.xgrammar_subset import check_xgrammar_exact
+from grammarserve.fsm.backends.xgrammar_subset import xgrammar_schema
 from grammarserve.fsm.config import GrammarConfig, GrammarSpec
-from grammarserve.fsm.matcher import CompiledGrammar, Matcher
+from grammarserve.fsm.matcher import CompiledGrammar, Matcher, SharedMasks
 from grammarserve.fsm.vocab import VocabInfo
 from grammarserve.fsm.whitespace import WhitespaceBudget, WhitespaceTracker
 
@@ -27,8 +27,9 @@ class XGrammarMatcher(Matcher):
     """A matcher over ``xgrammar.GrammarMatcher``."""
 
     def __init__(self, vocab: VocabInfo, inner: Any,
-                 whitespace: WhitespaceTracker | None = None) -> None:
-        super().__init__(vocab)
+                 whitespace: WhitespaceTracker | None = None,
+                 shared: SharedMasks | None = None) -> None:
+        super().__init__(vocab, shared)
         self._m = inner
         self._ws = whitespace
 
@@ -90,16 +91,17 @@ class XGrammarBackend(GrammarBackend):
         if spec.kind != "json_schema":
             return spec.kind != "tool_calls"
         try:
-            check_xgrammar_exact(json.loads(spec.source))
+            xgrammar_schema(json.loads(spec.source))
         except GrammarError:
             return False
         return True
 
     def _compile_json(self, spec: GrammarSpec, compiler: Any) -> Any:
-        check_xgrammar_exact(json.loads(spec.source))
+        schema = xgrammar_schema(json.loads(spec.source))
         # NOTE: whitespace is left unbounded here and bounded by WhitespaceTracker instead:
         # xgrammar's max_whitespace_cnt makes masks ~4x slower.
-        return compiler.compile_json_schema(spec.source, any_whitespace=True, strict_mode=False)
+        return compiler.compile_json_schema(json.dumps(schema), any_whitespace=True,
+                                            strict_mode=False)
 
     def _compile(self, spec: GrammarSpec, compiler: Any) -> Any:
         if spec.kind == "json_schema":
@@ -127,14 +129,18 @@ class XGrammarBackend(GrammarBackend):
                                          f"{msg}", path="$.grammar") from None
             raise GrammarBackendError(f"xgrammar refused the {spec.kind}: {msg}",
                                       backend=self.name) from None
-        vocab = self.vocab
+        vocab, shared = self.vocab, SharedMasks()
         limit = spec.option("max_whitespace")
         budget = self._budget(limit) if spec.kind == "json_schema" and limit else None
 
         def make() -> Matcher:
             tracker = WhitespaceTracker(budget) if budget is not None else None
-            return XGrammarMatcher(vocab, xgr.GrammarMatcher(compiled), tracker)
+            return XGrammarMatcher(vocab, xgr.GrammarMatcher(compiled), tracker, shared)
 
+        if background:
+            # NOTE: nobody waits for a background compile, so it also computes the start mask
+            # that every matcher shares (see ``SharedMasks``).
+            make().fill_bitmask(torch.empty((1, vocab.bitmask_width), dtype=torch.int32), 0)
         return CompiledGrammar(backend=self.name, kind=spec.kind, make_matcher=make,
                                size_bytes=lambda: int(compiled.memory_size_bytes) + 4096,
                                compile_s=time.perf_counter() - start)

@@ -10,11 +10,17 @@ keyword that is not.
 
 from __future__ import annotations
 
+import copy
+import re
 from typing import Any
 
 from grammarserve.errors import UnsupportedSchemaError
 from grammarserve.fsm.json_schema import iter_subschemas, json_path
 from grammarserve.fsm.normalize import KNOWN_FORMATS
+
+# ``^<one character><quantifier>$``: a bracket class, \d, \w or a plain character, repeated.
+_SINGLE_CHAR_RUN = re.compile(r"^\^((?:\[(?:\\.|[^\]\\\[])+\])|\\[dw]|[A-Za-z0-9 _-])"
+                              r"(?:([*+?])|\{(\d+)(?:(,)(\d*))?\})\$$")
 
 _ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment",
                           "deprecated", "readOnly", "writeOnly", "$schema", "$id", "$defs",
@@ -29,6 +35,37 @@ _BY_TYPE: dict[str, frozenset[str]] = {
     "boolean": frozenset(),
     "null": frozenset(),
 }
+
+
+def xgrammar_schema(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema xgrammar compiles: a copy of ``schema`` where a ``pattern`` that repeats one
+    character class (``^[a-z0-9_]+$``) absorbs ``minLength``/``maxLength``
+    (``^[a-z0-9_]{3,20}$``), which xgrammar would otherwise ignore next to ``pattern``. Raises
+    :class:`UnsupportedSchemaError` unless xgrammar enforces every keyword of the result."""
+    out = copy.deepcopy(schema)
+    for sub, _ in iter_subschemas(out):
+        if "pattern" in sub and ("minLength" in sub or "maxLength" in sub):
+            _merge_lengths(sub)
+    check_xgrammar_exact(out)
+    return out
+
+
+def _merge_lengths(sub: dict[str, Any]) -> None:
+    match = _SINGLE_CHAR_RUN.match(str(sub["pattern"]))
+    if match is None:
+        return
+    atom, op, low, comma, high = match.groups()
+    lo, hi = {"*": (0, None), "+": (1, None), "?": (0, 1)}.get(op or "", (None, None))
+    if op is None:
+        lo, hi = int(low), (int(high) if high else None) if comma else int(low)
+    lo = max(lo or 0, int(sub.get("minLength", 0)))
+    if "maxLength" in sub:
+        hi = int(sub["maxLength"]) if hi is None else min(hi, int(sub["maxLength"]))
+    if hi is not None and lo > hi:
+        return  # unsatisfiable: leave it to the refusal
+    sub["pattern"] = f"^{atom}{{{lo},{'' if hi is None else hi}}}$"
+    sub.pop("minLength", None)
+    sub.pop("maxLength", None)
 
 
 def check_xgrammar_exact(schema: dict[str, Any]) -> None:
