@@ -68,7 +68,7 @@ def _fused_sample_kernel(logits_ptr, stride_logits, mask_ptr, stride_mask,  # ty
     best_idx = 0
     best_key = float("-inf")  # Gumbel-max over block log-sum-exps
     best_blk = 0
-    for blk in range(tl.cdiv(V, BLOCK)):
+    for blk in range((V + BLOCK - 1) // BLOCK):
         y = _load_block(logits_row, mask_row, blk * BLOCK, lane, V, t, HAS_MASK)
         blk_max = tl.max(y, 0)
         shift = tl.where(blk_max == float("-inf"), 0.0, blk_max)
