@@ -126,14 +126,16 @@ def sample_tokens_ref(logits: torch.Tensor, bitmask: torch.Tensor | None,
     ids = y.argmax(dim=-1) if bool(greedy.any()) else torch.zeros_like(temperature, dtype=torch.long)
     sampled = (~greedy & ~empty).nonzero()[:, 0]
     if sampled.numel():
+        # The two Gumbel-max stages touch V / BLOCK + BLOCK values per row: done on the host.
         row_keys = keys[sampled].cpu().numpy()
         block_ctr = np.arange(nblocks, dtype=np.uint32)[None, :] * 2 + 1
-        noise = torch.from_numpy(gumbel(row_keys, block_ctr)).to(y.device)
-        block = (mass[sampled].log() + noise).argmax(dim=-1)
-        token_ctr = (block.cpu().numpy()[:, None] * SAMPLE_BLOCK + np.arange(SAMPLE_BLOCK)) * 2
-        noise = torch.from_numpy(gumbel(row_keys, token_ctr)).to(y.device)
-        inside = y.view(b, nblocks, SAMPLE_BLOCK)[sampled, block].add_(noise)
-        ids[sampled] = block * SAMPLE_BLOCK + inside.argmax(dim=-1)
+        log_mass = mass[sampled].log().cpu().numpy()
+        block = (log_mass + gumbel(row_keys, block_ctr)).argmax(axis=1)
+        first = block * SAMPLE_BLOCK
+        token_ctr = (first[:, None] + np.arange(SAMPLE_BLOCK)) * 2
+        inside = y.view(b, nblocks, SAMPLE_BLOCK)[sampled, torch.from_numpy(block).to(y.device)]
+        token = (inside.cpu().numpy() + gumbel(row_keys, token_ctr)).argmax(axis=1)
+        ids[sampled] = torch.from_numpy(first + token).to(y.device)
 
     # log p read from the softmax: within float rounding of y[tok] - logsumexp(y).
     logprobs = probs.gather(1, ids[:, None])[:, 0].log()
