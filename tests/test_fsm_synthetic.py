@@ -139,25 +139,3 @@ def test_start_mask_is_shared(compilers: dict[str, GrammarCompiler], byte_tokeni
     assert not b.accept_token(byte_tokenizer.encode("x")[0])
     b.fill_bitmask(other, 0)  # error state: only the stop token, even at the start
     assert other[0, 0].item() == 1 and int(other[0, 1:].abs().sum()) == 0
-
-
-def test_llguidance_prototype_adopts_finished_matchers(compilers: dict[str, GrammarCompiler],
-                                                       byte_tokenizer: Any) -> None:
-    # Matchers copied from a prototype that adopted finished matchers (rolled back to the
-    # start) behave exactly like matchers of a fresh compile.
-    c = compilers["llguidance"]
-    c.cache.clear()
-    adopted = c.compile_json_schema(SCHEMA)
-    for text in ('{"name":"ab","n":3}', '{ "name" : "abc" , "n": 10 }'):
-        assert check(c, byte_tokenizer, adopted, text)  # each ends: adopted by the prototype
-    c.cache.clear()
-    fresh = c.compile_json_schema(SCHEMA)
-    assert fresh is not adopted
-    a, b = adopted.matcher(), fresh.matcher()
-    ma, mb = c.allocate_bitmask(1), c.allocate_bitmask(1)
-    for t in byte_tokenizer.encode('{"name":"xyz", "n":42}') + [0]:
-        a.fill_bitmask(ma, 0)
-        b.fill_bitmask(mb, 0)
-        assert ma.equal(mb)
-        assert a.accept_token(t) and b.accept_token(t)
-    assert a.is_terminated() and b.is_terminated()

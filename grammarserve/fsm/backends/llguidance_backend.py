@@ -26,68 +26,20 @@ _WS = r"[\x20\x0A\x0D\x09]"
 _BASE_BYTES = 256 * 1024
 
 
-class Prototype:
-    """The ``llguidance.LLMatcher`` that new matchers are copied from.
-
-    llguidance builds lexer states lazily (a new state costs a walk of the token trie, 0.1-1 ms)
-    and a copy inherits the states of its original. So the prototype adopts the states of the
-    first ``ADOPT`` matchers that end successfully: such a matcher is copied, rolled back to
-    the start, and replaces the prototype. Later requests then find the states of the common
-    path (keys, punctuation, the start) already built. Adopting at most ``ADOPT`` times bounds
-    the prototype's growth.
-    """
-
-    ADOPT = 2
-
-    def __init__(self, inner: Any) -> None:
-        self._inner = inner
-        self._lock = threading.Lock()
-        self._left = self.ADOPT
-        self._pending: tuple[Any, int] | None = None
-
-    def copy(self) -> Any:
-        """A fresh matcher at the grammar's start."""
-        with self._lock:
-            pending, self._pending = self._pending, None
-        if pending is not None:  # NOTE: the rollback runs here, at request start, not mid-step
-            snapshot, n = pending
-            if snapshot.rollback(n) and not snapshot.is_error():
-                with self._lock:
-                    self._inner = snapshot
-        with self._lock:
-            return self._inner.deep_copy()
-
-    def offer(self, finished: Any, n_tokens: int) -> None:
-        """``finished`` just ended successfully after ``n_tokens`` recorded tokens."""
-        with self._lock:
-            if self._left <= 0 or self._pending is not None:
-                return
-            self._left -= 1
-        snapshot = finished.deep_copy()
-        with self._lock:
-            self._pending = (snapshot, n_tokens)
-
-
 class LLGuidanceMatcher(Matcher):
     """A matcher over ``llguidance.LLMatcher``."""
 
-    def __init__(self, vocab: VocabInfo, inner: Any, shared: SharedMasks | None = None,
-                 prototype: Prototype | None = None) -> None:
+    def __init__(self, vocab: VocabInfo, inner: Any, shared: SharedMasks | None = None) -> None:
         super().__init__(vocab, shared)
         self._m = inner
         self._nbytes = vocab.bitmask_width * 4
         self._stop_unrecorded = False
-        self._prototype = prototype
 
     def _accept(self, token_id: int) -> bool:
         # NOTE: llguidance does not record a stop token consumed once the grammar is complete
         # ("stopped"), so rolling it back must not undo a real token.
-        stop = token_id in self._stops
-        self._stop_unrecorded = stop and bool(self._m.is_stopped())
-        ok = bool(self._m.consume_token(token_id))
-        if ok and stop and self._prototype is not None:
-            self._prototype.offer(self._m, self._pos + (0 if self._stop_unrecorded else 1))
-        return ok
+        self._stop_unrecorded = token_id in self._stops and bool(self._m.is_stopped())
+        return bool(self._m.consume_token(token_id))
 
     def _fill(self, bitmask: torch.Tensor, row: int) -> None:
         self._m.unsafe_compute_mask_ptr(bitmask.data_ptr() + row * self._nbytes, self._nbytes)
@@ -117,6 +69,7 @@ class LLGuidanceBackend(GrammarBackend):
         super().__init__(vocab, config)
         self._tok = llguidance.hf.from_tokenizer(vocab.tokenizer, n_vocab=vocab.vocab_size,
                                                  eos_token=list(vocab.stop_token_ids))
+        self._lock = threading.Lock()
 
     def json_options(self, max_ws: int | None) -> dict[str, Any]:
         """llguidance JSON options: flexible whitespace bounded to ``max_ws`` characters."""
@@ -158,10 +111,12 @@ class LLGuidanceBackend(GrammarBackend):
         proto = llguidance.LLMatcher(self._tok, grammar, log_level=0)
         if proto.is_error():
             raise _refusal(spec, proto.get_error())
-        vocab, shared, prototype = self.vocab, SharedMasks(), Prototype(proto)
+        vocab, shared = self.vocab, SharedMasks()
 
         def make() -> Matcher:
-            return LLGuidanceMatcher(vocab, prototype.copy(), shared, prototype)
+            with self._lock:  # deep_copy of a shared prototype
+                inner = proto.deep_copy()
+            return LLGuidanceMatcher(vocab, inner, shared)
 
         return CompiledGrammar(backend=self.name, kind=spec.kind, make_matcher=make,
                                size_bytes=_BASE_BYTES + 8 * len(grammar),
