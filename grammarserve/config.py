@@ -43,6 +43,14 @@ class EngineConfig:
         Token budget of the decode KV mirror (a contiguous copy of the decoding requests' KV
         kept across steps so decode does not re-gather it from the pool every layer); ``None``
         = max(KV capacity / 2, 32768), 0 disables it.
+    grammar_backend:
+        ``"auto"``, ``"llguidance"`` or ``"xgrammar"`` (see :mod:`grammarserve.fsm`).
+    grammar_compile_timeout_s:
+        A constraint that takes longer to compile fails its request (others keep running).
+    enable_jump_forward:
+        Feed the tokens a constraint forces (keys, punctuation, enum tails) in the next forward
+        instead of decoding them one step each (requests can opt out with
+        ``SamplingParams.jump_forward=False``).
     """
 
     model: str = "default"
@@ -58,6 +66,9 @@ class EngineConfig:
     decode_mirror_tokens: int | None = None
     cache_dir: Path | None = None
     num_threads: int | None = None
+    grammar_backend: str = "auto"
+    grammar_compile_timeout_s: float = 10.0
+    enable_jump_forward: bool = True
 
     def __post_init__(self) -> None:
         for name in ("dtype", "kv_dtype"):
@@ -72,6 +83,9 @@ class EngineConfig:
         if not 0.0 < self.kv_memory_fraction <= 0.95:
             raise InvalidRequestError("kv_memory_fraction must be in (0, 0.95]",
                                       param="kv_memory_fraction")
+        if self.grammar_backend not in ("auto", "llguidance", "xgrammar"):
+            raise InvalidRequestError(f"grammar_backend must be auto, llguidance or xgrammar, got "
+                                      f"{self.grammar_backend!r}", param="grammar_backend")
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise InvalidRequestError(f"device must be auto, cpu or cuda[:N], got "
                                       f"{self.device!r}", param="device")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+from concurrent.futures import FIRST_COMPLETED, wait
 
 import torch
 
 from grammarserve.config import EngineConfig
 from grammarserve.engine.detokenizer import IncrementalDetokenizer
+from grammarserve.engine.grammar import GrammarRunner
 from grammarserve.engine.kv_pool import KVPool, ReqToTokenPool
 from grammarserve.engine.memory import kv_tokens_for_budget, process_rss_bytes
 from grammarserve.engine.model_runner import BatchEntry, ModelRunner
@@ -60,8 +62,11 @@ class Engine:
         if self.tokenizer.eos_token_id is not None:
             eos.add(int(self.tokenizer.eos_token_id))
         self.eos_ids = frozenset(eos)
+        self.grammar = GrammarRunner(self.tokenizer, config, vocab_size=mc.vocab_size,
+                                     stop_token_ids=sorted(self.eos_ids))
         self.requests: dict[str, Req] = {}
-        self._aborted: list[Req] = []
+        self._compiling: list[Req] = []  # constrained requests waiting for their grammar
+        self._done_early: list[Req] = []  # aborted, or failed before running
         self._arrivals = itertools.count()
         self._counters = dict(prompt_tokens=0, cached_prompt_tokens=0, generated_tokens=0,
                               finished_requests=0, forward_passes=0)
@@ -84,7 +89,12 @@ class Engine:
             self.tokenizer, skip_special_tokens=params.skip_special_tokens),
             arrival=next(self._arrivals), rng=rng, namespace=namespace)
         self.requests[request_id] = req
-        self.scheduler.add(req)
+        if params.constraint is None:
+            self.scheduler.add(req)
+            return
+        self.grammar.start_compile(req)
+        self._compiling.append(req)
+        self._admit_compiled()
 
     def _check_prompt(self, ids: list[int]) -> None:
         vocab = self.loaded.config.vocab_size
@@ -102,32 +112,78 @@ class Engine:
         req = self.requests.get(request_id)
         if req is not None and not req.finished:
             req.finish_reason = "abort"
+            if req in self._compiling:
+                self._compiling.remove(req)
             self.scheduler.finish(req)
-            self._aborted.append(req)
+            self._done_early.append(req)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work() or bool(self._aborted)
+        return self.scheduler.has_work() or bool(self._done_early or self._compiling)
 
     def step(self) -> list[RequestOutput]:
-        """Schedule, run one forward, sample, and return the outputs of requests that advanced."""
+        """Schedule, fill the constrained rows' bitmasks while the model runs, sample, advance
+        the matchers (plus jump-forward spans), and return the outputs of requests that
+        advanced."""
+        self._admit_compiled()
         work = self.scheduler.schedule()
         if not work:
+            self._wait_for_compiles()
             return self._collect([])
+        reqs = [w.req for w in work if w.num_tokens == w.req.num_pending]  # will sample
+        masks = self.grammar.fill_async(reqs)  # NOTE: overlaps the forward below
         logits = self.runner.forward([self._entry(w) for w in work])
         self._counters["forward_passes"] += 1
         for w in work:
             w.req.num_computed += w.num_tokens
             if w.num_tokens > 1:
                 self.scheduler.cache_prefix(w.req)
-        ready = [i for i, w in enumerate(work) if w.req.num_pending == 0]
-        reqs = [work[i].req for i in ready]
         if reqs:
-            out = sample(logits[ready], [r.params for r in reqs], [r.rng for r in reqs])
-            for req, tok, lp in zip(reqs, out.token_ids, out.logprobs):
-                append_token(req, tok, lp, eos_ids=self.eos_ids, max_model_len=self.max_model_len)
-                if req.finish_reason is not None:
-                    self.scheduler.finish(req)
+            rows = [i for i, w in enumerate(work) if w.req.num_pending == 0]
+            out = sample(logits[rows], [r.params for r in reqs], [r.rng for r in reqs],
+                         self.grammar.wait(masks))
+            for req, tok, lp, dead in zip(reqs, out.token_ids, out.logprobs, out.no_allowed):
+                self._advance(req, tok, lp, dead)
         return self._collect(reqs)
+
+    def _advance(self, req: Req, token: int, logprob: float, dead: bool) -> None:
+        """Append a sampled token (and the jump-forward span it unlocks) to ``req``."""
+        if dead:
+            req.error = "the constraint allows no token here (grammar dead end)"
+        if req.error is None and self.grammar.accept(req, token):
+            self._append(req, token, logprob)
+            m = req.matcher
+            if req.finish_reason is None and m is not None:
+                for tok in self.grammar.forced(req):
+                    self._append(req, tok, 0.0)
+                    req.num_forced += 1
+                    if req.finish_reason is not None:
+                        break
+                if m.is_terminated() and req.finish_reason is None:
+                    req.finish_reason = "stop"  # e.g. ignore_eos: the grammar still ends it
+        if req.error is not None:
+            req.finish_reason = "error"
+        if req.finish_reason is not None:
+            self.scheduler.finish(req)
+
+    def _append(self, req: Req, token: int, logprob: float) -> None:
+        append_token(req, token, logprob, eos_ids=self.eos_ids, max_model_len=self.max_model_len)
+        self._counters["generated_tokens"] += 1
+
+    def _admit_compiled(self) -> None:
+        """Queue constrained requests whose grammar is ready; fail those whose compile failed."""
+        for req in [r for r in self._compiling if self.grammar.finish_compile(r)]:
+            self._compiling.remove(req)
+            if req.error is None:
+                self.scheduler.add(req)
+            else:
+                req.finish_reason = "error"
+                self.scheduler.finish(req)
+                self._done_early.append(req)
+
+    def _wait_for_compiles(self) -> None:
+        futures = [r.grammar_future for r in self._compiling if r.grammar_future is not None]
+        if futures and not self._done_early:
+            wait(futures, timeout=0.01, return_when=FIRST_COMPLETED)
 
     def _entry(self, w: ScheduledReq) -> BatchEntry:
         r = w.req
@@ -135,11 +191,10 @@ class Engine:
                           r.tokens[r.num_computed:r.num_computed + w.num_tokens], r.arrival)
 
     def _collect(self, advanced: list[Req]) -> list[RequestOutput]:
-        done = advanced + self._aborted
-        self._aborted = []
+        done = advanced + self._done_early
+        self._done_early = []
         outs = [r.snapshot() for r in done]
         c = self._counters
-        c["generated_tokens"] += len(advanced)
         for r in done:
             if r.finished:
                 del self.requests[r.request_id]
@@ -151,9 +206,15 @@ class Engine:
     def stats(self) -> EngineStats:
         """Counters since start-up and current gauges."""
         pool, s = self.runner.pool, self.scheduler
+        g, cache = self.grammar.counters, self.grammar.compiler.cache_stats()
         return EngineStats(
-            **self._counters, running_requests=len(s.running), waiting_requests=len(s.waiting),
+            **self._counters, running_requests=len(s.running),
+            waiting_requests=len(s.waiting) + len(self._compiling),
             kv_capacity=pool.capacity, kv_free=pool.num_free,
             kv_cached=self.cache.total_tokens if self.cache else 0,
             evicted_tokens=self.cache.evicted_tokens if self.cache else 0,
-            preemptions=s.num_preemptions)
+            preemptions=s.num_preemptions, constrained_requests=g.constrained_requests,
+            grammar_errors=g.grammar_errors, jump_forward_tokens=g.jump_forward_tokens,
+            mask_fill_s=g.mask_fill_s, mask_wait_s=g.mask_wait_s,
+            grammar_cache_hits=cache.hits + cache.shared, grammar_cache_misses=cache.misses,
+            grammar_compile_s=cache.compile_s_total)

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import enum
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from grammarserve.engine.detokenizer import IncrementalDetokenizer
 from grammarserve.engine.radix_cache import TreeNode
 from grammarserve.engine.sampler import RowRng
 from grammarserve.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from grammarserve.fsm import CompiledGrammar, Matcher
 
 
 class ReqStatus(enum.Enum):
@@ -62,6 +67,9 @@ class Req:
     finish_reason: str | None = None
     error: str | None = None
     rng: RowRng | None = None
+    grammar_future: Future[CompiledGrammar] | None = None  # set while the constraint compiles
+    matcher: Matcher | None = None
+    num_forced: int = 0  # output tokens that came from jump-forward
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt_ids)

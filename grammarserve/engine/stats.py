@@ -21,6 +21,14 @@ class EngineStats:
     evicted_tokens: int
     preemptions: int
     forward_passes: int
+    constrained_requests: int = 0
+    grammar_errors: int = 0  # constraints that failed to compile or reached a dead end
+    jump_forward_tokens: int = 0  # output tokens fed without their own decode step
+    mask_fill_s: float = 0.0  # time spent filling bitmasks (overlapped with the forward)
+    mask_wait_s: float = 0.0  # time the step waited for bitmasks after the forward
+    grammar_cache_hits: int = 0
+    grammar_cache_misses: int = 0
+    grammar_compile_s: float = 0.0
 
     @property
     def kv_used(self) -> int:

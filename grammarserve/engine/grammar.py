@@ -1,0 +1,119 @@
+"""Constrained requests inside the engine: compile their grammars without blocking the batch,
+fill the step's token bitmask (on a worker thread, while the model forward runs), and advance
+matchers by sampled and jump-forward tokens."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grammarserve.config import EngineConfig
+from grammarserve.engine.request import Req
+from grammarserve.errors import GrammarError
+from grammarserve.fsm import GrammarCompiler
+
+
+@dataclass
+class GrammarCounters:
+    constrained_requests: int = 0
+    grammar_errors: int = 0
+    jump_forward_tokens: int = 0
+    mask_fill_s: float = 0.0
+    mask_wait_s: float = 0.0  # time the step waited for the bitmask after the forward
+
+
+class GrammarRunner:
+    """Owns the grammar compiler, the step bitmask and the fill worker of one engine."""
+
+    def __init__(self, tokenizer: Any, config: EngineConfig, *, vocab_size: int,
+                 stop_token_ids: list[int]) -> None:
+        self.jump_forward = config.enable_jump_forward
+        self.compiler = GrammarCompiler(
+            tokenizer, backend=config.grammar_backend,
+            compile_timeout_s=config.grammar_compile_timeout_s, vocab_size=vocab_size,
+            stop_token_ids=stop_token_ids)
+        self._bitmask = self.compiler.allocate_bitmask(config.max_num_reqs)
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-mask")
+        self.counters = GrammarCounters()
+
+    def start_compile(self, req: Req) -> None:
+        """Begin compiling ``req``'s constraint (cache hits complete at once)."""
+        constraint = req.params.constraint
+        assert constraint is not None
+        kind, args, kwargs = constraint.compile_args()
+        req.grammar_future = self.compiler.compile_async(kind, *args, **kwargs)
+        self.counters.constrained_requests += 1
+
+    def finish_compile(self, req: Req) -> bool:
+        """If ``req``'s compile is done, give it a matcher (True) or an error (True, with
+        ``req.error`` set); False while still compiling."""
+        fut = req.grammar_future
+        if fut is None or not fut.done():
+            return False
+        req.grammar_future = None
+        try:
+            req.matcher = fut.result().matcher()
+        except GrammarError as e:
+            req.error = f"invalid constraint: {e}"
+            self.counters.grammar_errors += 1
+        except Exception as e:  # noqa: BLE001 - a backend bug must only fail this request
+            req.error = f"the constraint could not be compiled: {e}"
+            self.counters.grammar_errors += 1
+        return True
+
+    def fill_async(self, reqs: list[Req]) -> Future[torch.Tensor | None]:
+        """Fill the bitmask rows of ``reqs`` (one row each, in order) on the worker thread.
+        Resolves to None when none of them is constrained."""
+        if not any(r.matcher is not None for r in reqs):
+            done: Future[torch.Tensor | None] = Future()
+            done.set_result(None)
+            return done
+        return self._worker.submit(self._fill, list(reqs))
+
+    def _fill(self, reqs: list[Req]) -> torch.Tensor:
+        t0 = time.perf_counter()
+        bitmask = self._bitmask[:len(reqs)]
+        for row, req in enumerate(reqs):
+            if req.matcher is None:
+                bitmask[row].fill_(-1)
+            else:
+                req.matcher.fill_bitmask(self._bitmask, row)
+        self.counters.mask_fill_s += time.perf_counter() - t0
+        return bitmask
+
+    def wait(self, fut: Future[torch.Tensor | None]) -> torch.Tensor | None:
+        t0 = time.perf_counter()
+        out = fut.result()
+        self.counters.mask_wait_s += time.perf_counter() - t0
+        return out
+
+    def accept(self, req: Req, token: int) -> bool:
+        """Advance ``req``'s matcher by a sampled token; False (with ``req.error``) if the
+        grammar rejected it."""
+        m = req.matcher
+        if m is None or m.accept_token(token):
+            return True
+        req.error = f"the constraint reached a dead end: {m.error()}"
+        self.counters.grammar_errors += 1
+        return False
+
+    def forced(self, req: Req) -> list[int]:
+        """The jump-forward span after the last accepted token (already accepted by the
+        matcher), or [] when jump-forward is off for the engine or the request."""
+        m = req.matcher
+        if m is None or not (self.jump_forward and req.params.jump_forward):
+            return []
+        span = m.forced_tokens()
+        for i, tok in enumerate(span):
+            if not m.accept_token(tok):  # cannot happen for a sound backend; stay consistent
+                req.error = f"jump-forward token rejected: {m.error()}"
+                return span[:i]
+        self.counters.jump_forward_tokens += len(span)
+        return span
+
+    def shutdown(self) -> None:
+        self._worker.shutdown(wait=False, cancel_futures=True)

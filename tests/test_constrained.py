@@ -1,0 +1,237 @@
+"""Constrained generation inside the batch, on the embedded model: validity over schemas/,
+jump-forward on/off equality, batched vs alone, mixed batches, per-request failures."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import torch
+
+from grammarserve.config import EngineConfig
+from grammarserve.constraints import Constraint
+from grammarserve.engine.engine import Engine
+from grammarserve.engine.request import RequestOutput
+from grammarserve.fsm import CompiledGrammar, Matcher
+from grammarserve.llm import LLM
+from grammarserve.sampling_params import SamplingParams
+
+SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
+# 40 schemas from schemas/ whose greedy outputs on SmolLM2-135M complete within MAX_TOKENS.
+# (Left out: schemas where this small model repeats array items until the token limit; those
+# replies end with finish_reason "length", which says they are cut, as the design requires.)
+NAMES = [
+    "address", "api_result", "apparel_order", "arithmetic_expression", "book_flight",
+    "comment_thread", "content_moderation", "contract_clause", "control_smart_home",
+    "create_calendar_event", "create_github_issue", "customer_profile", "event", "file_tree",
+    "geojson_point_feature", "get_stock_quote", "get_weather", "http_request", "invoice",
+    "json_value", "loan_application", "medical_note", "nutrition_facts", "order_shipments",
+    "org_chart", "patch_user", "payment_method", "person", "playlist", "product",
+    "product_search_filters", "pydantic_forecast_tool", "pydantic_meeting_strict",
+    "pydantic_pet_owner", "pydantic_product_review", "pydantic_tree", "pydantic_user",
+    "pydantic_webhook_event", "receipt", "recipe",
+]
+MAX_TOKENS = 200
+ALONE = ["invoice", "person", "pydantic_tree", "get_weather", "json_value", "event"]
+
+
+def _load(name: str) -> dict[str, Any]:
+    return dict(json.loads((SCHEMAS / f"{name}.json").read_text()))
+
+
+def _prompt(llm: LLM, item: dict[str, Any]) -> str:
+    msgs = [{"role": "system", "content": "You write JSON that follows the given schema."},
+            {"role": "user", "content": f"Task: {item['description']}\nExample: "
+                                        f"{json.dumps(item['valid'][0])}\nWrite another "
+                                        f"realistic example as JSON."}]
+    return str(llm.tokenizer.apply_chat_template(msgs, tokenize=False,
+                                                 add_generation_prompt=True))
+
+
+def _params(item: dict[str, Any], *, jump_forward: bool = True) -> SamplingParams:
+    return SamplingParams(max_tokens=MAX_TOKENS, temperature=0, jump_forward=jump_forward,
+                          constraint=Constraint.json_schema(item["schema"]))
+
+
+@pytest.fixture(scope="module")
+def cllm(smollm) -> LLM:  # type: ignore[no-untyped-def]
+    """An engine large enough to run all 40 schemas in one batch (shares the loaded weights)."""
+    config = EngineConfig(device="cpu", kv_cache_tokens=32768, max_num_reqs=48,
+                          max_batch_tokens=4096)
+    return LLM.from_engine(Engine(config, loaded=smollm))
+
+
+@pytest.fixture(scope="module")
+def items() -> list[dict[str, Any]]:
+    assert len(NAMES) == 40 and len(set(NAMES)) == 40
+    return [_load(n) for n in NAMES]
+
+
+@pytest.fixture(scope="module")
+def batched(cllm: LLM, items: list[dict[str, Any]]) -> dict[bool, list[RequestOutput]]:
+    """Greedy outputs of all 40 schemas in one batch, with jump-forward on and off."""
+    prompts = [_prompt(cllm, it) for it in items]
+    out: dict[bool, list[RequestOutput]] = {}
+    for jf in (True, False):
+        before = cllm.engine.stats()
+        out[jf] = cllm.generate(prompts, [_params(it, jump_forward=jf) for it in items])
+        after = cllm.engine.stats()
+        if jf:
+            assert after.jump_forward_tokens > before.jump_forward_tokens
+        else:
+            assert after.jump_forward_tokens == before.jump_forward_tokens
+    return out
+
+
+@pytest.mark.parametrize("jump_forward", [True, False])
+def test_every_output_validates(batched: dict[bool, list[RequestOutput]],
+                                items: list[dict[str, Any]], jump_forward: bool) -> None:
+    for item, out in zip(items, batched[jump_forward]):
+        assert out.finish_reason == "stop", (item["name"], out.finish_reason, out.error, out.text)
+        jsonschema.validate(json.loads(out.text), item["schema"])
+
+
+def test_jump_forward_gives_the_same_text(batched: dict[bool, list[RequestOutput]],
+                                          items: list[dict[str, Any]]) -> None:
+    for item, on, off in zip(items, batched[True], batched[False]):
+        assert on.text == off.text, item["name"]
+
+
+def test_alone_equals_batched(cllm: LLM, batched: dict[bool, list[RequestOutput]],
+                              items: list[dict[str, Any]]) -> None:
+    for item, out in zip(items, batched[True]):
+        if item["name"] in ALONE:
+            alone = cllm.generate(_prompt(cllm, item), _params(item))[0]
+            assert alone.text == out.text, item["name"]
+
+
+def test_mixed_batch_matches_alone(cllm: LLM, items: list[dict[str, Any]]) -> None:
+    chat = [_prompt(cllm, items[0]).replace("JSON", "a sentence")]
+    free = SamplingParams(max_tokens=24, temperature=0)
+    regex = SamplingParams(max_tokens=24, temperature=0,
+                           constraint=Constraint.regex(r"[A-Z][a-z]+ (is|was) [0-9]{1,3}\."))
+    choice = SamplingParams(max_tokens=8, temperature=0,
+                            constraint=Constraint.choice(["positive", "negative", "neutral"]))
+    sampled = SamplingParams(max_tokens=60, temperature=0.8, seed=7,
+                             constraint=Constraint.json_schema(items[0]["schema"]))
+    plist = [free, regex, choice, sampled]
+    prompts = chat * 4
+    mixed = cllm.generate(prompts, plist)
+    alone = [cllm.generate(p, sp)[0] for p, sp in zip(prompts, plist)]
+    assert [o.text for o in mixed] == [o.text for o in alone]
+    assert mixed[2].text in ("positive", "negative", "neutral")
+    assert mixed[1].finish_reason == "stop"
+
+
+def test_compile_error_fails_only_that_request(cllm: LLM, items: list[dict[str, Any]]) -> None:
+    bad = SamplingParams(max_tokens=8, temperature=0,
+                         constraint=Constraint.json_schema({"type": "object", "not": {}}))
+    good = SamplingParams(max_tokens=8, temperature=0)
+    p = _prompt(cllm, items[0])
+    outs = cllm.generate([p, p], [bad, good])
+    assert outs[0].finish_reason == "error" and outs[0].token_ids == []
+    assert outs[0].error is not None and "'not'" in outs[0].error and "$.not" in outs[0].error
+    assert outs[1].finish_reason == "length" and len(outs[1].token_ids) == 8
+
+
+class _DeadEnd(Matcher):
+    """A real grammar's matcher that allows nothing at all after ``after`` tokens (the shape
+    of a backend dead end); used to check the engine confines the failure."""
+
+    def __init__(self, inner: Matcher, after: int) -> None:
+        super().__init__(inner._vocab)
+        self._inner, self._left = inner, after
+
+    def _accept(self, token_id: int) -> bool:
+        self._left -= 1
+        return self._inner.accept_token(token_id)
+
+    def _fill(self, bitmask: torch.Tensor, row: int) -> None:
+        self._inner.fill_bitmask(bitmask, row)
+        if self._left <= 0:
+            bitmask[row].zero_()
+
+    def _forced(self) -> list[int]:
+        return []
+
+    def _rollback(self, n: int) -> None:
+        self._inner.rollback(n)
+
+    def _backend_error(self) -> str | None:
+        return None
+
+
+def test_dead_end_fails_only_that_request(cllm: LLM, items: list[dict[str, Any]],
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = cllm.engine
+    real = engine.grammar.compiler.compile_regex(r"[a-z ]{1,40}")
+    dead = CompiledGrammar(backend="test", kind="regex", size_bytes=0, compile_s=0.0,
+                           make_matcher=lambda: _DeadEnd(real.matcher(), after=3))
+    compile_async = engine.grammar.compiler.compile_async
+
+    def fake(kind: str, *args: Any, **kwargs: Any) -> Future[CompiledGrammar]:
+        if kind == "regex" and args == ("dead-end",):
+            fut: Future[CompiledGrammar] = Future()
+            fut.set_result(dead)
+            return fut
+        return compile_async(kind, *args, **kwargs)
+
+    monkeypatch.setattr(engine.grammar.compiler, "compile_async", fake)
+    p = _prompt(cllm, items[0])
+    plist = [SamplingParams(max_tokens=10, temperature=0, constraint=Constraint.regex("dead-end")),
+             SamplingParams(max_tokens=10, temperature=0, constraint=Constraint.regex("[a-z]+")),
+             SamplingParams(max_tokens=10, temperature=0)]
+    outs = cllm.generate([p] * 3, plist)
+    assert outs[0].finish_reason == "error" and len(outs[0].token_ids) == 3
+    assert outs[0].error is not None and "dead end" in outs[0].error
+    assert outs[1].finish_reason in ("stop", "length") and outs[1].text.isalpha()
+    assert outs[2].finish_reason == "length"
+    assert not engine.has_unfinished()
+
+
+def test_constrained_with_prefix_cache_off_matches(smollm, cllm: LLM,  # type: ignore[no-untyped-def]
+                                                   batched: dict[bool, list[RequestOutput]],
+                                                   items: list[dict[str, Any]]) -> None:
+    plain = LLM.from_engine(Engine(EngineConfig(device="cpu", kv_cache_tokens=8192,
+                                                enable_prefix_cache=False), loaded=smollm))
+    for i in (0, 7):
+        out = plain.generate(_prompt(plain, items[i]), _params(items[i]))[0]
+        assert out.text == batched[True][i].text
+    again = cllm.generate(_prompt(cllm, items[0]), _params(items[0]))[0]
+    assert again.num_cached_tokens > 0 and again.text == batched[True][0].text
+
+
+def test_tool_call_required_is_valid(cllm: LLM) -> None:
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"},
+                                             "unit": {"enum": ["c", "f"]}},
+            "required": ["city", "unit"], "additionalProperties": False}}}]
+    p = cllm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What's the weather in Paris?"}], tokenize=False,
+        add_generation_prompt=True)
+    out = cllm.generate(p, SamplingParams(max_tokens=60, temperature=0, constraint=(
+        Constraint.tool_calls(tools, "required", parallel=False))))[0]
+    assert out.finish_reason == "stop", out.text
+    body = out.text.strip()
+    assert body.startswith("<tool_call>") and body.endswith("</tool_call>")
+    call = json.loads(body[len("<tool_call>"):-len("</tool_call>")])
+    assert call["name"] == "get_weather"
+    jsonschema.validate(call["arguments"], tools[0]["function"]["parameters"])
+
+
+def test_seeded_sampling_under_a_constraint_is_reproducible(
+        cllm: LLM, items: list[dict[str, Any]]) -> None:
+    item = items[NAMES.index("person")]
+    sp = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.7, seed=3,
+                        constraint=Constraint.json_schema(item["schema"]))
+    a, b = (cllm.generate(_prompt(cllm, item), sp)[0] for _ in range(2))
+    assert a.text == b.text
+    if a.finish_reason == "stop":
+        jsonschema.validate(json.loads(a.text), item["schema"])
+    else:
+        assert a.finish_reason == "length"
