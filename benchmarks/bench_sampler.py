@@ -74,7 +74,10 @@ def main() -> None:
     ap.add_argument("--density", type=float, default=0.5, help="fraction of tokens allowed")
     ap.add_argument("--iters", type=int, default=15)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     results = [bench(b, v, args.density, args.iters, device)
                for v in map(int, args.vocabs.split(",")) for b in map(int, args.batches.split(","))]
