@@ -139,3 +139,35 @@ def test_start_mask_is_shared(compilers: dict[str, GrammarCompiler], byte_tokeni
     assert not b.accept_token(byte_tokenizer.encode("x")[0])
     b.fill_bitmask(other, 0)  # error state: only the stop token, even at the start
     assert other[0, 0].item() == 1 and int(other[0, 1:].abs().sum()) == 0
+
+
+UNTYPED = {"properties": {"a": {"type": "integer"}}, "required": ["a"], "maxLength": 2}
+RECURSIVE = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}}},
+             "required": ["kids"], "additionalProperties": False}
+UNION = {"$defs": {
+    "Cat": {"type": "object", "properties": {"t": {"const": "cat"}, "m": {"type": "integer"}},
+            "required": ["t", "m"], "additionalProperties": False},
+    "Dog": {"type": "object", "properties": {"t": {"const": "dog"}, "b": {"type": "boolean"}},
+            "required": ["t", "b"], "additionalProperties": False}},
+    "oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}]}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("schema, good, bad", [
+    # untyped keywords constrain only their type: xgrammar gets an anyOf of typed branches
+    (UNTYPED, ['{"a":1}', '"ab"', "3", "[1]", "null"], ['{"a":"x"}', "{}", '"abc"']),
+    # recursion through the root: xgrammar gets it through $defs
+    (RECURSIVE, ['{"kids":[]}', '{"kids":[{"kids":[]}]}'], ['{"kids":[{}]}', '{"kids":[1]}']),
+    # a discriminated union of $ref branches is disjoint: oneOf == anyOf
+    (UNION, ['{"t":"cat","m":1}', '{"t":"dog","b":true}'], ['{"t":"cat","b":true}']),
+])
+def test_rewrites_for_xgrammar(compilers: dict[str, GrammarCompiler], byte_tokenizer: Any,
+                               backend: str, schema: Any, good: list[str], bad: list[str]
+                               ) -> None:
+    c = compilers[backend]
+    g = c.compile_json_schema(schema)
+    assert backend != "xgrammar" or g.backend == "xgrammar"
+    for text in good:
+        assert check(c, byte_tokenizer, g, text), text
+    for text in bad:
+        assert not check(c, byte_tokenizer, g, text), text

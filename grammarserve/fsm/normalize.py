@@ -5,15 +5,16 @@ equivalent schema:
 - a ``format`` no backend knows is dropped: in Draft 2020-12 ``format`` is an annotation, so
   this keeps the meaning (``strict=True`` refuses unknown formats instead);
 - ``oneOf`` whose branches are provably disjoint (different types, or different ``const`` /
-  ``enum`` values of a property all branches require — pydantic's discriminated unions) becomes
-  ``anyOf``, which is then equivalent. Other ``oneOf``s are left for the backend to refuse.
+  ``enum`` values of a property all branches require — pydantic's discriminated unions, also
+  when the branches are local ``$ref``s) becomes ``anyOf``, which is then equivalent. Other
+  ``oneOf``s are left for the backend to refuse.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from grammarserve.fsm.json_schema import iter_subschemas
+from grammarserve.fsm.json_schema import iter_subschemas, resolve_pointer
 
 _COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
            "minContains", "maxContains")
@@ -33,9 +34,24 @@ def normalize(schema: dict[str, Any]) -> dict[str, Any]:
         if "format" in sub and sub["format"] not in KNOWN_FORMATS:
             del sub["format"]
         branches = sub.get("oneOf")
-        if isinstance(branches, list) and "anyOf" not in sub and _pairwise_disjoint(branches):
+        if (isinstance(branches, list) and "anyOf" not in sub
+                and _pairwise_disjoint([_deref(schema, b) for b in branches])):
             sub["anyOf"] = sub.pop("oneOf")
     return schema
+
+
+def _deref(root: dict[str, Any], branch: Any) -> Any:
+    """``branch``, or the subschema it names if it is only a local ``$ref`` (+ annotations)."""
+    for _ in range(8):  # a chain of references, bounded
+        if not (isinstance(branch, dict) and isinstance(branch.get("$ref"), str)
+                and branch["$ref"].startswith("#")
+                and set(branch) <= {"$ref", "title", "description"}):
+            return branch
+        try:
+            branch = resolve_pointer(root, branch["$ref"])
+        except (KeyError, ValueError, IndexError):
+            return branch
+    return branch
 
 
 def _pairwise_disjoint(branches: list[Any]) -> bool:

@@ -18,6 +18,7 @@ from grammarserve.errors import UnsupportedSchemaError
 from grammarserve.fsm.json_schema import iter_subschemas, json_path
 from grammarserve.fsm.normalize import KNOWN_FORMATS
 
+_ESCAPED = re.compile(r'["\\\x00-\x1f\x7f]')
 # ``^<one character><quantifier>$``: a bracket class, \d, \w or a plain character, repeated.
 _SINGLE_CHAR_RUN = re.compile(r"^\^((?:\[(?:\\.|[^\]\\\[])+\])|\\[dw]|[A-Za-z0-9 _-])"
                               r"(?:([*+?])|\{(\d+)(?:(,)(\d*))?\})\$$")
@@ -37,17 +38,75 @@ _BY_TYPE: dict[str, frozenset[str]] = {
 }
 
 
+#: Keywords that constrain only instances of one JSON type.
+_ONLY_FOR: dict[str, frozenset[str]] = {
+    "object": frozenset({"properties", "required", "additionalProperties", "patternProperties",
+                         "minProperties", "maxProperties", "propertyNames"}),
+    "array": frozenset({"items", "prefixItems", "minItems", "maxItems"}),
+    "string": frozenset({"minLength", "maxLength", "pattern", "format"}),
+    "number": frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                         "multipleOf"}),
+}
+
+
 def xgrammar_schema(schema: dict[str, Any]) -> dict[str, Any]:
-    """The schema xgrammar compiles: a copy of ``schema`` where a ``pattern`` that repeats one
-    character class (``^[a-z0-9_]+$``) absorbs ``minLength``/``maxLength``
-    (``^[a-z0-9_]{3,20}$``), which xgrammar would otherwise ignore next to ``pattern``. Raises
-    :class:`UnsupportedSchemaError` unless xgrammar enforces every keyword of the result."""
+    """The schema xgrammar compiles: a copy of ``schema`` with meaning-preserving rewrites of
+    what xgrammar would ignore. Raises :class:`UnsupportedSchemaError` unless xgrammar enforces
+    every keyword of the result.
+
+    - A ``pattern`` that repeats one character class (``^[a-z0-9_]+$``) absorbs
+      ``minLength``/``maxLength`` (``^[a-z0-9_]{3,20}$``).
+    - An untyped subschema with type-specific keywords (``{"properties": ...}``, which any
+      non-object also satisfies) becomes an ``anyOf`` of one typed branch per type it
+      constrains and one branch for the other types.
+    - Recursion through the root (``"$ref": "#"``) goes through ``$defs`` instead.
+    """
     out = copy.deepcopy(schema)
-    for sub, _ in iter_subschemas(out):
+    for sub, _ in list(iter_subschemas(out)):
         if "pattern" in sub and ("minLength" in sub or "maxLength" in sub):
             _merge_lengths(sub)
+        if "type" not in sub:
+            _split_by_type(sub)
+    if any(sub.get("$ref") == "#" for sub, _ in iter_subschemas(out)):
+        out = _root_into_defs(out)
     check_xgrammar_exact(out)
     return out
+
+
+def _split_by_type(sub: dict[str, Any]) -> None:
+    keys = set(sub) - _ANNOTATIONS
+    typed = frozenset().union(*_ONLY_FOR.values())
+    if not keys or not keys <= typed:
+        return
+    branches: list[dict[str, Any]] = []
+    free = ["null", "boolean"]
+    for name, only in _ONLY_FOR.items():
+        kw = {k: sub.pop(k) for k in sorted(keys & only, key=list(sub).index)}
+        if kw:
+            branches.append({"type": name, **kw})
+        else:
+            free.append(name)
+    branches.append({"type": free})
+    sub["anyOf"] = branches
+
+
+def _root_into_defs(schema: dict[str, Any]) -> dict[str, Any]:
+    """Move the root into ``$defs`` so that recursion through ``#`` (which xgrammar
+    mis-handles) becomes recursion through ``#/$defs/<root>``; pointers into the root follow."""
+    defs = dict(schema.get("$defs") or {})
+    name = "root"
+    while name in defs:
+        name += "_"
+    prefix = f"#/$defs/{name}"
+    for sub, _ in iter_subschemas(schema):
+        ref = sub.get("$ref")
+        if isinstance(ref, str) and (ref == "#" or ref.startswith("#/")) \
+                and not ref.startswith(("#/$defs/", "#/definitions/")):
+            sub["$ref"] = prefix + ref[1:]
+    kept = ("$defs", "definitions", "$schema", "$id")
+    defs[name] = {k: v for k, v in schema.items() if k not in kept}
+    out = {k: schema[k] for k in ("definitions",) if k in schema}
+    return {**out, "$defs": defs, "$ref": prefix}
 
 
 def _merge_lengths(sub: dict[str, Any]) -> None:
@@ -78,6 +137,10 @@ def check_xgrammar_exact(schema: dict[str, Any]) -> None:
         if any(isinstance(v, (dict, list)) for v in values):
             _refuse(parts, "const" if "const" in sub else "enum",
                     "xgrammar matches object/array values only in compact form")
+        escaped = [k for k in sub.get("properties") or {} if _ESCAPED.search(k)]
+        if escaped:
+            _refuse(parts, "properties", f"xgrammar mis-matches property names that JSON "
+                                         f"escapes ({escaped[0]!r})")
         missing = set(sub.get("required") or []) - set(sub.get("properties") or {})
         if missing:
             _refuse(parts, "required", f"xgrammar ignores required keys not in 'properties' "
