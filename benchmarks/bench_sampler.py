@@ -45,10 +45,10 @@ def bench(batch: int, vocab: int, density: float, iters: int,
     bits = (allowed.view(batch, -1, 32).long() << torch.arange(32)).sum(-1)
     bitmask = torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32).to(device)
     params = [SamplingParams(temperature=TEMPERATURE)] * batch
-    rngs = [RowRng(seed) for seed in range(batch)]
+    rngs: list[RowRng | None] = [RowRng(seed) for seed in range(batch)]
 
     def fused() -> object:
-        return sample(logits, params, rngs, bitmask)  # type: ignore[arg-type]
+        return sample(logits, params, rngs, bitmask)
 
     def unfused() -> object:
         masked = logits.clone()

@@ -55,14 +55,14 @@ def apply_bitmask_(y: torch.Tensor, bitmask: torch.Tensor, vocab: int) -> None:
         # torch on CPU; tests check it against disallowed_mask.
         import xgrammar
 
-        xgrammar.apply_token_bitmask_inplace(y, bitmask, vocab_size=vocab)
+        xgrammar.apply_token_bitmask_inplace(y, bitmask.contiguous(), vocab_size=vocab)
     else:
         y[:, :vocab].masked_fill_(disallowed_mask(bitmask, vocab), float("-inf"))
 
 
 def masked_scaled_logits(logits: torch.Tensor, bitmask: torch.Tensor | None,
                          temperature: torch.Tensor, *, width: int | None = None) -> torch.Tensor:
-    """fp32 ``logits / t`` with disallowed tokens at ``-inf`` (``t = 1`` for greedy rows, t = 0).
+    """fp32 ``logits / t`` with disallowed tokens at ``-inf`` (``t = 1`` on greedy rows).
 
     Parameters
     ----------
@@ -117,7 +117,7 @@ def sample_tokens_ref(logits: torch.Tensor, bitmask: torch.Tensor | None,
     b, v = logits.shape
     nblocks = -(-v // SAMPLE_BLOCK)
     y = masked_scaled_logits(logits, bitmask, temperature, width=nblocks * SAMPLE_BLOCK)
-    # NOTE: a handful of full passes and few small ops: on CPU each op is a parallel region.
+    # NOTE: few ops on purpose: on CPU each torch op is a parallel region, costly when small.
     probs = torch.softmax(y, dim=-1)  # NaN rows where nothing is allowed
     mass = probs.view(b, nblocks, SAMPLE_BLOCK).sum(dim=-1)
     empty = ~(mass.sum(dim=-1) > 0)

@@ -90,6 +90,7 @@ def _assert_same(ref: Result, got: Result) -> None:
 def test_triton_matches_reference(kernel: Callable[..., Result], b: int, v: int,
                                   dtype: torch.dtype, seed: int) -> None:
     logits, bitmask, temperature, keys = _case(b, v, dtype, seed)
+    assert bitmask is not None
     ref = sample_tokens_ref(logits, bitmask, temperature, keys)
     _assert_same(ref, kernel(logits, bitmask, temperature, keys))
     assert (ref[0] == -1).tolist() == [bool(bitmask[r].eq(0).all()) for r in range(b)]
