@@ -19,7 +19,8 @@ _M64 = 0xFFFFFFFFFFFFFFFF
 # triple32 (Chris Wellons' hash-prospector): a 32-bit bijection with very low bias.
 MIX_SHIFTS = (17, 11, 15, 14)
 MIX_MULTS = (0xED5AD4BB, 0xAC4C1B51, 0x31848BAB)
-UNIFORM_SCALE = 2.0**-24  # u = (2 * (h >> 9) + 1) * 2^-24: odd 24-bit grid, exact in fp32, in (0, 1)
+# u = (2 * (h >> 9) + 1) * 2^-24: an odd 24-bit grid in (0, 1), exact in fp32 on every path.
+UNIFORM_SCALE = 2.0**-24
 
 
 def _splitmix64(z: int) -> int:

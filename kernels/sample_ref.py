@@ -14,7 +14,8 @@ import numpy as np
 import torch
 from grammarserve_kernels.noise import gumbel
 
-SAMPLE_BLOCK = 1024  # tokens per block; part of the sampling stream (same seed, same block = same token)
+# Tokens per block. Part of the sampling stream: the same key and block size give the same token.
+SAMPLE_BLOCK = 1024
 
 _BYTE_BITS = torch.tensor([[(b >> j) & 1 == 0 for j in range(8)] for b in range(256)])
 
@@ -49,7 +50,7 @@ def disallowed_mask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 def apply_bitmask_(y: torch.Tensor, bitmask: torch.Tensor, vocab: int) -> None:
-    """Set ``y[:, :vocab]`` to ``-inf`` where ``bitmask`` has the bit clear (in place, fp32 ``y``)."""
+    """Set ``y[:, :vocab]`` (fp32) to ``-inf`` where ``bitmask`` has the bit clear, in place."""
     if y.device.type == "cpu" and y.is_contiguous():
         # NOTE: xgrammar's C++ loop does exactly this, 4-6x faster than unpacking bits in eager
         # torch on CPU; tests check it against disallowed_mask.
@@ -123,7 +124,8 @@ def sample_tokens_ref(logits: torch.Tensor, bitmask: torch.Tensor | None,
     empty = ~(mass.sum(dim=-1) > 0)
 
     greedy = temperature == 0
-    ids = y.argmax(dim=-1) if bool(greedy.any()) else torch.zeros_like(temperature, dtype=torch.long)
+    ids = y.argmax(dim=-1) if bool(greedy.any()) else torch.zeros(b, dtype=torch.long,
+                                                                  device=y.device)
     sampled = (~greedy & ~empty).nonzero()[:, 0]
     if sampled.numel():
         # The two Gumbel-max stages touch V / BLOCK + BLOCK values per row: done on the host.

@@ -4,7 +4,8 @@ One program per row makes one pass over the vocabulary in blocks of ``SAMPLE_BLO
 bitmask, mask, scale by 1/temperature, keep an online log-sum-exp, the greedy argmax and the
 Gumbel-max over block log-sum-exps; then it re-reads the chosen block to pick the token inside it.
 Same math and noise counters as :mod:`grammarserve_kernels.sample_ref` (see there for why two
-levels). Run it on CPU tensors with ``TRITON_INTERPRET=1`` set before this module is imported.
+levels). It runs on CPU tensors in the Triton interpreter when ``TRITON_INTERPRET=1`` is set
+before ``triton`` is first imported.
 """
 
 from __future__ import annotations
@@ -48,10 +49,9 @@ def _load_block(logits_row, mask_row, start, lane, V, t,  # type: ignore[no-unty
 
 
 @triton.jit
-def _fused_sample_kernel(logits_ptr, stride_logits, mask_ptr, stride_mask,  # type: ignore[no-untyped-def]
-                         temp_ptr, key_ptr,
-                         out_ids_ptr, out_logprobs_ptr, V,
-                         HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):
+def _fused_sample_kernel(  # type: ignore[no-untyped-def]
+        logits_ptr, stride_logits, mask_ptr, stride_mask, temp_ptr, key_ptr,
+        out_ids_ptr, out_logprobs_ptr, V, HAS_MASK: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     logits_row = logits_ptr + row.to(tl.int64) * stride_logits
     mask_row = mask_ptr + row.to(tl.int64) * stride_mask
@@ -105,7 +105,7 @@ def _fused_sample_kernel(logits_ptr, stride_logits, mask_ptr, stride_mask,  # ty
 def sample_tokens_triton(logits: torch.Tensor, bitmask: torch.Tensor | None,
                          temperature: torch.Tensor,
                          keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton version of :func:`grammarserve_kernels.sample_ref.sample_tokens_ref` (same contract)."""
+    """The Triton twin of :func:`grammarserve_kernels.sample_ref.sample_tokens_ref`."""
     b, v = logits.shape
     logits = logits if logits.stride(-1) == 1 else logits.contiguous()
     ids = torch.empty(b, dtype=torch.int64, device=logits.device)

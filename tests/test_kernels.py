@@ -85,7 +85,8 @@ def test_logprobs_and_greedy() -> None:
     logits = torch.randn(4, 1500, generator=g)
     allowed = torch.rand(4, 1500, generator=g) < 0.3
     temperature = torch.tensor([0.0, 0.5, 1.0, 0.0])
-    ids, logprobs = sample_tokens(logits, _pack(allowed), temperature, stream_keys(range(4), [0] * 4))
+    keys = stream_keys(range(4), [0] * 4)
+    ids, logprobs = sample_tokens(logits, _pack(allowed), temperature, keys)
     masked = logits.masked_fill(~allowed, float("-inf"))
     scale = torch.where(temperature == 0, 1.0, temperature)[:, None]
     expected = torch.log_softmax(masked / scale, dim=-1).gather(1, ids[:, None])[:, 0]
