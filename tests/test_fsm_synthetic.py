@@ -171,3 +171,31 @@ def test_rewrites_for_xgrammar(compilers: dict[str, GrammarCompiler], byte_token
         assert check(c, byte_tokenizer, g, text), text
     for text in bad:
         assert not check(c, byte_tokenizer, g, text), text
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_prefix_masks_equal_computed_masks(compilers: dict[str, GrammarCompiler],
+                                           byte_tokenizer: Any, backend: str) -> None:
+    # Masks copied from the grammar's prefix cache equal the masks a fresh grammar computes.
+    c = compilers[backend]
+    c.cache.clear()
+    warm = c.compile_json_schema(SCHEMA)
+    for text in ('{"name":"ab","n":3}', '{ "name":"x","n":1}', '{"n":1}'):
+        check(c, byte_tokenizer, warm, text)  # fills the prefix cache, also on dead ends
+    c.cache.clear()
+    fresh = c.compile_json_schema(SCHEMA)
+    assert fresh is not warm
+    for text in ('{"name":"xyz","n":42}', '{ "name" : "q", "n": 7 }'):
+        a, b = warm.matcher(), fresh.matcher()
+        ma, mb = c.allocate_bitmask(1), c.allocate_bitmask(1)
+        ids = byte_tokenizer.encode(text) + [0]
+        for t in ids:
+            a.fill_bitmask(ma, 0)
+            b.fill_bitmask(mb, 0)
+            assert ma.equal(mb)
+            assert a.accept_token(t) and b.accept_token(t)
+        a.rollback(len(ids) - 2)  # back into the cached depth
+        b.rollback(len(ids) - 2)
+        a.fill_bitmask(ma, 0)
+        b.fill_bitmask(mb, 0)
+        assert ma.equal(mb)

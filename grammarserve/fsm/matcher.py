@@ -20,13 +20,32 @@ from grammarserve.fsm.vocab import VocabInfo
 
 
 class SharedMasks:
-    """State shared by the matchers of one compiled grammar (one backend): the mask at the
-    grammar's start, which is the same for all of them, and the last bitmask tensor one of them
-    validated. Both spare a request's first ``fill_bitmask`` its most expensive work."""
+    """State shared by the matchers of one compiled grammar (one backend).
+
+    - The masks after the first few tokens, keyed by those tokens: every request whose output
+      starts with the same tokens (the start itself, then e.g. ``{"`` and the first key) has
+      the same mask there. A request's first masks are its most expensive ones (backends build
+      their state lazily), so later requests copy them instead (~1 us). At most
+      ``MAX_ENTRIES`` masks of prefixes of at most ``DEPTH`` tokens are kept.
+    - The last bitmask tensor one of the matchers validated, so the others skip the checks.
+    """
+
+    DEPTH = 4
+    MAX_ENTRIES = 32
 
     def __init__(self) -> None:
-        self.initial: np.ndarray | None = None  # the start mask row (int32), once computed
+        self.masks: dict[tuple[int, ...], np.ndarray] = {}
         self.checked: tuple[torch.Tensor, np.ndarray] | None = None  # bitmask, numpy view
+
+    def put(self, prefix: tuple[int, ...], row: np.ndarray) -> None:
+        """Keep a copy of the mask ``row`` after ``prefix`` (if there is room)."""
+        if len(self.masks) < self.MAX_ENTRIES:
+            self.masks[prefix] = row.copy()
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the kept masks."""
+        return sum(m.nbytes for m in list(self.masks.values()))
 
 
 class Matcher(ABC):
@@ -45,6 +64,7 @@ class Matcher(ABC):
         self._terminated = False
         self._shared = shared if shared is not None else SharedMasks()
         self._pos = 0  # accepted tokens (a stop token counts), so 0 = the grammar's start
+        self._head: list[int] = []  # the first SharedMasks.DEPTH accepted tokens
         self._checked_bitmask: torch.Tensor | None = None
         self._checked_rows = 0
         self._bitmask_np: np.ndarray | None = None  # numpy view of the checked bitmask
@@ -96,6 +116,8 @@ class Matcher(ABC):
             self._error = self._backend_error() or f"token {token_id} is not allowed here"
             return False
         self._pos += 1
+        if len(self._head) < SharedMasks.DEPTH:
+            self._head.append(int(token_id))
         if int(token_id) in self._stops:
             self._terminated = True
         return True
@@ -120,16 +142,17 @@ class Matcher(ABC):
             raise ValueError(f"row {row} is out of range for a bitmask of "
                              f"{self._checked_rows} rows")
         if self._error is None and not self._terminated:
-            initial = self._shared.initial
-            if self._pos == 0 and initial is not None and self._bitmask_np is not None:
-                np.copyto(self._bitmask_np[row], initial)
+            prefix = tuple(self._head) if self._pos <= SharedMasks.DEPTH else None
+            cached = self._shared.masks.get(prefix) if prefix is not None else None
+            if cached is not None and self._bitmask_np is not None:
+                np.copyto(self._bitmask_np[row], cached)
                 return
             try:
                 self._fill(bitmask, row)
                 err = self._backend_error()
                 if err is None:
-                    if self._pos == 0 and self._bitmask_np is not None:
-                        self._shared.initial = self._bitmask_np[row].copy()
+                    if prefix is not None and self._bitmask_np is not None:
+                        self._shared.put(prefix, self._bitmask_np[row])
                     return
                 self._error = err
             except Exception as e:  # noqa: BLE001
@@ -182,6 +205,7 @@ class Matcher(ABC):
             self._error = f"rollback({n}) failed: {e}"
             return
         self._pos = max(0, self._pos - n)
+        del self._head[self._pos:]
         self._terminated = False
 
     def is_terminated(self) -> bool:

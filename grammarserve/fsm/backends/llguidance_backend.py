@@ -118,8 +118,9 @@ class LLGuidanceBackend(GrammarBackend):
                 inner = proto.deep_copy()
             return LLGuidanceMatcher(vocab, inner, shared)
 
+        nbytes = _BASE_BYTES + 8 * len(grammar)
         return CompiledGrammar(backend=self.name, kind=spec.kind, make_matcher=make,
-                               size_bytes=_BASE_BYTES + 8 * len(grammar),
+                               size_bytes=lambda: nbytes + shared.nbytes,
                                compile_s=time.perf_counter() - start)
 
 

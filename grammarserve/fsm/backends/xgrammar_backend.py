@@ -142,5 +142,6 @@ class XGrammarBackend(GrammarBackend):
             # that every matcher shares (see ``SharedMasks``).
             make().fill_bitmask(torch.empty((1, vocab.bitmask_width), dtype=torch.int32), 0)
         return CompiledGrammar(backend=self.name, kind=spec.kind, make_matcher=make,
-                               size_bytes=lambda: int(compiled.memory_size_bytes) + 4096,
+                               size_bytes=lambda: (int(compiled.memory_size_bytes) + 4096
+                                                   + shared.nbytes),
                                compile_s=time.perf_counter() - start)
