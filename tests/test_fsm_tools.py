@@ -236,3 +236,51 @@ def test_auto_straddling_tokens(straddle_vocab: tuple[Any, dict[str, int]]) -> N
     for bad in (_b("hi ") + [x["<tool_call>x"]], _b("hi <tool_call") + [x[">\n\n"]],
                 call + _b("\n") + [x["<tool_call>x"]], call + _b(" x")):
         assert not ok(bad)
+
+
+# -- shared free-text masks ---------------------------------------------------------------------
+def test_free_text_state_tracks_trigger_and_utf8() -> None:
+    from grammarserve.fsm.freetext import FreeTextMasks
+
+    pieces = [b"Sure", b".<", b"tool", b"_", b"call", b">", b"\xe6\x97", b"\xa5", b"<tool_c"]
+    free = FreeTextMasks(b"<tool_call>", pieces)
+    assert free.advance((0, b""), 0) == (0, b"")
+    state = free.advance((0, b""), 1)
+    assert state == (1, b"")  # ".<" ends with the trigger's first byte
+    for t, k in ((2, 5), (3, 6), (4, 10)):
+        state = free.advance(state, t)
+        assert state == (k, b"")
+    assert free.advance(state, 5) is None  # the trigger is complete
+    assert free.advance(None, 0) is None
+    assert free.advance((0, b""), 6) == (0, b"\xe6\x97")  # half a character
+    assert free.advance((0, b"\xe6\x97"), 7) == (0, b"")
+    assert free.advance((10, b""), 8) == (7, b"")  # "<tool_call" + "<tool_c": restarts
+
+
+@needs_smollm
+def test_free_text_masks_equal_computed_masks(compiler: GrammarCompiler, tokenizer: Any,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from grammarserve.fsm.freetext import FreeTextMasks
+
+    texts = ["Hello <b>x</b> <tool and <tool_c but \u00e9 \u65e5\u672c", "Sure." + CALL_W + "\n",
+             "x <<tool_call>\n" + CALL_S[len("<tool_call>\n"):]]
+    shared = compiler.compile_tool_calls(TOOLS, "auto")
+    for text in texts:  # fills the shared free-text masks
+        assert run(compiler, tokenizer, shared, text)[0]
+    monkeypatch.setattr(FreeTextMasks, "MAX_ENTRIES", 0)  # computed by llguidance every time
+    computed = GrammarCompiler(tokenizer).compile_tool_calls(TOOLS, "auto")
+    ma, mb = compiler.allocate_bitmask(1), compiler.allocate_bitmask(1)
+    for text in texts:
+        a, b = shared.matcher(), computed.matcher()
+        ids = tokenizer.encode(text, add_special_tokens=False) + [EOS]
+        for i, t in enumerate(ids):
+            a.fill_bitmask(ma, 0)
+            b.fill_bitmask(mb, 0)
+            assert ma.equal(mb), (text, i)
+            assert a.accept_token(t) and b.accept_token(t)
+        back = len(ids) - 3  # into the free text again, across the trigger if any
+        a.rollback(back)
+        b.rollback(back)
+        a.fill_bitmask(ma, 0)
+        b.fill_bitmask(mb, 0)
+        assert ma.equal(mb)

@@ -10,14 +10,16 @@ from typing import Any
 
 import llguidance
 import llguidance.hf
+import numpy as np
 import torch
 from llguidance.gbnf_to_lark import any_to_lark
 
 from grammarserve.errors import GrammarBackendError, GrammarError, UnsupportedSchemaError
 from grammarserve.fsm.backends.base import GrammarBackend
 from grammarserve.fsm.config import GrammarConfig, GrammarSpec
+from grammarserve.fsm.freetext import FreeTextMasks, TextState
 from grammarserve.fsm.matcher import CompiledGrammar, Matcher, SharedMasks
-from grammarserve.fsm.tools import tool_calls_lark
+from grammarserve.fsm.tools import TRIGGER, tool_calls_lark
 from grammarserve.fsm.vocab import VocabInfo
 
 _WS = r"[\x20\x0A\x0D\x09]"
@@ -27,27 +29,51 @@ _BASE_BYTES = 256 * 1024
 
 
 class LLGuidanceMatcher(Matcher):
-    """A matcher over ``llguidance.LLMatcher``."""
+    """A matcher over ``llguidance.LLMatcher``; with ``free`` (tool calls, ``auto``), the masks
+    of the free text before the trigger come from that shared table."""
 
-    def __init__(self, vocab: VocabInfo, inner: Any, shared: SharedMasks | None = None) -> None:
+    def __init__(self, vocab: VocabInfo, inner: Any, shared: SharedMasks | None = None,
+                 free: FreeTextMasks | None = None) -> None:
         super().__init__(vocab, shared)
         self._m = inner
         self._nbytes = vocab.bitmask_width * 4
         self._stop_unrecorded = False
+        self._free = free
+        self._text: TextState | None = (0, b"") if free is not None else None
+        self._text_history: list[TextState | None] = []
 
     def _accept(self, token_id: int) -> bool:
         # NOTE: llguidance does not record a stop token consumed once the grammar is complete
         # ("stopped"), so rolling it back must not undo a real token.
         self._stop_unrecorded = token_id in self._stops and bool(self._m.is_stopped())
-        return bool(self._m.consume_token(token_id))
+        ok = bool(self._m.consume_token(token_id))
+        if ok and self._free is not None:
+            self._text_history.append(self._text)
+            self._text = self._free.advance(self._text, token_id)
+        return ok
 
     def _fill(self, bitmask: torch.Tensor, row: int) -> None:
+        free, text = self._free, self._text
+        if free is not None and text is not None and self._bitmask_np is not None:
+            cached = free.masks.get(text)
+            if cached is not None:
+                np.copyto(self._bitmask_np[row], cached)
+                return
+            self._m.unsafe_compute_mask_ptr(bitmask.data_ptr() + row * self._nbytes,
+                                            self._nbytes)
+            if not self._m.is_error():
+                free.put(text, self._bitmask_np[row])
+            return
         self._m.unsafe_compute_mask_ptr(bitmask.data_ptr() + row * self._nbytes, self._nbytes)
 
     def _forced(self) -> list[int]:
         return list(self._m.compute_ff_tokens())
 
     def _rollback(self, n: int) -> None:
+        if self._free is not None and n:
+            k = min(n, len(self._text_history))
+            self._text = self._text_history[-k]
+            del self._text_history[-k:]
         if self._stop_unrecorded:
             self._stop_unrecorded = False
             n -= 1
@@ -70,6 +96,16 @@ class LLGuidanceBackend(GrammarBackend):
         self._tok = llguidance.hf.from_tokenizer(vocab.tokenizer, n_vocab=vocab.vocab_size,
                                                  eos_token=list(vocab.stop_token_ids))
         self._lock = threading.Lock()
+        self._token_bytes: list[bytes] | None = None
+
+    def token_bytes(self) -> list[bytes]:
+        """Each token's bytes (empty for special tokens); built once (~30 ms)."""
+        with self._lock:
+            if self._token_bytes is None:
+                tok = self._tok
+                self._token_bytes = [b"" if tok.is_special_token(t) else tok.decode_bytes([t])
+                                     for t in range(self.vocab.vocab_size)]
+            return self._token_bytes
 
     def json_options(self, max_ws: int | None) -> dict[str, Any]:
         """llguidance JSON options: flexible whitespace bounded to ``max_ws`` characters."""
@@ -112,15 +148,19 @@ class LLGuidanceBackend(GrammarBackend):
         if proto.is_error():
             raise _refusal(spec, proto.get_error())
         vocab, shared = self.vocab, SharedMasks()
+        free = None
+        if spec.kind == "tool_calls" and json.loads(spec.source)["mode"] == "auto":
+            free = FreeTextMasks(TRIGGER.encode(), self.token_bytes())
 
         def make() -> Matcher:
             with self._lock:  # deep_copy of a shared prototype
                 inner = proto.deep_copy()
-            return LLGuidanceMatcher(vocab, inner, shared)
+            return LLGuidanceMatcher(vocab, inner, shared, free)
 
         nbytes = _BASE_BYTES + 8 * len(grammar)
         return CompiledGrammar(backend=self.name, kind=spec.kind, make_matcher=make,
-                               size_bytes=lambda: nbytes + shared.nbytes,
+                               size_bytes=lambda: nbytes + shared.nbytes + (
+                                   free.nbytes if free is not None else 0),
                                compile_s=time.perf_counter() - start)
 
 
