@@ -8,7 +8,9 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
+from grammarserve.batch import cli as batch_cli
 from grammarserve.config import EngineConfig
 from grammarserve.errors import GrammarserveError
 from grammarserve.sampling_params import SamplingParams
@@ -22,6 +24,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     p.add_argument("--kv-cache-tokens", type=int, default=EngineConfig.kv_cache_tokens)
     p.add_argument("--max-batch-tokens", type=int, default=EngineConfig.max_batch_tokens)
+    p.add_argument("--num-threads", type=int, default=None,
+                   help="torch CPU threads of the engine (default: torch's choice; use 1 on a "
+                        "busy machine)")
     p.add_argument("--max-num-reqs", type=int, default=EngineConfig.max_num_reqs,
                    help="requests holding KV at once")
     p.add_argument("--max-model-len", type=int, default=None,
@@ -66,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="engine requests in flight beyond which requests get 503")
     serve.add_argument("--log-level", default="info",
                        choices=["debug", "info", "warning", "error"])
+    serve.add_argument("--data-dir", type=Path, default=None,
+                       help="batch API files and state (default ~/.local/share/grammarserve)")
+    batch_cli.add_parser(sub, _engine_args)
     return parser
 
 
@@ -76,7 +84,7 @@ def _config(args: argparse.Namespace) -> EngineConfig:
                         max_model_len=args.max_model_len,
                         enable_prefix_cache=args.prefix_cache,
                         grammar_backend=args.grammar_backend,
-                        enable_jump_forward=args.jump_forward)
+                        enable_jump_forward=args.jump_forward, num_threads=args.num_threads)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -85,7 +93,8 @@ def _serve(args: argparse.Namespace) -> int:
     from grammarserve.server import create_app
 
     config = ServerConfig(engine=_config(args), served_model_name=args.served_model_name,
-                          max_n=args.max_n, max_pending_requests=args.max_pending_requests)
+                          max_n=args.max_n, max_pending_requests=args.max_pending_requests,
+                          data_dir=args.data_dir)
     failure: list[str] = []
     server: uvicorn.Server | None = None
 
@@ -115,6 +124,8 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.command == "serve":
         return _serve(args)
+    if args.command == "batch":
+        return batch_cli.main(args, _config(args))
 
     config = _config(args)
     params = _params(args)

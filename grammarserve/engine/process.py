@@ -1,7 +1,8 @@
 """Runs the engine loop in its own process; callers talk to it through a small message protocol.
 
 Parent -> engine: ``AddRequest``, ``Abort``, ``GetStats``, ``Shutdown``.
-Engine -> parent: ``Ready`` / ``StartupFailed`` once, then ``Outputs``, ``RequestFailed``, ``Stats``.
+Engine -> parent: ``Ready`` / ``StartupFailed`` once, then ``Outputs``, ``RequestFailed``, ``Stats``
+/ ``StatsFailed``.
 If the engine process dies, every waiting caller gets :class:`EngineDeadError` instead of a hang.
 
 Blocking callers iterate a :class:`RequestStream`; asyncio callers (the server) use
@@ -82,6 +83,11 @@ class RequestFailed:
 @dataclass(frozen=True)
 class Stats:
     stats: EngineStats
+
+
+@dataclass(frozen=True)
+class StatsFailed:
+    message: str
 
 
 class RequestStream:
@@ -290,6 +296,8 @@ class EngineProcess:
                                InvalidRequestError(msg.message, param=msg.param))
             elif isinstance(msg, Stats) and self._stats_waiters:
                 self._stats_waiters.pop(0).set_result(msg.stats)
+            elif isinstance(msg, StatsFailed) and self._stats_waiters:
+                self._stats_waiters.pop(0).set_exception(GrammarserveError(msg.message))
 
     def _fail_all(self, err: EngineDeadError) -> None:
         if self._dead is None:
@@ -332,10 +340,19 @@ def _engine_main(config: EngineConfig, conn: Connection) -> None:
                                        namespace=msg.namespace)
                 except InvalidRequestError as e:
                     conn.send(RequestFailed(msg.request_id, str(e), e.param))
+                except Exception as e:  # a bug must fail this request only
+                    log.exception("add_request failed")
+                    engine.abort(msg.request_id)
+                    conn.send(RequestFailed(msg.request_id, f"internal engine error: {e}",
+                                            internal=True))
             elif isinstance(msg, Abort):
                 engine.abort(msg.request_id)
             elif isinstance(msg, GetStats):
-                conn.send(Stats(engine.stats()))
+                try:
+                    conn.send(Stats(engine.stats()))
+                except Exception as e:  # a stats bug must not take the engine down
+                    log.exception("engine stats failed")
+                    conn.send(StatsFailed(f"engine stats failed: {type(e).__name__}: {e}"))
         if engine.has_unfinished():
             try:
                 outs = engine.step()

@@ -177,7 +177,7 @@ def create_app(config: ServerConfig, *, on_failure: Callable[[str], None] | None
         if state.ready and state.engine is not None:
             try:
                 stats = await state.engine.stats_async(timeout=10.0)
-            except (EngineDeadError, TimeoutError):
+            except (GrammarserveError, TimeoutError):  # still export the server's own metrics
                 stats = None
         grammar = state.compiler.cache_stats() if state.compiler is not None else None
         return Response(state.metrics.render(stats, grammar), media_type=CONTENT_TYPE_LATEST)

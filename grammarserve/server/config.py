@@ -27,6 +27,9 @@ class ServerConfig:
         Engine requests in flight (choices included) beyond which new requests get 503.
     startup_timeout_s:
         How long the engine may take to load before the server gives up.
+    data_dir:
+        Where the batch API keeps its files and SQLite state (``None``:
+        ``$XDG_DATA_HOME/grammarserve``, i.e. ``~/.local/share/grammarserve``).
     """
 
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -34,6 +37,7 @@ class ServerConfig:
     max_n: int = 16
     max_pending_requests: int = 512
     startup_timeout_s: float = 900.0
+    data_dir: Path | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_n", "max_pending_requests"):

@@ -4,6 +4,7 @@ time them, and abort whatever is left when the client goes away."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -86,6 +87,8 @@ class Generation:
                 done, _ = await asyncio.wait(both, return_when=asyncio.FIRST_COMPLETED)
                 if work not in done:
                     work.cancel()
+                    with contextlib.suppress(BaseException):
+                        await work
                     return None
                 outs = work.result()
         finally:

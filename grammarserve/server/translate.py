@@ -9,6 +9,7 @@ from typing import Any
 
 from grammarserve.constraints import Constraint
 from grammarserve.errors import GrammarError, InvalidRequestError
+from grammarserve.fsm.tools import END
 from grammarserve.sampling_params import SamplingParams
 from grammarserve.server.protocol import (
     AllowedToolsChoice,
@@ -23,6 +24,8 @@ _FOREIGN_CONSTRAINTS = ("guided_json", "guided_regex", "guided_choice", "guided_
                         "guided_decoding_backend", "structured_outputs", "ebnf", "json_schema",
                         "structural_tag", "functions", "function_call")
 _MAX_STOP = 16
+#: Stop string added to tool-call requests (see ``sampling_params``).
+TOOL_CALLS_DONE = END + "\n\n"
 
 
 @dataclass(frozen=True)
@@ -176,12 +179,18 @@ def sampling_params(req: _Generation, *, max_tokens: int, plan: ConstraintPlan |
     top_p = 1.0 if req.top_p is None else req.top_p
     if top_p == 0.0:
         temperature, top_p = 0.0, 1.0
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if plan is not None and plan.constraint.kind == "tool_calls":
+        # NOTE: the tool-call grammar allows bounded whitespace after the last call before the
+        # stop token, and small models fill it with newlines; a blank line after a call ends
+        # the calls (the parser does not need the end tag of the last call).
+        stop.append(TOOL_CALLS_DONE)
     out = []
     for i in range(n):
         seed = None if req.seed is None else (req.seed + i) % 2**63
         out.append(SamplingParams(
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=req.top_k or 0,
-            min_p=req.min_p or 0.0, seed=seed, stop=req.stop or (),
+            min_p=req.min_p or 0.0, seed=seed, stop=tuple(stop),
             ignore_eos=bool(req.ignore_eos),
             constraint=plan.constraint if plan is not None else None))
     return out
