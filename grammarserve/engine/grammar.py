@@ -9,6 +9,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from grammarserve.config import EngineConfig
@@ -36,7 +37,13 @@ class GrammarRunner:
             tokenizer, backend=config.grammar_backend,
             compile_timeout_s=config.grammar_compile_timeout_s, vocab_size=vocab_size,
             stop_token_ids=stop_token_ids)
-        self._bitmask = self.compiler.allocate_bitmask(config.max_num_reqs)
+        # NOTE: one bitmask object for every fill (matchers validate a bitmask once per object);
+        # its last row is scratch space for the end-of-grammar check in ``forced``.
+        self._bitmask = self.compiler.allocate_bitmask(config.max_num_reqs + 1)
+        stops = sorted(self.compiler.stop_token_ids)
+        self._stop_words = np.array([t // 32 for t in stops], dtype=np.int64)
+        self._stop_bits = np.array([1 << (t % 32) for t in stops], dtype=np.uint32)
+        self._stops = stops
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-mask")
         self.counters = GrammarCounters()
 
@@ -103,7 +110,9 @@ class GrammarRunner:
 
     def forced(self, req: Req) -> list[int]:
         """The jump-forward span after the last accepted token (already accepted by the
-        matcher), or [] when jump-forward is off for the engine or the request."""
+        matcher), or [] when jump-forward is off for the engine or the request. When the
+        grammar is complete and only a stop token may follow, the span ends with that stop
+        token, so the request finishes without another forward."""
         m = req.matcher
         if m is None or not (self.jump_forward and req.params.jump_forward):
             return []
@@ -112,8 +121,25 @@ class GrammarRunner:
             if not m.accept_token(tok):  # cannot happen for a sound backend; stay consistent
                 req.error = f"jump-forward token rejected: {m.error()}"
                 return span[:i]
+        stop = self._only_stop(req)
+        if stop is not None and m.accept_token(stop):
+            span.append(stop)
         self.counters.jump_forward_tokens += len(span)
         return span
+
+    def _only_stop(self, req: Req) -> int | None:
+        """The stop token to emit if the matcher allows nothing but stop tokens, else None."""
+        m = req.matcher
+        assert m is not None
+        row = len(self._bitmask) - 1
+        m.fill_bitmask(self._bitmask, row)
+        words = self._bitmask[row].numpy().view(np.uint32)
+        stop_part = words[self._stop_words] & self._stop_bits
+        rest = words.copy()
+        rest[self._stop_words] &= ~self._stop_bits
+        if rest.any() or not stop_part.any():
+            return None
+        return next(t for t, hit in zip(self._stops, stop_part) if hit)
 
     def shutdown(self) -> None:
         self._worker.shutdown(wait=False, cancel_futures=True)
