@@ -1,0 +1,98 @@
+"""``grammarserve batch IN.jsonl -o OUT.jsonl [--errors ERR.jsonl]``: an OpenAI batch input file
+through the in-process engine, with a progress bar; re-running the same command resumes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from grammarserve.config import EngineConfig
+
+
+def add_parser(sub: Any, engine_args: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Register the ``batch`` subcommand (``sub``: the CLI's subparsers)."""
+    p = sub.add_parser("batch", help="run an OpenAI batch file (JSONL) offline, resumable",
+                       description=__doc__)
+    p.add_argument("input", type=Path, help="input JSONL: {custom_id, method, url, body} lines")
+    p.add_argument("-o", "--output", type=Path, required=True,
+                   help="output JSONL (appended; lines already there are skipped)")
+    p.add_argument("--errors", type=Path, default=None,
+                   help="error JSONL (bad lines and failed requests, with line numbers; "
+                        "default: OUTPUT with the suffix .errors.jsonl)")
+    p.add_argument("--max-n", type=int, default=16, help="largest n (choices per line)")
+    p.add_argument("--max-in-flight", type=int, default=None,
+                   help="engine requests queued or running at once (default 2 x max-num-reqs)")
+    p.add_argument("--summary", type=Path, default=None, help="write the run's summary as JSON")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    engine_args(p)
+
+
+def default_errors_path(output: Path) -> Path:
+    return output.with_name(output.name.removesuffix(".jsonl") + ".errors.jsonl")
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt
+
+
+def main(args: argparse.Namespace, config: EngineConfig) -> int:
+    """Run the ``batch`` subcommand; exit code 0, or 130 when interrupted (resumable)."""
+    from tqdm import tqdm
+
+    from grammarserve.batch.prepare import Translator
+    from grammarserve.batch.runner import BatchRunner, BatchSummary
+    from grammarserve.engine.engine import Engine
+    from grammarserve.errors import InvalidRequestError
+    from grammarserve.server.config import ServerConfig
+
+    if not args.input.is_file():
+        raise InvalidRequestError(f"input file {args.input} does not exist", param="input")
+    errors = args.errors or default_errors_path(args.output)
+    signal.signal(signal.SIGTERM, _raise_interrupt)  # a plain kill ends like Ctrl-C
+    t0 = time.perf_counter()
+    engine = Engine(config)
+    name = ServerConfig(engine=config).model_name(str(engine.loaded.folder))
+    translator = Translator(engine.tokenizer, engine.grammar.compiler,
+                            max_model_len=engine.max_model_len, max_n=args.max_n,
+                            model_name=name)
+    print(f"grammarserve batch: loaded {config.model} in {time.perf_counter() - t0:.1f}s",
+          file=sys.stderr)
+    bar: Any = None
+    t_start = time.perf_counter()
+
+    def on_start(todo: int) -> None:
+        nonlocal bar, t_start
+        t_start = time.perf_counter()
+        bar = tqdm(total=todo, unit="line", dynamic_ncols=True, disable=args.no_progress,
+                   file=sys.stderr, smoothing=0.1)
+
+    def progress(lines: int, s: BatchSummary) -> None:
+        dt = max(time.perf_counter() - t_start, 1e-9)
+        bar.set_postfix(tok_s=f"{s.completion_tokens / dt:.1f}", failed=s.failed, refresh=False)
+        bar.update(lines)
+
+    runner = BatchRunner(engine, translator, max_in_flight=args.max_in_flight)
+    try:
+        summary = runner.run(args.input, args.output, errors, progress=progress,
+                             on_start=on_start)
+    finally:
+        if bar is not None:
+            bar.close()
+    report = summary.as_dict()
+    if args.summary is not None:
+        args.summary.write_text(json.dumps(report) + "\n")
+    state = "interrupted (re-run the same command to resume)" if summary.interrupted else "done"
+    print(f"grammarserve batch: {state}: {summary.completed} completed, {summary.failed} "
+          f"failed, {summary.skipped} already done, of {summary.total_lines} lines in "
+          f"{summary.elapsed_s:.1f}s ({report['lines_per_s']} lines/s, "
+          f"{report['tokens_per_s']} tok/s, prefix-cache hit rate "
+          f"{report['prefix_cache_hit_rate']}); output {args.output}, errors {errors}",
+          file=sys.stderr)
+    return 130 if summary.interrupted else 0

@@ -1,0 +1,212 @@
+"""The offline batch runner behind ``grammarserve batch``: an input file through an in-process
+:class:`Engine` at full batch, results appended (and fsynced) as each line finishes, resumable.
+
+Lines run in prompt order (lines sharing a prompt prefix back to back, so the radix cache
+prefills it once) and enter the engine as room frees: at most ``max_in_flight`` engine requests
+are queued or running, enough to keep every batch row busy without loading the whole file.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grammarserve.batch.lines import (
+    InputLine,
+    InputReader,
+    error_line,
+    index_input,
+    response_line,
+)
+from grammarserve.batch.prepare import LineFailed, Prepared, Translator
+from grammarserve.batch.results import ResultFile, scan, todo_lines
+from grammarserve.engine.engine import Engine
+from grammarserve.engine.request import RequestOutput
+from grammarserve.errors import InvalidRequestError
+
+
+@dataclass
+class BatchSummary:
+    """What one run did (``skipped``: lines already done by an earlier run)."""
+
+    total_lines: int = 0
+    skipped: int = 0
+    completed: int = 0
+    failed: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    elapsed_s: float = 0.0
+    interrupted: bool = False
+
+    @property
+    def cache_hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        lines = self.completed + self.failed
+        return {"total_lines": self.total_lines, "skipped": self.skipped,
+                "completed": self.completed, "failed": self.failed,
+                "prompt_tokens": self.prompt_tokens, "cached_tokens": self.cached_tokens,
+                "completion_tokens": self.completion_tokens,
+                "elapsed_s": round(self.elapsed_s, 3),
+                "lines_per_s": round(lines / self.elapsed_s, 3) if self.elapsed_s else 0.0,
+                "tokens_per_s": round(self.completion_tokens / self.elapsed_s, 3)
+                if self.elapsed_s else 0.0,
+                "prefix_cache_hit_rate": round(self.cache_hit_rate, 4),
+                "interrupted": self.interrupted}
+
+
+@dataclass
+class _Job:
+    line: InputLine
+    prep: Prepared
+    ids: list[str] = field(default_factory=list)
+    outs: dict[str, RequestOutput] = field(default_factory=dict)
+
+
+class BatchRunner:
+    """Runs batch files through one in-process engine (see :func:`run_file`)."""
+
+    def __init__(self, engine: Engine, translator: Translator, *,
+                 max_in_flight: int | None = None) -> None:
+        self.engine = engine
+        self.translator = translator
+        self.max_in_flight = max_in_flight or 2 * engine.config.max_num_reqs
+
+    def run(self, input_path: Path, output_path: Path, error_path: Path, *,
+            progress: Callable[[int, BatchSummary], None] | None = None,
+            on_start: Callable[[int], None] | None = None) -> BatchSummary:
+        """Run every line of ``input_path`` not yet in the output/error files.
+
+        ``on_start(todo)`` is called once the work is known; ``progress(lines, summary)`` after
+        each batch of finished lines. A ``KeyboardInterrupt`` ends the run with
+        ``summary.interrupted`` (everything written so far stays written).
+        """
+        summary = BatchSummary()
+        t0 = time.perf_counter()
+        index = index_input(input_path)
+        done = scan(output_path, error_path)
+        summary.total_lines = index.total
+        bad = [e for e in index.errors if e.line not in done.lines]
+        todo = todo_lines(index, done)
+        summary.skipped = index.total - len(todo) - len(bad)
+        if on_start is not None:
+            on_start(len(todo) + len(bad))
+        with ResultFile(output_path) as out, ResultFile(error_path) as err, \
+                InputReader(input_path) as reader:
+            err.write([error_line(e) for e in bad])
+            summary.failed += len(bad)
+            if bad and progress is not None:
+                progress(len(bad), summary)
+            try:
+                self._loop(deque(todo), reader, out, err, summary, progress)
+            except KeyboardInterrupt:
+                summary.interrupted = True
+            finally:
+                self._drain(summary.interrupted)
+        summary.elapsed_s = time.perf_counter() - t0
+        return summary
+
+    def _drain(self, interrupted: bool) -> None:
+        """Abort what is left in the engine (best effort after an interrupt, which may have
+        landed inside a step)."""
+        try:
+            for rid in list(self.engine.requests):
+                self.engine.abort(rid)
+            while self.engine.has_unfinished():  # collect the aborts
+                self.engine.step()
+        except Exception:
+            if not interrupted:
+                raise
+
+    def _loop(self, todo: deque[InputLine], reader: InputReader, out: ResultFile,
+              err: ResultFile, summary: BatchSummary,
+              progress: Callable[[int, BatchSummary], None] | None) -> None:
+        engine = self.engine
+        staged: deque[_Job] = deque()  # prepared, constraint still compiling
+        jobs: dict[str, _Job] = {}  # engine request id -> job
+        queued = 0  # engine requests of staged and running jobs
+        serial = 0
+        while todo or staged or jobs:
+            failures: list[dict[str, Any]] = []
+            while todo and queued < self.max_in_flight:  # keep the engine fed
+                line = todo.popleft()
+                try:
+                    prep = self.translator.prepare(line.url, reader.body(line))
+                except LineFailed as e:
+                    failures.append(response_line(line.custom_id, e.status, e.body,
+                                                  line=line.line))
+                    continue
+                staged.append(_Job(line, prep))
+                queued += len(prep.prompts)
+            for job in [j for j in staged if j.prep.compiled is None or j.prep.compiled.done()]:
+                staged.remove(job)
+                try:
+                    job.prep.check_compiled()
+                    for prompt, params in zip(job.prep.prompts, job.prep.params):
+                        rid = f"b{serial}"
+                        serial += 1
+                        engine.add_request(rid, prompt, params, namespace=job.prep.namespace)
+                        job.ids.append(rid)
+                        jobs[rid] = job
+                except (LineFailed, InvalidRequestError) as e:
+                    fail = e if isinstance(e, LineFailed) else LineFailed.bad_request(e)
+                    for rid in job.ids:
+                        engine.abort(rid)
+                        del jobs[rid]
+                    queued -= len(job.prep.prompts)
+                    failures.append(response_line(job.line.custom_id, fail.status, fail.body,
+                                                  line=job.line.line))
+            err.write(failures)
+            summary.failed += len(failures)
+            written = len(failures)
+            if engine.has_unfinished():
+                finished, lines = self._step(jobs, out, err, summary)
+                queued -= finished
+                written += lines
+            elif staged:
+                futures = [j.prep.compiled for j in staged if j.prep.compiled is not None]
+                wait(futures, timeout=0.05, return_when=FIRST_COMPLETED)
+            if progress is not None and written:
+                progress(written, summary)
+
+    def _step(self, jobs: dict[str, _Job], out: ResultFile, err: ResultFile,
+              summary: BatchSummary) -> tuple[int, int]:
+        """One engine step; writes the lines it finished. Returns (engine requests finished,
+        lines written)."""
+        results: list[dict[str, Any]] = []
+        failures: list[dict[str, Any]] = []
+        finished = 0
+        for o in self.engine.step():
+            job = jobs.get(o.request_id)
+            if job is None or not o.finished:
+                continue
+            finished += 1
+            job.outs[o.request_id] = o
+            if len(job.outs) < len(job.ids):
+                continue
+            outs = [job.outs[rid] for rid in job.ids]
+            for rid in job.ids:
+                del jobs[rid]
+            try:
+                body = self.translator.response(job.prep, outs)
+            except LineFailed as e:
+                failures.append(response_line(job.line.custom_id, e.status, e.body,
+                                              line=job.line.line))
+                continue
+            results.append(response_line(job.line.custom_id, 200, body))
+            usage = body["usage"]
+            summary.prompt_tokens += usage["prompt_tokens"]
+            summary.cached_tokens += usage["prompt_tokens_details"]["cached_tokens"]
+            summary.completion_tokens += usage["completion_tokens"]
+        out.write(results)
+        err.write(failures)
+        summary.completed += len(results)
+        summary.failed += len(failures)
+        return finished, len(results) + len(failures)

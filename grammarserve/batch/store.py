@@ -1,0 +1,232 @@
+"""Durable state of the batch API: uploaded and produced files on disk under a data dir, file and
+batch metadata in SQLite (WAL, synchronous=FULL: a row is on disk before the API answers).
+
+Layout of the data dir::
+
+    batch.sqlite3            files and batches tables
+    files/<file id>          uploaded files (written to a temp name, fsynced, renamed)
+    batches/<batch id>/      output.jsonl, errors.jsonl of a batch (registered as files when
+                             the batch ends)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from grammarserve.batch.lines import new_id
+
+#: Batch statuses the worker still has to act on.
+ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
+#: Every status of the OpenAI batch object.
+STATUSES = ACTIVE + ("completed", "failed", "expired", "cancelled")
+_DAY = 24 * 3600
+_FILE_EXPIRY_S = 30 * _DAY
+_TIMES = ("in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
+          "expired_at", "cancelling_at", "cancelled_at")
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS files (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, filename TEXT NOT NULL,
+    purpose TEXT NOT NULL, bytes INTEGER NOT NULL, created_at INTEGER NOT NULL,
+    expires_at INTEGER, path TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS batches (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, endpoint TEXT NOT NULL,
+    input_file_id TEXT NOT NULL, completion_window TEXT NOT NULL, status TEXT NOT NULL,
+    output_file_id TEXT, error_file_id TEXT, errors TEXT, created_at INTEGER NOT NULL,
+    {", ".join(f"{t} INTEGER" for t in _TIMES)},
+    total INTEGER NOT NULL DEFAULT 0, completed INTEGER NOT NULL DEFAULT 0,
+    failed INTEGER NOT NULL DEFAULT 0, metadata TEXT, model TEXT);
+"""
+
+
+def default_data_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "grammarserve"
+
+
+class BatchStore:
+    """Files and batches of the batch API (thread-safe: one connection behind a lock)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        (data_dir / "files").mkdir(parents=True, exist_ok=True)
+        (data_dir / "batches").mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(data_dir / "batch.sqlite3", check_same_thread=False,
+                                   isolation_level=None)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(_SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _one(self, sql: str, args: tuple[Any, ...]) -> dict[str, Any] | None:
+        with self._lock:
+            row = self._db.execute(sql, args).fetchone()
+        return dict(row) if row is not None else None
+
+    def _all(self, sql: str, args: tuple[Any, ...]) -> list[dict[str, Any]]:
+        with self._lock:
+            return [dict(r) for r in self._db.execute(sql, args).fetchall()]
+
+    def _exec(self, sql: str, args: tuple[Any, ...]) -> int:
+        with self._lock:
+            return self._db.execute(sql, args).rowcount
+
+    # -- files -----------------------------------------------------------------------------
+    def create_file(self, filename: str, purpose: str, data: bytes) -> dict[str, Any]:
+        """Store an upload: on disk (fsynced) first, then its row."""
+        file_id = new_id("file", sep="-")
+        path = self.data_dir / "files" / file_id
+        tmp = path.with_suffix(".part")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+        return self._add_file(file_id, filename, purpose, len(data), path)
+
+    def register_file(self, path: Path, filename: str, purpose: str) -> dict[str, Any]:
+        """Make a file already on disk (a batch's output) downloadable (once: registering the
+        same path again returns the existing file)."""
+        found = self._one("SELECT * FROM files WHERE path = ?", (str(path),))
+        if found is not None:
+            return found
+        file_id = new_id("file", sep="-")
+        return self._add_file(file_id, filename, purpose, path.stat().st_size, path)
+
+    def _add_file(self, file_id: str, filename: str, purpose: str, size: int,
+                  path: Path) -> dict[str, Any]:
+        now = int(time.time())
+        self._exec("INSERT INTO files (id, filename, purpose, bytes, created_at, expires_at, "
+                   "path) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                   (file_id, filename, purpose, size, now, now + _FILE_EXPIRY_S, str(path)))
+        found = self.get_file(file_id)
+        assert found is not None
+        return found
+
+    def get_file(self, file_id: str) -> dict[str, Any] | None:
+        return self._one("SELECT * FROM files WHERE id = ?", (file_id,))
+
+    def list_files(self, *, purpose: str | None, after: str | None,
+                   limit: int) -> tuple[list[dict[str, Any]], bool]:
+        return self._page("files", after, limit, "purpose = ?" if purpose else None,
+                          (purpose,) if purpose else ())
+
+    def delete_file(self, file_id: str) -> bool:
+        row = self.get_file(file_id)
+        if row is None:
+            return False
+        self._exec("DELETE FROM files WHERE id = ?", (file_id,))
+        Path(row["path"]).unlink(missing_ok=True)
+        return True
+
+    # -- batches ---------------------------------------------------------------------------
+    def create_batch(self, input_file_id: str, endpoint: str, completion_window: str,
+                     metadata: dict[str, str] | None) -> dict[str, Any]:
+        batch_id = new_id("batch")
+        now = int(time.time())
+        self._exec("INSERT INTO batches (id, endpoint, input_file_id, completion_window, "
+                   "status, created_at, expires_at, metadata) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                   (batch_id, endpoint, input_file_id, completion_window, "validating", now,
+                    now + _DAY, json.dumps(metadata) if metadata is not None else None))
+        found = self.get_batch(batch_id)
+        assert found is not None
+        return found
+
+    def get_batch(self, batch_id: str) -> dict[str, Any] | None:
+        return self._one("SELECT * FROM batches WHERE id = ?", (batch_id,))
+
+    def list_batches(self, *, after: str | None, limit: int
+                     ) -> tuple[list[dict[str, Any]], bool]:
+        return self._page("batches", after, limit, None, ())
+
+    def active_batches(self) -> list[dict[str, Any]]:
+        """Batches the worker must still move forward, oldest first."""
+        marks = ", ".join("?" * len(ACTIVE))
+        return self._all(f"SELECT * FROM batches WHERE status IN ({marks}) ORDER BY seq",
+                         ACTIVE)
+
+    def update_batch(self, batch_id: str, **fields: Any) -> None:
+        if "errors" in fields and fields["errors"] is not None:
+            fields["errors"] = json.dumps(fields["errors"])
+        cols = ", ".join(f"{k} = ?" for k in fields)
+        self._exec(f"UPDATE batches SET {cols} WHERE id = ?", (*fields.values(), batch_id))
+
+    def set_status(self, batch_id: str, status: str, *, only_from: tuple[str, ...] = (),
+                   **fields: Any) -> bool:
+        """Move a batch to ``status`` (stamping ``<status>_at``), optionally only from the
+        given statuses; False if it was in none of them."""
+        assert status in STATUSES
+        stamp = f"{status}_at"
+        if stamp in _TIMES:
+            fields[stamp] = int(time.time())
+        fields["status"] = status
+        cols = ", ".join(f"{k} = ?" for k in fields)
+        where = "id = ?"
+        args: tuple[Any, ...] = (*fields.values(), batch_id)
+        if only_from:
+            where += f" AND status IN ({', '.join('?' * len(only_from))})"
+            args += only_from
+        return self._exec(f"UPDATE batches SET {cols} WHERE {where}", args) > 0
+
+    def batch_dir(self, batch_id: str) -> Path:
+        path = self.data_dir / "batches" / batch_id
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def _page(self, table: str, after: str | None, limit: int, where: str | None,
+              args: tuple[Any, ...]) -> tuple[list[dict[str, Any]], bool]:
+        """Newest first, starting after the object ``after``; (rows, has_more)."""
+        conds = [where] if where else []
+        if after is not None:
+            conds.append(f"seq < (SELECT seq FROM {table} WHERE id = ?)")
+            args += (after,)
+        sql = f"SELECT * FROM {table}"
+        if conds:
+            sql += " WHERE " + " AND ".join(conds)
+        rows = self._all(sql + " ORDER BY seq DESC LIMIT ?", (*args, limit + 1))
+        return rows[:limit], len(rows) > limit
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -- API objects ---------------------------------------------------------------------------------
+def file_object(row: dict[str, Any]) -> dict[str, Any]:
+    return {"id": row["id"], "object": "file", "bytes": row["bytes"],
+            "created_at": row["created_at"], "expires_at": row["expires_at"],
+            "filename": row["filename"], "purpose": row["purpose"], "status": "processed",
+            "status_details": None}
+
+
+def batch_object(row: dict[str, Any]) -> dict[str, Any]:
+    errors = json.loads(row["errors"]) if row["errors"] else None
+    out: dict[str, Any] = {
+        "id": row["id"], "object": "batch", "endpoint": row["endpoint"],
+        "errors": {"object": "list", "data": errors} if errors else None,
+        "input_file_id": row["input_file_id"], "completion_window": row["completion_window"],
+        "status": row["status"], "output_file_id": row["output_file_id"],
+        "error_file_id": row["error_file_id"], "created_at": row["created_at"]}
+    out.update({t: row[t] for t in _TIMES})
+    out["request_counts"] = {"total": row["total"], "completed": row["completed"],
+                             "failed": row["failed"]}
+    out["metadata"] = json.loads(row["metadata"]) if row["metadata"] else None
+    if row["model"]:
+        out["model"] = row["model"]
+    return out

@@ -1,0 +1,293 @@
+"""The server's batch worker: moves batches through validating -> in_progress -> finalizing ->
+completed (or cancelling -> cancelled, or failed), one batch at a time, on its own thread and
+event loop, sharing the server's engine process with interactive traffic.
+
+# NOTE: priority. At most ``max_in_flight`` batch lines are in the engine at once (by default half
+# its request rows), so interactive requests always find rows free; the rest of the batch waits
+# here, not in the engine's queue.
+
+# NOTE: durability. A line counts as done once its record is fsynced in the batch's output or
+# error file; the files, not the database counters, say what is done. A batch found in_progress at
+# start-up (the server was killed) resumes with the lines the files do not hold yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from grammarserve.batch.lines import (
+    MAX_LINES,
+    InputLine,
+    InputReader,
+    error_entry,
+    error_line,
+    index_input,
+    new_id,
+    response_line,
+)
+from grammarserve.batch.prepare import LineFailed, Translator
+from grammarserve.batch.results import Done, ResultFile, scan, todo_lines
+from grammarserve.batch.store import BatchStore
+from grammarserve.errors import EngineDeadError, GrammarserveError, InvalidRequestError
+
+if TYPE_CHECKING:
+    from grammarserve.server.state import ServerState
+
+log = logging.getLogger(__name__)
+_POLL_S = 0.25
+_MAX_ERRORS_LISTED = 100
+
+
+class _Stop(Exception):
+    """The engine died or the server is stopping: leave the batch in_progress for later."""
+
+
+class BatchWorker:
+    """Runs the store's active batches through the server's engine."""
+
+    def __init__(self, store: BatchStore, state: ServerState, *, max_in_flight: int) -> None:
+        self.store = store
+        self.state = state
+        self.max_in_flight = max(1, max_in_flight)
+        self.current: str | None = None  # id of the batch being run
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._stopping = threading.Event()
+
+    # -- lifecycle (called from the server's thread) ------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._main, daemon=True,
+                                        name="grammarserve-batch")
+        self._thread.start()
+
+    def stop(self, timeout: float = 15.0) -> None:
+        self._stopping.set()
+        self.notify()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def notify(self) -> None:
+        """Wake the worker (a batch was created or cancelled)."""
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:  # the loop already ended
+                pass
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._run())
+        except Exception:  # a worker bug must not take the server down; batches stay resumable
+            log.exception("the batch worker stopped")
+
+    # -- the worker loop ------------------------------------------------------------------------
+    async def _run(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        while not self.state.ready:  # wait for the model
+            if self._stopping.is_set() or self.state.status == "failed":
+                return
+            await asyncio.sleep(_POLL_S)
+        st = self.state
+        translator = Translator(st.tokenizer, st.compiler, max_model_len=st.max_model_len,
+                                max_n=st.config.max_n, model_name=st.model_name)
+        while not self._stopping.is_set() and self.state.ready:
+            active = self.store.active_batches()
+            if not active:
+                self._wake.clear()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout=1.0)
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            try:
+                await self._advance(active[0], translator)
+            except _Stop:
+                return
+
+    async def _advance(self, batch: dict[str, Any], translator: Translator) -> None:
+        bid, status = batch["id"], batch["status"]
+        if status == "cancelling":
+            await asyncio.to_thread(self.finalize, bid, "cancelled")
+        elif status == "finalizing":
+            await asyncio.to_thread(self.finalize, bid, "completed")
+        else:
+            self.current = bid
+            try:
+                await self._execute(batch, translator)
+            finally:
+                self.current = None
+
+    def _paths(self, bid: str) -> tuple[Path, Path]:
+        d = self.store.batch_dir(bid)
+        return d / "output.jsonl", d / "errors.jsonl"
+
+    def finalize(self, bid: str, status: str) -> None:
+        """Register the output and error files and end the batch in ``status``."""
+        out_path, err_path = self._paths(bid)
+        done = scan(out_path, err_path)
+        ids: dict[str, str | None] = {}
+        for key, path in (("output_file_id", out_path), ("error_file_id", err_path)):
+            ids[key] = None
+            if path.exists() and path.stat().st_size > 0:
+                kind = "output" if key == "output_file_id" else "error"
+                ids[key] = self.store.register_file(path, f"{bid}_{kind}.jsonl",
+                                                    "batch_output")["id"]
+        self.store.set_status(bid, status, completed=done.completed, failed=done.failed,
+                              output_file_id=ids["output_file_id"],
+                              error_file_id=ids["error_file_id"])
+
+    def _fail(self, bid: str, code: str, message: str,
+              errors: list[dict[str, Any]] | None = None) -> None:
+        data = errors or [{"code": code, "line": None, "message": message, "param": None}]
+        self.store.set_status(bid, "failed", errors=data)
+
+    async def _execute(self, batch: dict[str, Any], translator: Translator) -> None:
+        """Validate (first time) and run a batch's remaining lines, then finalize it."""
+        bid = batch["id"]
+        row = self.store.get_file(batch["input_file_id"])
+        if row is None or not Path(row["path"]).exists():
+            self._fail(bid, "file_not_found", f"input file {batch['input_file_id']} not found")
+            return
+        index = await asyncio.to_thread(index_input, Path(row["path"]),
+                                        endpoint=batch["endpoint"])
+        listed = [error_entry(e) for e in index.errors[:_MAX_ERRORS_LISTED]]
+        if index.total > MAX_LINES:
+            self._fail(bid, "too_many_requests", f"the input file has {index.total} requests; "
+                       f"the limit is {MAX_LINES}")
+            return
+        if not index.lines:
+            self._fail(bid, "empty_file", "the input file has no valid request line", listed)
+            return
+        out_path, err_path = self._paths(bid)
+        done = await asyncio.to_thread(scan, out_path, err_path)
+        bad = [e for e in index.errors if e.line not in done.lines]
+        todo = todo_lines(index, done)
+        self.store.update_batch(bid, total=index.total, completed=done.completed,
+                                failed=done.failed, errors=listed or None)
+        if batch["status"] == "validating" and not self.store.set_status(
+                bid, "in_progress", only_from=("validating",)):
+            return  # cancelled meanwhile: the next round finalizes it
+        with ResultFile(out_path) as out, ResultFile(err_path) as err, \
+                InputReader(Path(row["path"])) as reader:
+            await asyncio.to_thread(err.write, [error_line(e) for e in bad])
+            done.failed += len(bad)
+            run = _BatchRun(self, bid, translator, reader, out, err, done)
+            cancelled = await run.run(todo)
+        if cancelled:
+            await asyncio.to_thread(self.finalize, bid, "cancelled")
+        elif self.store.set_status(bid, "finalizing", only_from=("in_progress",)):
+            await asyncio.to_thread(self.finalize, bid, "completed")
+
+
+class _BatchRun:
+    """The in-progress part of one batch: its lines as concurrent tasks, bounded."""
+
+    def __init__(self, worker: BatchWorker, bid: str, translator: Translator,
+                 reader: InputReader, out: ResultFile, err: ResultFile, done: Done) -> None:
+        self.worker = worker
+        self.bid = bid
+        self.translator = translator
+        self.reader = reader
+        self.out = out
+        self.err = err
+        self.done = done
+        self.cancelled = False
+        self.stop: BaseException | None = None
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self, todo: list[InputLine]) -> bool:
+        """Run ``todo``; True if the batch was cancelled. Raises :class:`_Stop`."""
+        slots = asyncio.Semaphore(self.worker.max_in_flight)
+        monitor = asyncio.create_task(self._monitor())
+        try:
+            for line in todo:
+                await slots.acquire()
+                if self.cancelled or self.stop is not None:
+                    slots.release()
+                    break
+                task = asyncio.create_task(self._line(line))
+                self.tasks.add(task)
+
+                def done(t: asyncio.Task[None]) -> None:
+                    self.tasks.discard(t)
+                    slots.release()
+
+                task.add_done_callback(done)
+            if self.tasks:
+                await asyncio.gather(*self.tasks, return_exceptions=True)
+        finally:
+            monitor.cancel()
+            self._save_counts()
+        if self.stop is not None:
+            raise _Stop() from self.stop
+        return self.cancelled
+
+    def _save_counts(self) -> None:
+        self.worker.store.update_batch(self.bid, completed=self.done.completed,
+                                       failed=self.done.failed)
+
+    def _halt(self, cancelled: bool, reason: BaseException | None = None) -> None:
+        if cancelled:
+            self.cancelled = True
+        elif self.stop is None:
+            self.stop = reason or _Stop()
+        for t in self.tasks:
+            t.cancel()  # Generation aborts the engine requests of a cancelled line
+
+    async def _monitor(self) -> None:
+        """Publish counts, and notice cancellation (this batch's, or a queued one's) and
+        shutdown."""
+        store = self.worker.store
+        while True:
+            await asyncio.sleep(_POLL_S)
+            self._save_counts()
+            if self.worker.stopping or not self.worker.state.ready:
+                self._halt(False)
+                return
+            for b in store.active_batches():
+                if b["status"] != "cancelling":
+                    continue
+                if b["id"] == self.bid:
+                    self._halt(True)
+                    return
+                await asyncio.to_thread(self.worker.finalize, b["id"], "cancelled")
+
+    async def _line(self, line: InputLine) -> None:
+        from grammarserve.server.generate import Generation
+
+        try:
+            prep = self.translator.prepare(line.url, self.reader.body(line))
+            if prep.compiled is not None:
+                await asyncio.wait([asyncio.wrap_future(prep.compiled)])
+                prep.check_compiled()
+            gen = Generation(self.worker.state, new_id("batchreq"), prep.prompts, prep.params,
+                             namespace=prep.namespace, constraint_param=prep.constraint_param)
+            gen.start()
+            outs = await gen.results(None)
+            assert outs is not None  # no disconnect watcher
+            record = response_line(line.custom_id, 200, self.translator.response(prep, outs))
+        except EngineDeadError as e:
+            self._halt(False, e)
+            return
+        except LineFailed as e:
+            record = response_line(line.custom_id, e.status, e.body, line=line.line)
+        except InvalidRequestError as e:
+            fail = LineFailed.bad_request(e)
+            record = response_line(line.custom_id, fail.status, fail.body, line=line.line)
+        except GrammarserveError as e:
+            fail = LineFailed.server_error(str(e))
+            record = response_line(line.custom_id, fail.status, fail.body, line=line.line)
+        ok = record["response"]["status_code"] == 200
+        await asyncio.to_thread((self.out if ok else self.err).write, [record])
+        self.done.add(record, error_file=not ok)

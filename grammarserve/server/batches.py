@@ -1,0 +1,220 @@
+"""The OpenAI Batch API: ``/v1/files`` and ``/v1/batches`` (reference/openai-api.md §4).
+
+Files and batches persist under the server's data dir (:mod:`grammarserve.batch.store`); a
+:class:`~grammarserve.batch.worker.BatchWorker` runs the batches through the server's engine at
+lower priority than interactive requests, and resumes unfinished batches after a restart.
+Registered on the app with ``app.include_router(batches.router(state))``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.parser
+import email.policy
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Query, Request
+from fastapi.responses import FileResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
+
+from grammarserve.batch.lines import ENDPOINTS, MAX_BYTES
+from grammarserve.batch.store import BatchStore, batch_object, default_data_dir, file_object
+from grammarserve.batch.worker import BatchWorker
+from grammarserve.errors import InvalidRequestError
+from grammarserve.server.state import ServerState
+
+#: Purposes an upload may have (``batch_output`` is what the server itself produces).
+PURPOSES = ("batch", "user_data", "assistants", "fine-tune", "vision", "evals")
+
+
+class CreateBatchRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    input_file_id: str
+    endpoint: str
+    completion_window: str = "24h"
+    metadata: dict[str, str] | None = Field(default=None, max_length=16)
+
+
+class BatchService:
+    """The store and worker behind the routes, opened on first use (or at start-up when there
+    may be batches to resume), so a server that never sees a batch creates no files."""
+
+    def __init__(self, state: ServerState) -> None:
+        self.state = state
+        self.explicit_dir = state.config.data_dir is not None
+        self.data_dir = state.config.data_dir or default_data_dir()
+        self._store: BatchStore | None = None
+        self.worker: BatchWorker | None = None
+
+    @property
+    def store(self) -> BatchStore:
+        if self._store is None:
+            self._store = BatchStore(self.data_dir)
+            rows = self.state.config.engine.max_num_reqs
+            self.worker = BatchWorker(self._store, self.state, max_in_flight=max(1, rows // 2))
+            self.worker.start()
+        return self._store
+
+    def start(self) -> None:
+        if self.explicit_dir or (self.data_dir / "batch.sqlite3").exists():
+            _ = self.store  # resume what a previous run left in progress
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.stop()
+        if self._store is not None:
+            self._store.close()
+
+
+def router(state: ServerState) -> APIRouter:
+    """The batch API routes, with a lifespan that starts and stops the batch worker."""
+    service = BatchService(state)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await asyncio.to_thread(service.start)
+        try:
+            yield
+        finally:
+            await asyncio.to_thread(service.stop)
+
+    r = APIRouter(lifespan=lifespan)
+
+    # -- files --------------------------------------------------------------------------------
+    @r.post("/v1/files")
+    async def upload_file(request: Request) -> dict[str, Any]:
+        size = int(request.headers.get("content-length") or 0)
+        if size > MAX_BYTES + 65536:
+            raise InvalidRequestError(f"the file is larger than {MAX_BYTES // 2**20} MB",
+                                      param="file")
+        body = await request.body()
+        fields = parse_multipart(request.headers.get("content-type", ""), body)
+        purpose = fields.get("purpose", (None, b""))[1].decode("utf-8", "replace").strip()
+        if purpose not in PURPOSES:
+            raise InvalidRequestError(f"'purpose' must be one of {', '.join(PURPOSES)}, got "
+                                      f"{purpose!r}", param="purpose")
+        if "file" not in fields:
+            raise InvalidRequestError("a multipart field 'file' is required", param="file")
+        filename, data = fields["file"]
+        if len(data) > MAX_BYTES:
+            raise InvalidRequestError(f"the file is larger than {MAX_BYTES // 2**20} MB",
+                                      param="file")
+        row = await asyncio.to_thread(service.store.create_file, filename or "upload.jsonl",
+                                      purpose, data)
+        return file_object(row)
+
+    @r.get("/v1/files")
+    async def list_files(purpose: str | None = None, after: str | None = None,
+                         limit: int = Query(10000, ge=1, le=10000)) -> dict[str, Any]:
+        rows, more = service.store.list_files(purpose=purpose, after=after, limit=limit)
+        return _page([file_object(x) for x in rows], more)
+
+    def _file(file_id: str) -> dict[str, Any]:
+        row = service.store.get_file(file_id)
+        if row is None:
+            raise HTTPException(404, f"No such File object: {file_id}")
+        return row
+
+    @r.get("/v1/files/{file_id}")
+    async def get_file(file_id: str) -> dict[str, Any]:
+        return file_object(_file(file_id))
+
+    @r.get("/v1/files/{file_id}/content")
+    async def file_content(file_id: str) -> FileResponse:
+        path = Path(_file(file_id)["path"])
+        if not path.exists():
+            raise HTTPException(404, f"the content of {file_id} is gone")
+        return FileResponse(path, media_type="application/octet-stream")
+
+    @r.delete("/v1/files/{file_id}")
+    async def delete_file(file_id: str) -> dict[str, Any]:
+        _file(file_id)
+        await asyncio.to_thread(service.store.delete_file, file_id)
+        return {"id": file_id, "object": "file", "deleted": True}
+
+    # -- batches ------------------------------------------------------------------------------
+    @r.post("/v1/batches")
+    async def create_batch(req: CreateBatchRequest) -> dict[str, Any]:
+        if req.endpoint not in ENDPOINTS:
+            raise InvalidRequestError(f"endpoint must be one of {', '.join(ENDPOINTS)}, got "
+                                      f"{req.endpoint!r}", param="endpoint")
+        if req.completion_window != "24h":
+            raise InvalidRequestError("completion_window must be '24h'",
+                                      param="completion_window")
+        row = service.store.get_file(req.input_file_id)
+        if row is None:
+            raise InvalidRequestError(f"input_file_id {req.input_file_id!r} does not exist",
+                                      param="input_file_id")
+        if row["purpose"] != "batch":
+            raise InvalidRequestError(f"the input file must have purpose 'batch', not "
+                                      f"{row['purpose']!r}", param="input_file_id")
+        batch = await asyncio.to_thread(service.store.create_batch, req.input_file_id,
+                                        req.endpoint, req.completion_window, req.metadata)
+        _notify(service)
+        return batch_object(batch)
+
+    def _batch(batch_id: str) -> dict[str, Any]:
+        row = service.store.get_batch(batch_id)
+        if row is None:
+            raise HTTPException(404, f"No batch found with id '{batch_id}'")
+        return row
+
+    @r.get("/v1/batches/{batch_id}")
+    async def get_batch(batch_id: str) -> dict[str, Any]:
+        return batch_object(_batch(batch_id))
+
+    @r.get("/v1/batches")
+    async def list_batches(after: str | None = None,
+                           limit: int = Query(20, ge=1, le=100)) -> dict[str, Any]:
+        rows, more = service.store.list_batches(after=after, limit=limit)
+        return _page([batch_object(x) for x in rows], more)
+
+    @r.post("/v1/batches/{batch_id}/cancel")
+    async def cancel_batch(batch_id: str) -> dict[str, Any]:
+        row = _batch(batch_id)
+        if row["status"] not in ("cancelling", "cancelled"):
+            moved = await asyncio.to_thread(service.store.set_status, batch_id, "cancelling",
+                                            only_from=("validating", "in_progress"))
+            if not moved:
+                status = _batch(batch_id)["status"]
+                raise InvalidRequestError(f"Cannot cancel a batch with status '{status}'.",
+                                          param="batch_id")
+            _notify(service)
+        return batch_object(_batch(batch_id))
+
+    return r
+
+
+def _notify(service: BatchService) -> None:
+    if service.worker is not None:
+        service.worker.notify()
+
+
+def _page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
+    return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None, "has_more": has_more}
+
+
+def parse_multipart(content_type: str, body: bytes) -> dict[str, tuple[str | None, bytes]]:
+    """``multipart/form-data`` fields: name -> (filename, bytes). Stdlib only (no
+    python-multipart dependency)."""
+    if not content_type.lower().startswith("multipart/form-data"):
+        raise InvalidRequestError("POST /v1/files takes multipart/form-data (fields 'file' "
+                                  "and 'purpose')", param="file")
+    head = f"Content-Type: {content_type}\r\n\r\n".encode("latin-1")
+    msg = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
+    if not msg.is_multipart():
+        raise InvalidRequestError("the multipart body could not be read", param="file")
+    fields: dict[str, tuple[str | None, bytes]] = {}
+    for part in msg.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if not isinstance(name, str):
+            continue
+        payload = part.get_payload(decode=True)
+        fields[name] = (part.get_filename(), payload if isinstance(payload, bytes) else b"")
+    return fields
