@@ -173,7 +173,7 @@ def test_rewrites_for_xgrammar(compilers: dict[str, GrammarCompiler], byte_token
         assert not check(c, byte_tokenizer, g, text), text
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])  # auto may switch mid-test
 def test_prefix_masks_equal_computed_masks(compilers: dict[str, GrammarCompiler],
                                            byte_tokenizer: Any, backend: str) -> None:
     # Masks copied from the grammar's prefix cache equal the masks a fresh grammar computes.

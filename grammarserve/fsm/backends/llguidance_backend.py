@@ -98,6 +98,9 @@ class LLGuidanceBackend(GrammarBackend):
         self._lock = threading.Lock()
         self._token_bytes: list[bytes] | None = None
 
+    def warmup(self, max_whitespace: int | None) -> None:
+        self.token_bytes()
+
     def token_bytes(self) -> list[bytes]:
         """Each token's bytes (empty for special tokens); built once (~30 ms)."""
         with self._lock:
