@@ -22,7 +22,7 @@ from grammarserve.errors import (
     GrammarserveError,
     InvalidRequestError,
 )
-from grammarserve.server import chat, completions
+from grammarserve.server import batches, chat, completions
 from grammarserve.server.config import ServerConfig
 from grammarserve.server.generate import Generation
 from grammarserve.server.metrics import ServerMetrics
@@ -95,6 +95,7 @@ def create_app(config: ServerConfig, *, on_failure: Callable[[str], None] | None
     app = FastAPI(title="grammarserve", version="0.1.0", lifespan=lifespan)
     app.state.gs = state
     app.add_middleware(_CountRequests, metrics=state.metrics)
+    app.include_router(batches.router(state))  # /v1/files, /v1/batches and the batch worker
 
     @app.exception_handler(RequestValidationError)
     async def _on_validation(_: Request, e: RequestValidationError) -> JSONResponse:
