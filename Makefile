@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 serve: setup
-	$(VENV)/bin/grammarserve chat --model default
+	$(VENV)/bin/grammarserve serve --model default
 
 test: setup
 	$(PY) -m pytest -q

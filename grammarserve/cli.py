@@ -12,7 +12,7 @@ from pathlib import Path
 
 from grammarserve.batch import cli as batch_cli
 from grammarserve.config import EngineConfig
-from grammarserve.errors import GrammarserveError
+from grammarserve.errors import GrammarserveError, ModelLoadError
 from grammarserve.sampling_params import SamplingParams
 from grammarserve.server.config import ServerConfig
 
@@ -90,8 +90,13 @@ def _config(args: argparse.Namespace) -> EngineConfig:
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from grammarserve.models.loader import default_model_path
     from grammarserve.server import create_app
 
+    if args.model == "default":
+        default_model_path()  # fail now, not after the server started, if it is missing
+    elif not Path(args.model).expanduser().exists():
+        raise ModelLoadError(f"model path {args.model!r} does not exist")
     config = ServerConfig(engine=_config(args), served_model_name=args.served_model_name,
                           max_n=args.max_n, max_pending_requests=args.max_pending_requests,
                           data_dir=args.data_dir)

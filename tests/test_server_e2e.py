@@ -27,6 +27,8 @@ import jsonschema
 import openai
 import pytest
 from conftest import requires_model
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from pydantic import BaseModel, Field
 
 pytestmark = [requires_model, pytest.mark.model]
@@ -583,3 +585,51 @@ def test_client_disconnect_aborts_the_request(server: dict[str, Any], stream: bo
            or _metric(server, "grammarserve_requests_in_flight") > 0):
         assert time.monotonic() < deadline, "the request was not aborted"
         time.sleep(0.2)
+
+
+# -- fuzzing -------------------------------------------------------------------------------------------
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False)
+    | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                 max_size=3),
+    max_leaves=6)
+_ROUTES = {
+    "/v1/chat/completions": ({"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                             ["model", "messages", "response_format", "tools", "tool_choice",
+                              "n", "stream", "stream_options", "logprobs", "top_logprobs", "stop",
+                              "seed", "temperature", "top_p", "regex", "grammar", "choice",
+                              "cache_namespace", "parallel_tool_calls", "user", "logit_bias"]),
+    "/v1/completions": ({"model": "m", "prompt": "hi"},
+                        ["model", "prompt", "n", "echo", "logprobs", "stop", "seed", "suffix",
+                         "best_of", "temperature", "regex", "choice", "grammar", "stream"]),
+    "/tokenize": ({"prompt": "hi"}, ["prompt", "messages", "tools", "add_generation_prompt",
+                                     "return_token_strs"]),
+    "/detokenize": ({"tokens": [1, 2]}, ["tokens"]),
+}
+
+
+def fuzz_request(url: str, route: str, data: st.DataObject) -> None:
+    """One fuzzed request: a valid body with up to three fields replaced by random JSON."""
+    base, fields = _ROUTES[route]
+    body = dict(base)
+    for key in data.draw(st.lists(st.sampled_from([*fields, "extra_field"]), max_size=3)):
+        body[key] = data.draw(_JSON)
+    for key in ("max_tokens", "max_completion_tokens", "n"):
+        body[key] = 1  # keep each generation short
+    status, reply = _post(url + route, body)
+    assert status in (200, 400), (route, body, status, reply)
+    if status == 400:
+        assert set(reply["error"]) == {"message", "type", "param", "code"}
+    elif isinstance(reply, str):  # a stream: an error inside it must not be a server error
+        assert '"server_error"' not in reply, (route, body, reply)
+
+
+def test_fuzzed_bodies_never_get_5xx(server: dict[str, Any],
+                                     fired: dict[str, Future[Any]]) -> None:
+    for f in fired.values():
+        f.exception()  # let the batch finish first
+    run = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))(
+        given(route=st.sampled_from(sorted(_ROUTES)), data=st.data())(fuzz_request))
+    run(server["url"])
+    assert _get(server["url"] + "/health")[0] == 200

@@ -409,3 +409,46 @@ def test_metrics_export_engine_stats() -> None:
                  "grammarserve_kv_usage_ratio 0.25", "grammarserve_cached_prompt_tokens_total 4.0",
                  "grammarserve_time_to_first_token_seconds_count 1.0"]:
         assert line in text
+
+
+# -- state and error envelopes ------------------------------------------------------------------
+def test_state_before_the_engine_is_loaded() -> None:
+    from grammarserve.errors import EngineDeadError
+    from grammarserve.server.config import ServerConfig
+    from grammarserve.server.state import ServerState
+
+    state = ServerState(ServerConfig(max_pending_requests=3))
+    assert state.health() == (503, {"status": "loading", "message": "Loading model"})
+    with pytest.raises(EngineDeadError, match="loading"):
+        state.require_engine()
+    assert state.try_reserve(2) and not state.try_reserve(2) and state.try_reserve(1)
+    state.release(3)
+    assert state.in_flight == 0
+    assert state.model_name == "SmolLM2-135M-Instruct"
+    assert ServerConfig(served_model_name="x").model_name() == "x"
+
+
+def test_exception_and_validation_envelopes() -> None:
+    from fastapi.exceptions import RequestValidationError
+
+    from grammarserve.errors import EngineDeadError, GrammarserveError
+    from grammarserve.server.app import _exception_response, _validation_response
+
+    def body(resp: Any) -> tuple[int, dict[str, Any]]:
+        return resp.status_code, json.loads(bytes(resp.body))["error"]
+
+    status, err = body(_exception_response(InvalidRequestError("bad n", param="n")))
+    assert (status, err) == (400, {"message": "bad n", "type": "invalid_request_error",
+                                   "param": "n", "code": None})
+    assert body(_exception_response(GrammarError("g", path="$.a")))[0] == 400
+    assert body(_exception_response(EngineDeadError("gone")))[0] == 503
+    assert body(_exception_response(GrammarserveError("bug")))[0] == 500
+    status, err = body(_validation_response(RequestValidationError([
+        {"loc": ("body", "messages", 0, "role"), "msg": "Input should be 'user'",
+         "type": "literal_error"}])))
+    assert status == 400 and err["param"] == "messages[0].role"
+    assert err["message"] == "messages[0].role: Input should be 'user'"
+    status, err = body(_validation_response(RequestValidationError([
+        {"loc": ("body", "prompt", "str"), "msg": "a", "type": "x"},
+        {"loc": ("body", "prompt", "list[int]"), "msg": "b", "type": "x"}])))
+    assert err["param"] == "prompt" and err["message"] == "prompt: a; or b"
