@@ -222,10 +222,26 @@ def fired(server: dict[str, Any], client: openai.OpenAI) -> dict[str, Future[Any
     }
     for i, item in enumerate(_schemas(NUM_SCHEMAS)):
         jobs[f"schema_{i}"] = _schema_job(client, item, i)
+    jobs["logprobs"] = lambda: chat.create(model="m", messages=GREETING, max_tokens=4,
+                                           temperature=0, logprobs=True, top_logprobs=0)
+    for i in range(max(0, 32 - len(jobs))):  # small mixed requests up to 32 at once
+        jobs[f"mixed_{i}"] = _mixed_job(client, url, i)
     pool = ThreadPoolExecutor(max_workers=len(jobs), thread_name_prefix="e2e")
     futures = {name: pool.submit(fn) for name, fn in jobs.items()}
     pool.shutdown(wait=False)
     return futures
+
+
+def _mixed_job(client: openai.OpenAI, url: str, i: int) -> Callable[[], Any]:
+    messages = [{"role": "user", "content": f"Count from {i} to {i + 5}."}]
+    if i % 3 == 0:
+        return lambda: _sse(url + "/v1/chat/completions", {
+            "model": "m", "messages": messages, "max_tokens": 4, "stream": True, "seed": i})
+    if i % 3 == 1:
+        return lambda: client.chat.completions.create(
+            model="m", messages=messages, max_tokens=6, extra_body={"regex": "[0-9]+( [0-9]+)*"})
+    return lambda: client.completions.create(model="m", prompt=f"{i}, {i + 1},", max_tokens=4,
+                                             seed=i, temperature=0.7)
 
 
 def _sdk_stream(client: openai.OpenAI, **kw: Any) -> Any:
@@ -301,6 +317,30 @@ def test_seeded_sampling_is_reproducible(fired: dict[str, Future[Any]]) -> None:
     assert [c.index for c in a.choices] == [0, 1]
     assert [c.message.content for c in a.choices] == [c.message.content for c in b.choices]
     assert a.usage.completion_tokens == 12
+
+
+def test_thirty_two_concurrent_mixed_requests_complete(fired: dict[str, Future[Any]]) -> None:
+    assert len(fired) >= 32
+    for name, future in fired.items():
+        assert future.exception() is None, name
+    for i in range(sum(name.startswith("mixed_") for name in fired)):
+        reply = fired[f"mixed_{i}"].result()
+        if i % 3 == 0:
+            assert reply[-1] == "[DONE]" and len(_finish_chunks(reply)) == 1
+        elif i % 3 == 1:
+            content = reply.choices[0].message.content
+            assert re.fullmatch(r"[0-9]+( [0-9]+)*", content) or (
+                reply.choices[0].finish_reason == "length" and re.fullmatch(r"[0-9 ]*", content))
+        else:
+            assert reply.usage.completion_tokens == 4
+
+
+def test_logprobs(fired: dict[str, Future[Any]]) -> None:
+    choice = fired["logprobs"].result().choices[0]
+    tokens = choice.logprobs.content
+    assert len(tokens) == 4 and all(t.logprob <= 0 and t.top_logprobs == [] for t in tokens)
+    assert b"".join(bytes(t.bytes) for t in tokens).decode() == choice.message.content
+    assert fired["plain"].result().choices[0].logprobs is None
 
 
 # -- structured outputs -------------------------------------------------------------------------

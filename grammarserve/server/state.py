@@ -48,25 +48,24 @@ class ServerState:
         self._thread.start()
 
     def _load(self, on_failure: Callable[[str], None] | None) -> None:
-        from transformers import AutoTokenizer
-
+        # NOTE: the tokenizer and the validation compiler load here while the engine process
+        # loads the model; a GGUF converted by both at once is safe (atomic rename).
+        engine_box: list[EngineProcess | BaseException] = []
+        starter = threading.Thread(target=self._start_engine, args=(engine_box,), daemon=True,
+                                   name="grammarserve-engine-start")
         try:
             t0 = time.perf_counter()
-            engine = EngineProcess(self.config.engine,
-                                   startup_timeout_s=self.config.startup_timeout_s)
+            starter.start()
+            tokenizer, compiler = self._load_grammar()
+            starter.join()
+            engine = engine_box[0]
+            if isinstance(engine, BaseException):
+                raise engine
             if self._closed:
                 engine.shutdown()
                 return
             self.engine = engine
             info = engine.info
-            tokenizer = AutoTokenizer.from_pretrained(info["model_folder"])
-            backend = cast(BackendName, self.config.engine.grammar_backend)
-            compiler = GrammarCompiler(tokenizer, backend=backend,
-                                       compile_timeout_s=self.config.engine.
-                                       grammar_compile_timeout_s,
-                                       vocab_size=info["vocab_size"],
-                                       stop_token_ids=info["stop_token_ids"])
-            compiler.warmup()
             self.tokenizer, self.compiler = tokenizer, compiler
             self.token_texts = TokenTexts(tokenizer)
             self.max_model_len = int(info["max_model_len"])
@@ -76,10 +75,36 @@ class ServerState:
                      self.model_name, info["kv_capacity"], self.max_model_len,
                      time.perf_counter() - t0)
         except Exception as e:  # reported through /health and on_failure
+            starter.join()
+            if engine_box and isinstance(engine_box[0], EngineProcess):
+                engine_box[0].shutdown()
             self.status, self.error = "failed", str(e)
             log.error("grammarserve failed to start: %s", e)
             if on_failure is not None:
                 on_failure(str(e))
+
+    def _start_engine(self, box: list[EngineProcess | BaseException]) -> None:
+        try:
+            box.append(EngineProcess(self.config.engine,
+                                     startup_timeout_s=self.config.startup_timeout_s))
+        except BaseException as e:  # re-raised by _load
+            box.append(e)
+
+    def _load_grammar(self) -> tuple[Any, GrammarCompiler]:
+        """The tokenizer and a warmed-up compiler used to validate constraints up front."""
+        from transformers import AutoTokenizer
+
+        from grammarserve.models.config import ModelConfig
+        from grammarserve.models.loader import resolve_model_folder
+
+        e = self.config.engine
+        folder = resolve_model_folder(e.model, e.cache_dir)
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        compiler = GrammarCompiler(tokenizer, backend=cast(BackendName, e.grammar_backend),
+                                   compile_timeout_s=e.grammar_compile_timeout_s,
+                                   vocab_size=ModelConfig.from_folder(folder).vocab_size)
+        compiler.warmup()
+        return tokenizer, compiler
 
     def shutdown(self) -> None:
         self._closed = True
