@@ -269,7 +269,10 @@ class _BatchRun:
         try:
             prep = self.translator.prepare(line.url, self.reader.body(line))
             if prep.compiled is not None:
-                await asyncio.wait([asyncio.wrap_future(prep.compiled)])
+                try:
+                    await asyncio.wrap_future(prep.compiled)
+                except Exception:  # noqa: BLE001, S110 - check_compiled reports it
+                    pass
                 prep.check_compiled()
             gen = Generation(self.worker.state, new_id("batchreq"), prep.prompts, prep.params,
                              namespace=prep.namespace, constraint_param=prep.constraint_param)
