@@ -47,6 +47,10 @@ class EngineConfig:
         ``"auto"``, ``"llguidance"`` or ``"xgrammar"`` (see :mod:`grammarserve.fsm`).
     grammar_compile_timeout_s:
         A constraint that takes longer to compile fails its request (others keep running).
+    grammar_max_whitespace:
+        Whitespace characters allowed between JSON tokens of constrained outputs. ``0`` (the
+        default) gives compact JSON like OpenAI's structured outputs, where keys and
+        punctuation are forced (and jump-forward skips them); ``None`` is unbounded.
     enable_jump_forward:
         Feed the tokens a constraint forces (keys, punctuation, enum tails) in the next forward
         instead of decoding them one step each (requests can opt out with
@@ -68,6 +72,7 @@ class EngineConfig:
     num_threads: int | None = None
     grammar_backend: str = "auto"
     grammar_compile_timeout_s: float = 10.0
+    grammar_max_whitespace: int | None = 0
     enable_jump_forward: bool = True
 
     def __post_init__(self) -> None:
@@ -86,6 +91,9 @@ class EngineConfig:
         if self.grammar_backend not in ("auto", "llguidance", "xgrammar"):
             raise InvalidRequestError(f"grammar_backend must be auto, llguidance or xgrammar, got "
                                       f"{self.grammar_backend!r}", param="grammar_backend")
+        if self.grammar_max_whitespace is not None and self.grammar_max_whitespace < 0:
+            raise InvalidRequestError("grammar_max_whitespace must be >= 0 or None",
+                                      param="grammar_max_whitespace")
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise InvalidRequestError(f"device must be auto, cpu or cuda[:N], got "
                                       f"{self.device!r}", param="device")

@@ -35,7 +35,8 @@ class GrammarRunner:
         self.jump_forward = config.enable_jump_forward
         self.compiler = GrammarCompiler(
             tokenizer, backend=config.grammar_backend,
-            compile_timeout_s=config.grammar_compile_timeout_s, vocab_size=vocab_size,
+            compile_timeout_s=config.grammar_compile_timeout_s,
+            max_whitespace=config.grammar_max_whitespace, vocab_size=vocab_size,
             stop_token_ids=stop_token_ids)
         # NOTE: one bitmask object for every fill (matchers validate a bitmask once per object);
         # its last row is scratch space for the end-of-grammar check in ``forced``.

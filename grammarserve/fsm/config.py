@@ -28,7 +28,9 @@ class GrammarConfig:
         A compile running longer than this raises :class:`GrammarTimeoutError` for its waiters;
         it keeps its worker thread until the backend returns, but blocks nobody else.
     max_whitespace : int | None
-        Maximum whitespace characters between JSON tokens (``None``: unbounded).
+        Maximum whitespace characters between JSON tokens (``None``: unbounded). ``0`` means
+        compact JSON (``{"a":1,"b":[2,3]}``, as OpenAI's structured outputs): every separator is
+        fixed, so keys and punctuation are forced and jump-forward can skip them.
     compile_threads : int
         Size of the compile thread pool.
     backend_threads : int
@@ -50,8 +52,8 @@ class GrammarConfig:
             raise ValueError(f"cache_bytes must be >= 0, got {self.cache_bytes}")
         if not self.compile_timeout_s > 0:
             raise ValueError(f"compile_timeout_s must be > 0, got {self.compile_timeout_s}")
-        if self.max_whitespace is not None and self.max_whitespace < 1:
-            raise ValueError("max_whitespace must be >= 1 or None (unbounded), got "
+        if self.max_whitespace is not None and self.max_whitespace < 0:
+            raise ValueError("max_whitespace must be >= 0 (0: compact JSON) or None (unbounded), got "
                              f"{self.max_whitespace}")
         if self.compile_threads < 1:
             raise ValueError(f"compile_threads must be >= 1, got {self.compile_threads}")

@@ -90,6 +90,8 @@ def call_schema(tool: dict[str, Any], json_options: dict[str, Any]) -> dict[str,
 
 
 def _ws(max_ws: int | None) -> str:
+    if max_ws == 0:  # compact JSON: calls are separated by at most one newline
+        return r"\x0A?"
     return r"[\x20\x0A\x0D\x09]" + ("*" if max_ws is None else f"{{0,{max_ws}}}")
 
 

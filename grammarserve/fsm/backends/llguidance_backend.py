@@ -111,7 +111,11 @@ class LLGuidanceBackend(GrammarBackend):
             return self._token_bytes
 
     def json_options(self, max_ws: int | None) -> dict[str, Any]:
-        """llguidance JSON options: flexible whitespace bounded to ``max_ws`` characters."""
+        """llguidance JSON options: flexible whitespace bounded to ``max_ws`` characters, or
+        compact JSON (fixed ``,`` and ``:`` separators) when ``max_ws`` is 0."""
+        if max_ws == 0:
+            return {"whitespace_flexible": False, "lenient": False, "item_separator": ",",
+                    "key_separator": ":", "coerce_one_of": False}
         pattern = f"{_WS}*" if max_ws is None else f"{_WS}{{0,{max_ws}}}"
         return {"whitespace_flexible": True, "whitespace_pattern": pattern, "lenient": False,
                 "item_separator": ",", "key_separator": ":", "coerce_one_of": False}

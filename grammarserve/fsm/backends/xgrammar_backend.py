@@ -98,6 +98,9 @@ class XGrammarBackend(GrammarBackend):
 
     def _compile_json(self, spec: GrammarSpec, compiler: Any) -> Any:
         schema = xgrammar_schema(json.loads(spec.source))
+        if spec.option("max_whitespace") == 0:  # compact JSON: fixed separators
+            return compiler.compile_json_schema(json.dumps(schema), any_whitespace=False,
+                                                separators=(",", ":"), strict_mode=False)
         # NOTE: whitespace is left unbounded here and bounded by WhitespaceTracker instead:
         # xgrammar's max_whitespace_cnt makes masks ~4x slower.
         return compiler.compile_json_schema(json.dumps(schema), any_whitespace=True,
