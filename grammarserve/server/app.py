@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
@@ -210,6 +211,7 @@ def create_app(config: ServerConfig, *, on_failure: Callable[[str], None] | None
                                       param="tokens")
         return {"prompt": state.tokenizer.decode(req.tokens)}
 
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 
 
@@ -238,6 +240,28 @@ class _CountRequests:
         finally:
             path = getattr(scope.get("route"), "path", "unmatched")
             self.metrics.requests.labels(path, str(status)).inc()
+
+
+_ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type", "param", "code"], "properties": {
+        "message": {"type": "string"}, "type": {"type": "string"},
+        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document, with the statuses the routes really return: client mistakes are 400
+    with the OpenAI error envelope (never 422), and 503 while loading or overloaded."""
+    if app.openapi_schema is None:
+        doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        error = {"content": {"application/json": {"schema": _ERROR_SCHEMA}}}
+        for methods in doc.get("paths", {}).values():
+            for op in methods.values():
+                responses = op.setdefault("responses", {})
+                if responses.pop("422", None) is not None or "requestBody" in op:
+                    responses["400"] = {"description": "Invalid request", **error}
+                responses.setdefault("503", {"description": "Loading or overloaded", **error})
+        app.openapi_schema = doc
+    return app.openapi_schema
 
 
 def _model_card(state: ServerState) -> dict[str, Any]:
