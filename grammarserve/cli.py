@@ -33,6 +33,10 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="longest sequence (default: the model's, capped by the KV pool)")
     p.add_argument("--grammar-backend", default=EngineConfig.grammar_backend,
                    choices=["auto", "llguidance", "xgrammar"])
+    p.add_argument("--grammar-max-whitespace", type=int,
+                   default=EngineConfig.grammar_max_whitespace,
+                   help="whitespace allowed between JSON tokens in constrained output (0: compact "
+                        "JSON; -1: unbounded)")
     p.add_argument("--jump-forward", default=EngineConfig.enable_jump_forward,
                    action=argparse.BooleanOptionalAction,
                    help="feed the tokens a constraint forces without decoding them one by one")
@@ -84,6 +88,8 @@ def _config(args: argparse.Namespace) -> EngineConfig:
                         max_model_len=args.max_model_len,
                         enable_prefix_cache=args.prefix_cache,
                         grammar_backend=args.grammar_backend,
+                        grammar_max_whitespace=(None if args.grammar_max_whitespace < 0
+                                                else args.grammar_max_whitespace),
                         enable_jump_forward=args.jump_forward, num_threads=args.num_threads)
 
 

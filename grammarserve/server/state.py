@@ -102,6 +102,7 @@ class ServerState:
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
         compiler = GrammarCompiler(tokenizer, backend=cast(BackendName, e.grammar_backend),
                                    compile_timeout_s=e.grammar_compile_timeout_s,
+                                   max_whitespace=e.grammar_max_whitespace,
                                    vocab_size=ModelConfig.from_folder(folder).vocab_size)
         compiler.warmup()
         return tokenizer, compiler

@@ -181,9 +181,9 @@ def sampling_params(req: _Generation, *, max_tokens: int, plan: ConstraintPlan |
         temperature, top_p = 0.0, 1.0
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if plan is not None and plan.constraint.kind == "tool_calls":
-        # NOTE: the tool-call grammar allows bounded whitespace after the last call before the
-        # stop token, and small models fill it with newlines; a blank line after a call ends
-        # the calls (the parser does not need the end tag of the last call).
+        # NOTE: with grammar_max_whitespace > 0 the tool-call grammar allows whitespace after
+        # the last call before the stop token, and small models fill it with newlines; a blank
+        # line after a call ends the calls (the parser does not need the last end tag).
         stop.append(TOOL_CALLS_DONE)
     out = []
     for i in range(n):
