@@ -563,7 +563,7 @@ def test_models_tokenize_detokenize(client: openai.OpenAI, server: dict[str, Any
     status, back = _post(server["url"] + "/detokenize", {"tokens": out["tokens"]})
     assert status == 200 and back["prompt"] == "Hello world"
     status, err = _post(server["url"] + "/tokenize", {"prompt": "x", "messages": GREETING})
-    assert status == 400
+    assert status == 400 and err["error"]["param"] == "prompt"
 
 
 def test_metrics(server: dict[str, Any], fired: dict[str, Future[Any]]) -> None:
@@ -574,7 +574,7 @@ def test_metrics(server: dict[str, Any], fired: dict[str, Future[Any]]) -> None:
     assert status == 200
 
     def value(name: str) -> float:
-        m = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.M)
+        m = re.search(rf"^{re.escape(name)} ([0-9.e+-]+)$", text, re.MULTILINE)
         assert m, name
         return float(m.group(1))
 
@@ -595,7 +595,7 @@ def test_metrics(server: dict[str, Any], fired: dict[str, Future[Any]]) -> None:
 
 def _metric(server: dict[str, Any], name: str) -> float:
     text = _get(server["url"] + "/metrics")[1].decode()
-    m = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.M)
+    m = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.MULTILINE)
     assert m, name
     return float(m.group(1))
 
