@@ -14,7 +14,7 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import jsonschema
 import openai
@@ -24,7 +24,7 @@ from conftest import requires_model
 pytestmark = [requires_model, pytest.mark.model]
 
 ROOT = Path(__file__).resolve().parent.parent
-CHAT = "/v1/chat/completions"
+CHAT: Final = "/v1/chat/completions"
 SCHEMAS: list[dict[str, Any]] = [
     {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
      "required": ["n"], "additionalProperties": False},
@@ -147,6 +147,7 @@ def test_sdk_batch_survives_sigkill_then_completes(server: Server) -> None:
     c = client(server)
     mid = c.batches.retrieve(batch.id)
     assert mid.status in ("in_progress", "finalizing", "completed"), mid
+    assert mid.request_counts is not None
     assert 1 <= mid.request_counts.completed < 50, mid.request_counts
     done = wait_for(c, batch.id, lambda b: b.status == "completed")
     assert (done.request_counts.total, done.request_counts.completed,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import httpx2
 import openai
@@ -18,7 +18,7 @@ from grammarserve.batch.store import BatchStore
 from grammarserve.errors import GrammarserveError
 from grammarserve.server.batches import parse_multipart
 
-CHAT = "/v1/chat/completions"
+CHAT: Final = "/v1/chat/completions"
 
 
 def _line(cid: str | None, content: str = "hi", url: str = CHAT) -> str:
@@ -138,6 +138,7 @@ def test_routes_with_the_openai_sdk(tmp_path: Path) -> None:
                                          completion_window="24h", metadata={"job": "1"})
         b2 = await client.batches.create(input_file_id=f.id, endpoint=CHAT,
                                          completion_window="24h")
+        assert b1.request_counts is not None
         assert (b1.status, b1.request_counts.total, b1.metadata) == ("validating", 0,
                                                                      {"job": "1"})
         page = await client.batches.list(limit=1)
