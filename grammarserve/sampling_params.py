@@ -25,6 +25,7 @@ class SamplingParams:
         Makes sampling reproducible for this request, whatever else is in the batch.
     stop:
         Strings that end the completion; the matched stop string is not included in the text.
+        They do not apply to constrained requests, which end where their grammar ends.
     stop_token_ids:
         Extra token ids that end the completion (the model's EOS always does unless
         ``ignore_eos``).

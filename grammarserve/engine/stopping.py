@@ -19,7 +19,9 @@ def append_token(req: Req, token: int, logprob: float, *, eos_ids: frozenset[int
         _finish(req, "stop", req.held_text + req.detok.flush())
         return
     buf = req.held_text + req.detok.add([token])
-    stops = p.stop_strings
+    # NOTE: a constrained reply ends where its grammar ends; a stop string cutting it would
+    # return invalid output as a "stop" success, so stop strings do not apply to it.
+    stops = () if p.constraint is not None else p.stop_strings
     hits = [i for s in stops if (i := buf.find(s)) >= 0]
     if hits:
         _finish(req, "stop", buf[:min(hits)])
