@@ -8,6 +8,7 @@ The order of checks follows ``chat.prepare`` / ``completions.prepare`` of the se
 from __future__ import annotations
 
 import json
+import logging
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,8 @@ from grammarserve.server.translate import (
     sampling_params,
     tools_plan,
 )
+
+log = logging.getLogger(__name__)
 
 #: Engine error texts that mean the request's constraint was at fault (400, not 500).
 _CLIENT_ERRORS = ("invalid constraint",)
@@ -136,6 +139,9 @@ class Translator:
             raise LineFailed(400, _validation_body(e)) from None
         except InvalidRequestError as e:
             raise LineFailed.bad_request(e) from None
+        except Exception as e:  # a bug must fail this line only
+            log.exception("batch line translation failed")
+            raise LineFailed.server_error(f"internal error: {type(e).__name__}: {e}") from None
 
     def _chat(self, req: ChatCompletionRequest) -> Prepared:
         check_common(req, max_n=self.max_n)
@@ -184,6 +190,13 @@ class Translator:
         raises :class:`LineFailed` if one of them failed in the engine."""
         for out in outs:
             prep.check_output(out)
+        try:
+            return self._response(prep, outs)
+        except Exception as e:  # a bug must fail this line only
+            log.exception("batch response failed")
+            raise LineFailed.server_error(f"internal error: {type(e).__name__}: {e}") from None
+
+    def _response(self, prep: Prepared, outs: list[RequestOutput]) -> dict[str, Any]:
         rid = R.new_id("chatcmpl" if prep.chat else "cmpl")
         if prep.chat:
             choices = [self._chat_choice(prep, i, o) for i, o in enumerate(outs)]

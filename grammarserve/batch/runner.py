@@ -139,8 +139,9 @@ class BatchRunner:
                 line = todo.popleft()
                 try:
                     prep = self.translator.prepare(line.url, reader.body(line))
-                except LineFailed as e:
-                    failures.append(response_line(line.custom_id, e.status, e.body,
+                except Exception as e:  # noqa: BLE001 - the line fails, the job goes on
+                    fail = _as_failure(e)
+                    failures.append(response_line(line.custom_id, fail.status, fail.body,
                                                   line=line.line))
                     continue
                 staged.append(_Job(line, prep))
@@ -155,8 +156,8 @@ class BatchRunner:
                         engine.add_request(rid, prompt, params, namespace=job.prep.namespace)
                         job.ids.append(rid)
                         jobs[rid] = job
-                except (LineFailed, InvalidRequestError) as e:
-                    fail = e if isinstance(e, LineFailed) else LineFailed.bad_request(e)
+                except Exception as e:  # noqa: BLE001 - the line fails, the job goes on
+                    fail = _as_failure(e)
                     for rid in job.ids:
                         engine.abort(rid)
                         del jobs[rid]
@@ -210,3 +211,11 @@ class BatchRunner:
         summary.completed += len(results)
         summary.failed += len(failures)
         return finished, len(results) + len(failures)
+
+
+def _as_failure(e: Exception) -> LineFailed:
+    if isinstance(e, LineFailed):
+        return e
+    if isinstance(e, InvalidRequestError):
+        return LineFailed.bad_request(e)
+    return LineFailed.server_error(f"internal error: {type(e).__name__}: {e}")

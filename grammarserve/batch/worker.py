@@ -114,6 +114,9 @@ class BatchWorker:
                 await self._advance(active[0], translator)
             except _Stop:
                 return
+            except Exception as e:  # a bug: fail this batch (its files stay), keep serving
+                log.exception("batch %s failed", active[0]["id"])
+                self._fail(active[0]["id"], "internal_error", f"{type(e).__name__}: {e}")
 
     async def _advance(self, batch: dict[str, Any], translator: Translator) -> None:
         bid, status = batch["id"], batch["status"]
@@ -290,6 +293,10 @@ class _BatchRun:
             record = response_line(line.custom_id, fail.status, fail.body, line=line.line)
         except GrammarserveError as e:
             fail = LineFailed.server_error(str(e))
+            record = response_line(line.custom_id, fail.status, fail.body, line=line.line)
+        except Exception as e:  # a bug must fail this line only, never lose it
+            log.exception("batch line failed")
+            fail = LineFailed.server_error(f"internal error: {type(e).__name__}: {e}")
             record = response_line(line.custom_id, fail.status, fail.body, line=line.line)
         ok = record["response"]["status_code"] == 200
         await asyncio.to_thread((self.out if ok else self.err).write, [record])
