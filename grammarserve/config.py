@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -70,7 +71,7 @@ class EngineConfig:
     decode_mirror_tokens: int | None = None
     cache_dir: Path | None = None
     num_threads: int | None = None
-    grammar_backend: str = "auto"
+    grammar_backend: Literal["auto", "llguidance", "xgrammar"] = "auto"
     grammar_compile_timeout_s: float = 10.0
     grammar_max_whitespace: int | None = 0
     enable_jump_forward: bool = True
