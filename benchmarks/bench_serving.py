@@ -1,0 +1,328 @@
+"""The server under load, through the official OpenAI SDK (``openai.AsyncOpenAI``).
+
+A load generator against any OpenAI-compatible server: without ``--base-url`` it starts our own
+(``grammarserve serve --model default --port <free> --kv-cache-tokens 65536``) as a subprocess,
+waits for ``GET /health`` == 200 and stops it at the end; with ``--base-url`` (e.g.
+``http://127.0.0.1:8000/v1`` for vLLM or llama-server) it uses that server as it is.
+
+Workloads (``--workload``):
+- ``extraction``: the JSON-extraction workload of ``extraction_workload.py`` (shared instruction
+  prompt + one document), ``response_format`` json_schema strict; valid = the reply parses and
+  validates against the schema (replies cut by ``max_tokens`` are left out of the denominator and
+  counted in ``cut_by_length``).
+- ``tools``: an agent turn with 3 tools, ``tool_choice="required"``; valid = every tool call has a
+  known name and arguments that validate against that tool's parameters (``--strict-tools`` sets
+  ``strict: true`` on the tools).
+- ``chat``: plain questions, no constraint (valid = a non-empty reply).
+
+Every request streams (``stream_options.include_usage``) so TTFT (first content or tool-call
+delta) and inter-chunk latency are measured. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import openai
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import extraction_workload as wl
+
+TOOLS: list[dict[str, Any]] = [
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Current weather for a city.",
+        "parameters": {"type": "object", "properties": {
+            "city": {"type": "string", "description": "City name"},
+            "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+            "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "search_web", "description": "Search the web and return the top results.",
+        "parameters": {"type": "object", "properties": {
+            "query": {"type": "string"},
+            "max_results": {"type": "integer", "minimum": 1, "maximum": 10}},
+            "required": ["query", "max_results"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "send_email", "description": "Send an e-mail.",
+        "parameters": {"type": "object", "properties": {
+            "to": {"type": "string", "description": "Recipient e-mail address"},
+            "subject": {"type": "string"},
+            "body": {"type": "string"}},
+            "required": ["to", "subject", "body"], "additionalProperties": False}}},
+]
+TOOL_PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+_CITIES = ["Paris", "Tokyo", "Denver", "Cairo", "Oslo", "Lima", "Pune", "Turin"]
+_TOPICS = ["the history of the bicycle", "vegan lasagna recipes", "Python asyncio tutorials",
+           "the tallest mountains in Europe", "how solar panels work", "jazz festivals in 2026",
+           "cheap flights to Lisbon", "the rules of cricket"]
+_PEOPLE = [("anna@example.com", "the budget review"), ("li.wei@example.com", "the team lunch"),
+           ("omar@example.com", "the contract renewal"), ("greta@example.com", "the server outage"),
+           ("ravi@example.com", "the conference talk"), ("sara@example.com", "the new office"),
+           ("tom@example.com", "the quarterly report"), ("elena@example.com", "the design review")]
+
+_CHAT = ["What is the capital of France, and why is it famous?",
+         "Explain photosynthesis in a few sentences.",
+         "Give me three tips for writing clean Python code.",
+         "Why is the sky blue?",
+         "Write a short poem about the sea.",
+         "What are the benefits of regular exercise?",
+         "How does a refrigerator keep food cold?",
+         "Describe a good breakfast for a busy morning."]
+
+AGENT_SYSTEM = ("You are a helpful assistant with tools. Call exactly one tool to serve the "
+                "user's request.")
+
+
+def tool_messages(i: int) -> list[dict[str, str]]:
+    k = i // 3
+    if i % 3 == 0:
+        unit = "fahrenheit" if k % 2 else "celsius"
+        ask = f"What's the weather in {_CITIES[k % len(_CITIES)]} right now, in {unit}?"
+    elif i % 3 == 1:
+        ask = f"Search the web for {_TOPICS[k % len(_TOPICS)]} and give me the top 5 results."
+    else:
+        to, about = _PEOPLE[k % len(_PEOPLE)]
+        ask = f"Send an e-mail to {to} about {about}; say I will be 10 minutes late."
+    return [{"role": "system", "content": AGENT_SYSTEM}, {"role": "user", "content": ask}]
+
+
+def build_requests(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One kwargs dict per request (plus a ``_kind`` key for validation)."""
+    n = args.requests
+    base = {"max_tokens": args.max_tokens, "temperature": 0.0}
+    out: list[dict[str, Any]] = []
+    if args.workload == "extraction":
+        fmt = {"type": "json_schema",
+               "json_schema": {"name": "record", "schema": wl.SCHEMA, "strict": True}}
+        for doc, _ in wl.documents(n):
+            out.append({**base, "messages": wl.messages(doc), "response_format": fmt})
+    elif args.workload == "tools":
+        tools = [{"type": "function", "function": {**t["function"], "strict": True}}
+                 for t in TOOLS] if args.strict_tools else TOOLS
+        for i in range(n):
+            kw = {**base, "messages": tool_messages(i), "tools": tools, "tool_choice": "required"}
+            if args.no_parallel_tool_calls:
+                kw["parallel_tool_calls"] = False
+            out.append(kw)
+    else:
+        for i in range(n):
+            out.append({**base, "messages": [{"role": "user", "content": _CHAT[i % len(_CHAT)]}]})
+    return out
+
+
+async def one(client: openai.AsyncOpenAI, model: str, kw: dict[str, Any]) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    first: float | None = None
+    stamps: list[float] = []
+    text: list[str] = []
+    calls: dict[int, dict[str, str]] = {}
+    finish = None
+    usage = None
+    stream = await client.chat.completions.create(
+        model=model, stream=True, stream_options={"include_usage": True}, **kw)
+    async for chunk in stream:
+        now = time.perf_counter()
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            d = choice.delta
+            got = False
+            if d is not None and d.content:
+                text.append(d.content)
+                got = True
+            if d is not None and d.tool_calls:
+                for tc in d.tool_calls:
+                    c = calls.setdefault(tc.index, {"name": "", "arguments": ""})
+                    if tc.function is not None:
+                        c["name"] += tc.function.name or ""
+                        c["arguments"] += tc.function.arguments or ""
+                got = True
+            if got:
+                if first is None:
+                    first = now
+                stamps.append(now)
+            if choice.finish_reason:
+                finish = choice.finish_reason
+    end = time.perf_counter()
+    cached = None
+    if usage is not None and usage.prompt_tokens_details is not None:
+        cached = usage.prompt_tokens_details.cached_tokens
+    return {"ttft": (first - t0) if first is not None else None, "latency": end - t0,
+            "itl": [b - a for a, b in itertools.pairwise(stamps)], "text": "".join(text),
+            "calls": [calls[k] for k in sorted(calls)], "finish": finish,
+            "completion_tokens": usage.completion_tokens if usage else 0,
+            "prompt_tokens": usage.prompt_tokens if usage else 0, "cached_tokens": cached}
+
+
+def is_valid(workload: str, r: dict[str, Any]) -> bool:
+    try:
+        if workload == "extraction":
+            jsonschema.validate(json.loads(r["text"]), wl.SCHEMA)
+        elif workload == "tools":
+            if not r["calls"]:
+                return False
+            for c in r["calls"]:
+                if c["name"] not in TOOL_PARAMS:
+                    return False
+                jsonschema.validate(json.loads(c["arguments"]), TOOL_PARAMS[c["name"]])
+        else:
+            return bool(r["text"].strip())
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return round(xs[lo] + (xs[hi] - xs[lo]) * (k - lo), 4)
+
+
+async def run_load(base_url: str, model: str | None, reqs: list[dict[str, Any]],
+                   concurrency: int, timeout: float) -> tuple[list[Any], float, str]:
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0, timeout=timeout)
+    if model is None:
+        model = (await client.models.list()).data[0].id
+    sem = asyncio.Semaphore(concurrency)
+
+    async def guarded(kw: dict[str, Any]) -> Any:
+        async with sem:
+            try:
+                return await one(client, model, kw)
+            except Exception as e:  # noqa: BLE001 - count and report every failure
+                return e
+
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(guarded(kw) for kw in reqs))
+    wall = time.perf_counter() - t0
+    await client.close()
+    return results, wall, model
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_server(extra: list[str]) -> tuple[subprocess.Popen[bytes], str, Path]:
+    port = _free_port()
+    log = Path(tempfile.mkstemp(prefix="bench_serving_", suffix=".log")[1])
+    cmd = [sys.executable, "-m", "grammarserve.cli", "serve", "--model", "default",
+           "--port", str(port), "--kv-cache-tokens", "65536", "--log-level", "warning", *extra]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                cwd=Path(__file__).resolve().parent.parent)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit("server exited:\n" + log.read_text())
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=10) as r:
+                if r.status == 200:
+                    return proc, url + "/v1", log
+        except (OSError, urllib.error.HTTPError):
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise SystemExit("server did not become healthy:\n" + log.read_text())
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def summarize(args: argparse.Namespace, results: list[Any], wall: float) -> dict[str, Any]:
+    ok = [r for r in results if isinstance(r, dict)]
+    errors = [r for r in results if not isinstance(r, dict)]
+    cut = [r for r in ok if r["finish"] == "length"]
+    judged = [r for r in ok if r["finish"] != "length"]
+    valid = sum(is_valid(args.workload, r) for r in judged)
+    comp = sum(r["completion_tokens"] for r in ok)
+    prompt = sum(r["prompt_tokens"] for r in ok)
+    cached = [r["cached_tokens"] for r in ok if r["cached_tokens"] is not None]
+    ttfts = [r["ttft"] for r in ok if r["ttft"] is not None]
+    itls = [x for r in ok for x in r["itl"]]
+    out = {"workload": args.workload, "concurrency": args.concurrency,
+           "requests": args.requests, "completed": len(ok), "wall_s": round(wall, 2),
+           "requests_per_s": round(len(ok) / wall, 3),
+           "completion_tok_per_s": round(comp / wall, 2), "completion_tokens": comp,
+           "ttft_p50": pct(ttfts, 0.5), "ttft_p95": pct(ttfts, 0.95),
+           "latency_p50": pct([r["latency"] for r in ok], 0.5),
+           "itl_p50": pct(itls, 0.5),
+           "cached_token_share": round(sum(cached) / prompt, 3) if cached and prompt else None,
+           "valid_pct": round(100.0 * valid / len(judged), 1) if judged else None,
+           "cut_by_length": len(cut), "errors": len(errors)}
+    if args.workload == "tools":
+        out["strict_tools"] = args.strict_tools
+        out["parallel_tool_calls"] = not args.no_parallel_tool_calls
+    if errors:
+        out["first_error"] = repr(errors[0])[:300]
+    if args.verbose:
+        for i, r in enumerate(results):
+            if isinstance(r, dict) and (r["finish"] == "length" or not is_valid(args.workload, r)):
+                print(f"# request {i} finish={r['finish']} text={r['text'][:200]!r} "
+                      f"calls={r['calls']}", file=sys.stderr)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--base-url", default=None,
+                    help="an OpenAI-compatible server (…/v1); default: start grammarserve")
+    ap.add_argument("--model", default=None, help="model name (default: the first of /v1/models)")
+    ap.add_argument("--workload", choices=["extraction", "tools", "chat"], default="extraction")
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--strict-tools", action="store_true")
+    ap.add_argument("--no-parallel-tool-calls", action="store_true",
+                    help="send parallel_tool_calls=false (at most one call per reply)")
+    ap.add_argument("--timeout", type=float, default=1800.0, help="per request, seconds")
+    ap.add_argument("--server-arg", action="append", default=[],
+                    help="extra argument for our own server (repeatable), e.g. --num-threads=2")
+    ap.add_argument("-v", "--verbose", action="store_true",
+                    help="print invalid and cut replies to stderr")
+    args = ap.parse_args()
+
+    reqs = build_requests(args)
+    proc = None
+    base_url = args.base_url
+    if base_url is None:
+        proc, base_url, log = start_server(args.server_arg)
+    try:
+        results, wall, _ = asyncio.run(run_load(base_url, args.model, reqs, args.concurrency,
+                                                args.timeout))
+    finally:
+        if proc is not None:
+            stop_server(proc)
+            os.unlink(log)
+    print(json.dumps(summarize(args, results, wall)))
+
+
+if __name__ == "__main__":
+    main()
