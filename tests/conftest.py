@@ -42,6 +42,18 @@ def llm(smollm):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="session")
+def tokenizer():  # type: ignore[no-untyped-def]
+    """The embedded model's tokenizer (SmolLM2, 49,152 tokens), without loading the weights."""
+    if not _have_default_model():
+        pytest.skip("embedded model not installed")
+    from transformers import AutoTokenizer
+
+    from grammarserve.models.loader import resolve_model_folder
+
+    return AutoTokenizer.from_pretrained(str(resolve_model_folder("default")))
+
+
+@pytest.fixture(scope="session")
 def hf_tokenizer():  # type: ignore[no-untyped-def]
     """A tiny byte-level tokenizer (vocab 256) for the random-weight loader models."""
     from tiny_models import _tokenizer

@@ -32,15 +32,6 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string"},
 
 
 @pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    from transformers import AutoTokenizer
-
-    from grammarserve.models.loader import resolve_model_folder
-
-    return AutoTokenizer.from_pretrained(str(resolve_model_folder("default")))
-
-
-@pytest.fixture(scope="module")
 def compiler(tokenizer: Any) -> GrammarCompiler:
     return GrammarCompiler(tokenizer)
 

@@ -9,20 +9,12 @@ from typing import Any
 
 import pytest
 
+from grammarserve.errors import GrammarError
 from grammarserve.fsm import GrammarCompiler
 from grammarserve.fsm.conformance import walk, walk_jump_forward
 
 SCHEMAS = sorted((Path(__file__).resolve().parents[1] / "schemas").glob("*.json"))
 EOS = 2
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    from transformers import AutoTokenizer
-
-    from grammarserve.models.loader import resolve_model_folder
-
-    return AutoTokenizer.from_pretrained(str(resolve_model_folder("default")))
 
 
 @pytest.fixture(scope="module", params=["llguidance", "xgrammar"])
@@ -41,7 +33,7 @@ def test_compact_instances_accepted_and_spaced_ones_refused(compiler: GrammarCom
     for item in _items():
         try:
             grammar = compiler.compile_json_schema(item["schema"])
-        except Exception:  # noqa: BLE001 - a backend refusing a schema is covered elsewhere
+        except GrammarError:  # a backend refusing a schema is covered elsewhere
             continue
         compiled += 1
         for inst in item["valid"]:

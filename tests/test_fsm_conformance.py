@@ -55,15 +55,6 @@ def _scalars(value: Any) -> list[Any]:
 
 
 @pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    from transformers import AutoTokenizer
-
-    from grammarserve.models.loader import resolve_model_folder
-
-    return AutoTokenizer.from_pretrained(str(resolve_model_folder("default")))
-
-
-@pytest.fixture(scope="module")
 def compilers(tokenizer: Any) -> dict[str, GrammarCompiler]:
     auto = GrammarCompiler(tokenizer)
     return {"auto": auto, "llguidance": auto.with_backend("llguidance"),
