@@ -8,17 +8,9 @@ import sys
 
 import pytest
 import torch
+from bitmask_helpers import pack_bitmask as _pack
 from grammarserve_kernels import filter_logits, masked_scaled_logits, sample_tokens, stream_keys
 from grammarserve_kernels.sample_ref import SAMPLE_BLOCK, disallowed_mask
-
-
-def _pack(allowed: torch.Tensor) -> torch.Tensor:
-    b, v = allowed.shape
-    words = (v + 31) // 32
-    bits = torch.zeros(b, words * 32, dtype=torch.int64)
-    bits[:, :v] = allowed.long()
-    packed = (bits.view(b, words, 32) << torch.arange(32)).sum(-1)
-    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
 
 
 def _draw(logits: torch.Tensor, allowed: torch.Tensor | None, temperature: float, n: int,

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+from bitmask_helpers import pack_bitmask as _pack
 from grammarserve_kernels import stream_keys
 from grammarserve_kernels.sample_ref import sample_tokens_ref
 
@@ -61,15 +62,6 @@ def _case(b: int, v: int, dtype: torch.dtype, seed: int, *, masked: bool = True
     if b > 2:
         allowed[b // 2] = False  # nothing allowed
     return logits, _pack(allowed), temperature, stream_keys(range(b), [seed] * b)
-
-
-def _pack(allowed: torch.Tensor) -> torch.Tensor:
-    b, v = allowed.shape
-    words = (v + 31) // 32
-    bits = torch.zeros(b, words * 32, dtype=torch.int64)
-    bits[:, :v] = allowed.long()
-    packed = (bits.view(b, words, 32) << torch.arange(32)).sum(-1)
-    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
 
 
 def _assert_same(ref: Result, got: Result) -> None:
