@@ -12,11 +12,18 @@ Workloads (``--workload``):
   counted in ``cut_by_length``).
 - ``tools``: an agent turn with 3 tools, ``tool_choice="required"``; valid = every tool call has a
   known name and arguments that validate against that tool's parameters (``--strict-tools`` sets
-  ``strict: true`` on the tools).
+  ``strict: true`` on the tools). Multi-turn: every other request (odd indices) carries a prior
+  turn first (user request, an assistant message with one ``tool_calls`` entry, the ``tool``
+  result), then a new user request; ``--single-turn`` sends only the one-turn requests, as
+  before. The JSON line reports ``multi_turn`` (how many requests carried a prior turn).
 - ``chat``: plain questions, no constraint (valid = a non-empty reply).
 
 Every request streams (``stream_options.include_usage``) so TTFT (first content or tool-call
-delta) and inter-chunk latency are measured. Prints one JSON line.
+delta) and inter-chunk latency are measured. Prints one JSON line (``--label NAME`` adds
+``"server": NAME`` to it).
+
+``--model``: default the first id of ``GET /v1/models`` (grammarserve: ``default``; vLLM: its
+``--served-model-name``; llama-server lists its model file and accepts any name).
 """
 
 from __future__ import annotations
@@ -87,17 +94,55 @@ AGENT_SYSTEM = ("You are a helpful assistant with tools. Call exactly one tool t
                 "user's request.")
 
 
-def tool_messages(i: int) -> list[dict[str, str]]:
+def _ask(i: int) -> str:
     k = i // 3
     if i % 3 == 0:
         unit = "fahrenheit" if k % 2 else "celsius"
-        ask = f"What's the weather in {_CITIES[k % len(_CITIES)]} right now, in {unit}?"
-    elif i % 3 == 1:
-        ask = f"Search the web for {_TOPICS[k % len(_TOPICS)]} and give me the top 5 results."
+        return f"What's the weather in {_CITIES[k % len(_CITIES)]} right now, in {unit}?"
+    if i % 3 == 1:
+        return f"Search the web for {_TOPICS[k % len(_TOPICS)]} and give me the top 5 results."
+    to, about = _PEOPLE[k % len(_PEOPLE)]
+    return f"Send an e-mail to {to} about {about}; say I will be 10 minutes late."
+
+
+def _prior_turn(i: int, j: int) -> list[dict[str, Any]]:
+    """A finished earlier turn for request ``i``: user request ``j``, the assistant's tool call
+    for it (OpenAI format: ``tool_calls`` with an id and a JSON-string ``arguments``) and the
+    ``tool`` message with its result."""
+    k = j // 3
+    call_id = f"call_{i:04d}{j % 3}prior"
+    if j % 3 == 0:
+        city = _CITIES[k % len(_CITIES)]
+        unit = "fahrenheit" if k % 2 else "celsius"
+        name, fargs = "get_weather", {"city": city, "unit": unit}
+        result = {"city": city, "temperature": 21 if unit == "celsius" else 70, "unit": unit,
+                  "conditions": "partly cloudy"}
+    elif j % 3 == 1:
+        topic = _TOPICS[k % len(_TOPICS)]
+        name, fargs = "search_web", {"query": topic, "max_results": 5}
+        result = {"results": [{"title": f"{topic.capitalize()} ({n})",
+                               "url": f"https://example.com/{k}/{n}"} for n in range(1, 4)]}
     else:
         to, about = _PEOPLE[k % len(_PEOPLE)]
-        ask = f"Send an e-mail to {to} about {about}; say I will be 10 minutes late."
-    return [{"role": "system", "content": AGENT_SYSTEM}, {"role": "user", "content": ask}]
+        name = "send_email"
+        fargs = {"to": to, "subject": about.capitalize(),
+                 "body": "I will be 10 minutes late."}
+        result = {"status": "sent", "to": to}
+    return [{"role": "user", "content": _ask(j)},
+            {"role": "assistant", "content": None,
+             "tool_calls": [{"id": call_id, "type": "function",
+                             "function": {"name": name, "arguments": json.dumps(fargs)}}]},
+            {"role": "tool", "tool_call_id": call_id, "content": json.dumps(result)}]
+
+
+def tool_messages(i: int, multi_turn: bool = False) -> list[dict[str, Any]]:
+    """Request ``i`` of the tools workload; with ``multi_turn`` an earlier, finished turn (a
+    different tool's request, call and result) comes before the new user request."""
+    msgs: list[dict[str, Any]] = [{"role": "system", "content": AGENT_SYSTEM}]
+    if multi_turn:
+        msgs += _prior_turn(i, i + 4)  # (i + 4) % 3 != i % 3: another tool than this request's
+    msgs.append({"role": "user", "content": _ask(i)})
+    return msgs
 
 
 def build_requests(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -114,7 +159,9 @@ def build_requests(args: argparse.Namespace) -> list[dict[str, Any]]:
         tools = [{"type": "function", "function": {**t["function"], "strict": True}}
                  for t in TOOLS] if args.strict_tools else TOOLS
         for i in range(n):
-            kw = {**base, "messages": tool_messages(i), "tools": tools, "tool_choice": "required"}
+            multi = not args.single_turn and i % 2 == 1
+            kw = {**base, "messages": tool_messages(i, multi), "tools": tools,
+                  "tool_choice": "required"}
             if args.no_parallel_tool_calls:
                 kw["parallel_tool_calls"] = False
             out.append(kw)
@@ -267,7 +314,7 @@ def summarize(args: argparse.Namespace, results: list[Any], wall: float) -> dict
     cached = [r["cached_tokens"] for r in ok if r["cached_tokens"] is not None]
     ttfts = [r["ttft"] for r in ok if r["ttft"] is not None]
     itls = [x for r in ok for x in r["itl"]]
-    out = {"workload": args.workload, "concurrency": args.concurrency,
+    out = {**({"server": args.label} if args.label else {}), "workload": args.workload, "concurrency": args.concurrency,
            "requests": args.requests, "completed": len(ok), "wall_s": round(wall, 2),
            "requests_per_s": round(len(ok) / wall, 3),
            "completion_tok_per_s": round(comp / wall, 2), "completion_tokens": comp,
@@ -280,6 +327,7 @@ def summarize(args: argparse.Namespace, results: list[Any], wall: float) -> dict
     if args.workload == "tools":
         out["strict_tools"] = args.strict_tools
         out["parallel_tool_calls"] = not args.no_parallel_tool_calls
+        out["multi_turn"] = 0 if args.single_turn else args.requests // 2
     if errors:
         out["first_error"] = repr(errors[0])[:300]
     if args.verbose:
@@ -300,6 +348,10 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--strict-tools", action="store_true")
+    ap.add_argument("--single-turn", action="store_true",
+                    help="tools: no request carries a prior tool-call turn (default: every other)")
+    ap.add_argument("--label", default=None,
+                    help="add \"server\": LABEL to the JSON line (e.g. grammarserve, vllm)")
     ap.add_argument("--no-parallel-tool-calls", action="store_true",
                     help="send parallel_tool_calls=false (at most one call per reply)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="per request, seconds")
