@@ -59,9 +59,9 @@ class SamplingParams:
                                       param="temperature")
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}", param="top_p")
-        if self.top_k < 0:
-            raise InvalidRequestError(f"top_k must be >= 0 (0 = off), got {self.top_k}",
-                                      param="top_k")
+        if not 0 <= self.top_k <= 2**63 - 1:  # the sampler holds it in an int64 tensor
+            raise InvalidRequestError(f"top_k must be in [0, 2**63 - 1] (0 = off), got "
+                                      f"{self.top_k}", param="top_k")
         if not 0.0 <= self.min_p <= 1.0:
             raise InvalidRequestError(f"min_p must be in [0, 1], got {self.min_p}", param="min_p")
         if any(not isinstance(s, str) or not s for s in self.stop_strings):

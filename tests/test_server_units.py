@@ -452,3 +452,84 @@ def test_exception_and_validation_envelopes() -> None:
         {"loc": ("body", "prompt", "str"), "msg": "a", "type": "x"},
         {"loc": ("body", "prompt", "list[int]"), "msg": "b", "type": "x"}])))
     assert err["param"] == "prompt" and err["message"] == "prompt: a; or b"
+
+
+def test_openapi_documents_every_body_and_error() -> None:
+    """The document schemathesis fuzzes (tests/test_fuzz_openapi.py): every POST route has a
+    request body (the multipart upload included), and errors are documented as the envelope."""
+    from grammarserve.server.app import create_app
+    from grammarserve.server.config import ServerConfig
+
+    doc = create_app(ServerConfig()).openapi()
+    paths = doc["paths"]
+    for path in ("/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize",
+                 "/v1/files", "/v1/batches"):
+        assert "requestBody" in paths[path]["post"], path
+        assert "400" in paths[path]["post"]["responses"], path
+    upload = paths["/v1/files"]["post"]["requestBody"]["content"]["multipart/form-data"]
+    assert upload["schema"]["required"] == ["file", "purpose"]
+    assert "batch" in upload["schema"]["properties"]["purpose"]["enum"]
+    for path, method in [("/v1/files/{file_id}", "get"), ("/v1/batches/{batch_id}", "get"),
+                         ("/v1/batches/{batch_id}/cancel", "post")]:
+        assert "error" in paths[path][method]["responses"]["404"]["content"][
+            "application/json"]["schema"]["properties"], path
+    assert not any("422" in op["responses"] for ops in paths.values() for op in ops.values())
+
+
+@pytest.mark.parametrize(("model", "body", "param"), [
+    ("chat", {"messages": [{"role": "user", "content": "a\ud800"}]}, "messages[0].content"),
+    ("chat", {"messages": [{"role": "user", "content": [{"type": "text", "text": "\udc00"}]}]},
+     "messages[0].content"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}], "stop": ["\ud800"]}, "stop"),
+    ("chat", {"messages": [{"role": "user", "content": "x"}],
+              "response_format": {"type": "json_schema", "json_schema": {
+                  "schema": {"enum": ["\ud800"]}}}}, "response_format.json_schema.schema"),
+    ("chat", {"messages": [{"role": "user", "content": "x", "extra": {"k": "\ud800"}}]},
+     "messages[0]"),
+    ("completion", {"prompt": "\ud800"}, "prompt"),
+    ("completion", {"prompt": "x", "choice": ["\udfff"]}, "choice"),
+    ("batch", {"input_file_id": "\ud800", "endpoint": "/v1/chat/completions"}, "input_file_id"),
+    ("batch", {"input_file_id": "f", "endpoint": "/v1/chat/completions",
+               "metadata": {"k": "\ud800"}}, "metadata"),
+])
+def test_lone_surrogates_are_a_400_naming_the_field(model: str, body: dict[str, Any],
+                                                    param: str) -> None:
+    """Found by tests/test_fuzz_openapi.py: a JSON ``\\ud800`` escape crashed the tokenizer
+    (chat, completions, tokenize: 500), and in batch metadata was stored, so that every later
+    GET /v1/batches answered 500. Now the request is refused when it is parsed."""
+    from fastapi.exceptions import RequestValidationError
+    from pydantic import ValidationError
+
+    from grammarserve.server.app import _validation_response
+    from grammarserve.server.batches import CreateBatchRequest
+    from grammarserve.server.protocol import TokenizeRequest, has_lone_surrogate
+
+    cls = {"chat": ChatCompletionRequest, "completion": CompletionRequest,
+           "batch": CreateBatchRequest}[model]
+    with pytest.raises(ValidationError) as info:
+        cls.model_validate({"model": "m", **body})
+    errors = [{**e, "loc": ("body", *e["loc"])} for e in info.value.errors()]
+    resp = _validation_response(RequestValidationError(errors))
+    err = json.loads(bytes(resp.body))["error"]
+    assert resp.status_code == 400 and err["param"] == param, err
+    assert "surrogate" in err["message"] and err["type"] == "invalid_request_error"
+    with pytest.raises(ValidationError):
+        TokenizeRequest.model_validate({"prompt": "\ud800"})
+    # paired surrogates are one ordinary character (JSON "\ud83d\ude00" is U+1F600)
+    assert not has_lone_surrogate({"k": ["é", "\U0001F600", 3, None]})
+    assert ChatCompletionRequest.model_validate({"model": "m", "messages": [
+        {"role": "user", "content": json.loads('"\\ud83d\\ude00"')}]}).messages[0].content == (
+        "\U0001F600")
+
+
+def test_top_k_beyond_int64_is_a_400() -> None:
+    """Found fuzzing (GRAMMARSERVE_FUZZ_EXAMPLES=500): top_k = 2**64 reached the sampler, whose
+    int64 tensor overflowed in the engine step (failing every request in flight)."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError) as info:
+        CompletionRequest.model_validate({"model": "m", "prompt": "x", "top_k": 2**64})
+    assert info.value.errors()[0]["loc"] == ("top_k",)
+    req = chat_req(top_k=2**63 - 1)  # the largest accepted: the same as off
+    params = sampling_params(req, max_tokens=4, plan=None, n=1)
+    assert params[0].top_k == 2**63 - 1

@@ -91,6 +91,7 @@ def test_sample_seeded_rows_are_independent_of_batch() -> None:
 @pytest.mark.parametrize(("kwargs", "param"), [
     ({"max_tokens": 0}, "max_tokens"), ({"temperature": -1.0}, "temperature"),
     ({"top_p": 0.0}, "top_p"), ({"top_k": -1}, "top_k"), ({"min_p": 1.5}, "min_p"),
+    ({"top_k": 2**64}, "top_k"),  # fuzzing: it overflowed the sampler's int64 tensor
     ({"stop": [""]}, "stop"),
 ])
 def test_sampling_params_validation(kwargs: dict[str, object], param: str) -> None:

@@ -250,15 +250,18 @@ _ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error"
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
     """FastAPI's document, with the statuses the routes really return: client mistakes are 400
-    with the OpenAI error envelope (never 422), and 503 while loading or overloaded."""
+    with the OpenAI error envelope (never 422), an unknown id in the path 404, and 503 while
+    loading or overloaded."""
     if app.openapi_schema is None:
         doc = get_openapi(title=app.title, version=app.version, routes=app.routes)
         error = {"content": {"application/json": {"schema": _ERROR_SCHEMA}}}
-        for methods in doc.get("paths", {}).values():
+        for path, methods in doc.get("paths", {}).items():
             for op in methods.values():
                 responses = op.setdefault("responses", {})
                 if responses.pop("422", None) is not None or "requestBody" in op:
                     responses["400"] = {"description": "Invalid request", **error}
+                if "{" in path:
+                    responses.setdefault("404", {"description": "Not found", **error})
                 responses.setdefault("503", {"description": "Loading or overloaded", **error})
         app.openapi_schema = doc
     return app.openapi_schema

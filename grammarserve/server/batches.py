@@ -18,12 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import FileResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 from starlette.exceptions import HTTPException
 
 from grammarserve.batch.lines import ENDPOINTS, MAX_BYTES
 from grammarserve.batch.store import BatchStore, batch_object, default_data_dir, file_object
 from grammarserve.errors import InvalidRequestError
+from grammarserve.server.protocol import RequestBody
 from grammarserve.server.state import ServerState
 
 if TYPE_CHECKING:  # the worker imports the server's translation code, which imports this
@@ -33,9 +34,18 @@ if TYPE_CHECKING:  # the worker imports the server's translation code, which imp
 PURPOSES = ("batch", "user_data", "assistants", "fine-tune", "vision", "evals")
 
 
-class CreateBatchRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+#: The upload's body in the OpenAPI document (the route reads the multipart body itself, so
+#: FastAPI cannot derive it; clients and fuzzers need it).
+_UPLOAD_DOC: dict[str, Any] = {"requestBody": {"required": True, "content": {
+    "multipart/form-data": {"schema": {
+        "type": "object", "required": ["file", "purpose"], "properties": {
+            "file": {"type": "string", "format": "binary",
+                     "description": f"the file (JSONL for purpose 'batch'; at most "
+                                    f"{MAX_BYTES // 2**20} MB)"},
+            "purpose": {"type": "string", "enum": list(PURPOSES)}}}}}}}
 
+
+class CreateBatchRequest(RequestBody):
     input_file_id: str
     endpoint: str
     completion_window: str = "24h"
@@ -90,7 +100,7 @@ def router(state: ServerState) -> APIRouter:
     r = APIRouter(lifespan=lifespan)
 
     # -- files --------------------------------------------------------------------------------
-    @r.post("/v1/files")
+    @r.post("/v1/files", openapi_extra=_UPLOAD_DOC)
     async def upload_file(request: Request) -> dict[str, Any]:
         size = int(request.headers.get("content-length") or 0)
         if size > MAX_BYTES + 65536:

@@ -7,27 +7,64 @@ that would change the output but cannot be honoured are refused in
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_MESSAGE = ("strings must be valid Unicode: a lone UTF-16 surrogate (a \\ud800-\\udfff "
+                      "escape without its pair) cannot be encoded as UTF-8")
 
 
-class _Body(BaseModel):
+def has_lone_surrogate(value: Any) -> bool:
+    """Whether a string in ``value`` (nested lists and dicts, keys included) holds a lone UTF-16
+    surrogate, which JSON's ``\\ud800`` escapes can carry but UTF-8 (the tokenizer, the grammar
+    compilers, SQLite, the JSON reply) cannot. Request models are checked when they are built."""
+    if isinstance(value, str):
+        return not value.isascii() and _SURROGATE.search(value) is not None
+    if isinstance(value, (list, tuple)):
+        return any(has_lone_surrogate(x) for x in value)
+    if isinstance(value, dict):
+        return any(has_lone_surrogate(k) or has_lone_surrogate(v) for k, v in value.items())
+    return False
+
+
+class RequestBody(BaseModel):
+    """Base of every request body: unknown fields are accepted, and no string (known or
+    unknown field, at any depth) may hold a lone surrogate (a 400 naming the field, not a
+    crash further in)."""
+
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
+    @field_validator("*", mode="after")
+    @classmethod
+    def _valid_unicode(cls, value: Any) -> Any:
+        # nested request models have checked their own fields (and named them)
+        if not isinstance(value, BaseModel) and has_lone_surrogate(value):
+            raise ValueError(_SURROGATE_MESSAGE)
+        return value
 
-class FunctionCall(_Body):
+    @model_validator(mode="after")
+    def _valid_unicode_extra(self) -> RequestBody:
+        for key, value in (self.model_extra or {}).items():
+            if has_lone_surrogate(key) or has_lone_surrogate(value):
+                raise ValueError(f"{key!r}: {_SURROGATE_MESSAGE}")
+        return self
+
+
+class FunctionCall(RequestBody):
     name: str
     arguments: str = ""
 
 
-class ToolCall(_Body):
+class ToolCall(RequestBody):
     id: str = ""
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class ChatMessage(_Body):
+class ChatMessage(RequestBody):
     """Any role: system/developer/user/assistant/tool (``function`` is the legacy tool role)."""
 
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
@@ -38,33 +75,33 @@ class ChatMessage(_Body):
     refusal: str | None = None
 
 
-class FunctionDef(_Body):
+class FunctionDef(RequestBody):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
 
 
-class Tool(_Body):
+class Tool(RequestBody):
     type: Literal["function"] = "function"
     function: FunctionDef
 
 
-class NamedFunction(_Body):
+class NamedFunction(RequestBody):
     name: str
 
 
-class NamedToolChoice(_Body):
+class NamedToolChoice(RequestBody):
     type: Literal["function"] = "function"
     function: NamedFunction
 
 
-class AllowedTools(_Body):
+class AllowedTools(RequestBody):
     mode: Literal["auto", "required"]
     tools: list[NamedToolChoice]
 
 
-class AllowedToolsChoice(_Body):
+class AllowedToolsChoice(RequestBody):
     type: Literal["allowed_tools"]
     allowed_tools: AllowedTools
 
@@ -72,14 +109,14 @@ class AllowedToolsChoice(_Body):
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice | AllowedToolsChoice
 
 
-class JSONSchemaFormat(_Body):
+class JSONSchemaFormat(RequestBody):
     name: str = "response"
     description: str | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None
 
 
-class ResponseFormat(_Body):
+class ResponseFormat(RequestBody):
     """``text``, ``json_object`` or ``json_schema``; ``json_object`` with a top-level ``schema``
     is the older instructor / llama.cpp shape, accepted as a (non-strict) JSON schema."""
 
@@ -88,11 +125,11 @@ class ResponseFormat(_Body):
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
 
 
-class StreamOptions(_Body):
+class StreamOptions(RequestBody):
     include_usage: bool | None = None
 
 
-class _Generation(_Body):
+class _Generation(RequestBody):
     """Fields shared by chat and completions (OpenAI sampling plus grammarserve extensions)."""
 
     model: str
@@ -115,7 +152,7 @@ class _Generation(_Body):
     cache_namespace: str | None = Field(
         default=None, description="prefix-cache namespace: requests share cached prompt "
         "prefixes only within one namespace (tenant isolation)")
-    top_k: int | None = Field(default=None, ge=0)
+    top_k: int | None = Field(default=None, ge=0, le=2**63 - 1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     ignore_eos: bool | None = None
 
@@ -140,7 +177,7 @@ class CompletionRequest(_Generation):
     best_of: int | None = Field(default=None, ge=1, le=128)
 
 
-class TokenizeRequest(_Body):
+class TokenizeRequest(RequestBody):
     """Either ``prompt`` (text, tokenized as is) or ``messages`` (rendered with the chat
     template, like a chat completion would be)."""
 
@@ -152,6 +189,6 @@ class TokenizeRequest(_Body):
     return_token_strs: bool = False
 
 
-class DetokenizeRequest(_Body):
+class DetokenizeRequest(RequestBody):
     model: str | None = None
     tokens: list[int]
