@@ -105,7 +105,8 @@ def test_mixed_prefill_and_decode_in_one_forward(smollm) -> None:  # type: ignor
 
 def test_decode_kv_mirror_matches_pool_gather(smollm) -> None:  # type: ignore[no-untyped-def]
     """The decode KV mirror (reused across steps, rebuilt on membership change, multi-token
-    extends) gives exactly the logits of gathering from the pool every step."""
+    extends) gives the logits of gathering from the pool every step (up to rounding: short
+    mirrored groups attend with batched matmuls, the gathered path with SDPA)."""
     from grammarserve.models.attention import TorchSDPABackend
 
     mc = smollm.config
@@ -132,4 +133,5 @@ def test_decode_kv_mirror_matches_pool_gather(smollm) -> None:  # type: ignore[n
         if mirror_tokens:
             assert attn.mirror is not None and 1 <= attn.mirror.rebuilds < 7
     for a, b in zip(*results):
-        assert torch.equal(a, b)
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-4)
+        assert torch.equal(a.argmax(-1), b.argmax(-1))

@@ -20,6 +20,10 @@ from grammarserve.models.kv_mirror import KVMirror
 # Requests with at most this many new tokens (decode steps, jump-forward spans) are attended
 # together in one padded call; longer extends run one call each so no query padding is wasted.
 SHORT_EXTEND = 16
+# Mirrored (decode) groups whose longest extend is at most this many queries attend with two
+# batched matmuls instead of SDPA: CPU flash attention's cost grows with the padded query length,
+# so one jump-forward span in the group made every row pay for it (2x at 4 queries, measured).
+MATMUL_MAX_QUERIES = 8
 
 
 class AttentionBackend(ABC):
@@ -57,6 +61,8 @@ class _PaddedGroup:
     out_rows: torch.Tensor  # [N] batch rows those queries belong to
     mirror_b: torch.Tensor | None = None  # [N] group row of each new token, when mirrored
     mirror_pos: torch.Tensor | None = None  # [N] its position
+    cap_mask: torch.Tensor | None = None  # [B, Lq, S_cap] matmul path: keys allowed per query
+    add_mask: torch.Tensor | None = None  # [B*kv_heads, group*Lq, S_cap], built on first layer
 
 
 class TorchSDPABackend(AttentionBackend):
@@ -112,12 +118,19 @@ class TorchSDPABackend(AttentionBackend):
         if self.sliding_window is not None:
             mask = mask & (k_pos[None, None, :] > q_pos[:, :, None] - self.sliding_window)
         valid = real.flatten().nonzero().squeeze(1)
-        m_b = m_pos = None
+        m_b = m_pos = cap_mask = None
         if mirrored:
             b_idx = torch.arange(len(members), device=device)[:, None].expand_as(q_pos)
             m_b, m_pos = b_idx.flatten()[valid], q_pos.flatten()[valid]
+            if lq <= MATMUL_MAX_QUERIES and device.type == "cpu":
+                # Over the whole capacity, so the mirror is read in place (k_pos <= q_pos
+                # already excludes every position past a row's own length).
+                k_cap = torch.arange(s_slots, device=device)
+                cap_mask = k_cap[None, None, :] <= q_pos[:, :, None]
+                if self.sliding_window is not None:
+                    cap_mask &= k_cap[None, None, :] > q_pos[:, :, None] - self.sliding_window
         return _PaddedGroup(q_rows, kv_slots, mask[:, None], valid, q_rows.flatten()[valid],
-                            m_b, m_pos)
+                            m_b, m_pos, cap_mask)
 
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -140,6 +153,13 @@ class TorchSDPABackend(AttentionBackend):
                     s = g.mask.shape[-1]
                     km, vm = self.mirror.update(layer, g.kv_slots, g.mirror_b, g.mirror_pos,
                                                 self._batch.out_cache_loc[g.out_rows])
+                    if g.cap_mask is not None and km.dtype == q.dtype:
+                        if g.add_mask is None:
+                            g.add_mask = _additive_mask(g.cap_mask, km.shape[1], q.shape[1],
+                                                        q.dtype)
+                        o = _matmul_attention(qg, km, vm, g.add_mask)
+                        out[g.out_rows] = o.transpose(1, 2).flatten(0, 1)[g.valid]
+                        continue
                     kg, vg = km[:, :, :s].to(q.dtype), vm[:, :, :s].to(q.dtype)
                 else:
                     kg = _gather(k_buf, g.kv_slots).to(q.dtype).transpose(1, 2)  # [B,Hkv,S,d]
@@ -148,6 +168,30 @@ class TorchSDPABackend(AttentionBackend):
                 o = o.transpose(1, 2).flatten(0, 1)  # [B*Lq, H, d]
                 out[g.out_rows] = o[g.valid]
         return out
+
+
+def _additive_mask(mask: torch.Tensor, kv_heads: int, heads: int,
+                   dtype: torch.dtype) -> torch.Tensor:
+    """``[B, Lq, S]`` bool -> ``[B*kv_heads, group*Lq, S]`` (0 or -inf) in the grouped-query
+    layout of :func:`_matmul_attention`."""
+    b, lq, s = mask.shape
+    group = heads // kv_heads
+    add = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, -torch.inf)
+    return add[:, None, None].expand(b, kv_heads, group, lq, s).reshape(b * kv_heads,
+                                                                         group * lq, s)
+
+
+def _matmul_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      add_mask: torch.Tensor) -> torch.Tensor:
+    """Grouped-query attention as two batched matmuls: q ``[B, H, Lq, d]``, k/v
+    ``[B, kv_heads, S, d]`` contiguous -> ``[B, H, Lq, d]``. Each K/V head is read once for all
+    the query heads that share it."""
+    b, h, lq, d = q.shape
+    kvh, s = k.shape[1], k.shape[2]
+    qg = q.reshape(b * kvh, (h // kvh) * lq, d)
+    scores = torch.baddbmm(add_mask, qg, k.view(b * kvh, s, d).transpose(1, 2), alpha=d ** -0.5)
+    o = torch.bmm(torch.softmax(scores, dim=-1), v.view(b * kvh, s, d))
+    return o.view(b, h, lq, d)
 
 
 def _gather(buf: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
