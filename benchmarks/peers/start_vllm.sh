@@ -12,6 +12,9 @@ VLLM_VENV=${VLLM_VENV:-/work/peers/vllm}
 HF_DIR=${HF_DIR:-/work/peers/smollm2-hf}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-4}
+# Not from the repo root: `python -m` puts the working directory first on sys.path, and the repo's
+# kernels/ folder would shadow the `kernels` package that transformers probes for at import.
+cd "$VLLM_VENV"
 exec "$VLLM_VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$HF_DIR" \
   --served-model-name default --host 127.0.0.1 --port "$PORT" --dtype float32 \
   --max-model-len 8192 --enable-auto-tool-choice --tool-call-parser hermes ${VLLM_EXTRA:-}
