@@ -135,3 +135,43 @@ def test_decode_kv_mirror_matches_pool_gather(smollm) -> None:  # type: ignore[n
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-4)
         assert torch.equal(a.argmax(-1), b.argmax(-1))
+
+
+def test_cascade_shared_prefix_matches_pool_gather(smollm) -> None:  # type: ignore[no-untyped-def]
+    """Rows that share their prompt's KV slots (as the radix cache hands them out) decode with
+    the shared prefix attended once (cascade.py); the logits equal gathering every row from the
+    pool, across steady steps, a jump-forward span and a change of membership."""
+    from grammarserve.models.attention import TorchSDPABackend
+
+    mc = smollm.config
+    shared, tails = list(range(200, 300)), [[5 + b] * (3 + 4 * b) for b in range(3)]
+    results, bases = [], []
+    for mirror_tokens in (0, 10_000):
+        pool = KVPool(capacity=1200, num_layers=mc.num_layers, num_kv_heads=mc.num_kv_heads,
+                      head_dim=mc.head_dim, dtype=torch.float32)
+        table = ReqToTokenPool(max_reqs=4, max_context=512)
+        attn = TorchSDPABackend(pool, table, None, mirror_tokens=mirror_tokens)
+        runner = ModelRunner(smollm.model, pool, table, attn)
+        prefix_slots = pool.alloc(len(shared))
+        table.write(0, 0, prefix_slots)
+        runner.forward([BatchEntry(0, 0, shared, seq_id=0)])
+        lens = []
+        for b, tail in enumerate(tails):  # rows 1..3 reuse row 0's prefix slots, then a tail
+            table.write(b + 1, 0, prefix_slots)
+            table.write(b + 1, len(shared), pool.alloc(len(tail) + 20))
+            runner.forward([BatchEntry(b + 1, len(shared), tail, seq_id=b + 1)])
+            lens.append(len(shared) + len(tail))
+        outs = []
+        for i in range(6):
+            members = [1, 2] if i == 4 else [1, 2, 3]
+            toks = {b: [7 + b] if i != 2 else [7 + b, 9, 11][:1 + (b == 2) * 2] for b in members}
+            outs.append(runner.forward([BatchEntry(b, lens[b - 1], toks[b], seq_id=b)
+                                        for b in members]))
+            for b in members:
+                lens[b - 1] += len(toks[b])
+            bases.append(attn.mirror.base if attn.mirror is not None else 0)
+        results.append(outs)
+    assert max(bases) == len(shared)  # the cascade path ran
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=2e-4)
+        assert torch.equal(a.argmax(-1), b.argmax(-1))

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from grammarserve.engine.forward_batch import ForwardBatch
 from grammarserve.engine.kv_pool import KVPool, ReqToTokenPool
+from grammarserve.models.cascade import SharedPrefixKV, additive_mask, matmul_attention
 from grammarserve.models.kv_mirror import KVMirror
 
 # Requests with at most this many new tokens (decode steps, jump-forward spans) are attended
@@ -63,6 +64,7 @@ class _PaddedGroup:
     mirror_pos: torch.Tensor | None = None  # [N] its position
     cap_mask: torch.Tensor | None = None  # [B, Lq, S_cap] matmul path: keys allowed per query
     add_mask: torch.Tensor | None = None  # [B*kv_heads, group*Lq, S_cap], built on first layer
+    base: int = 0  # positions before this are the group's shared prefix (cascade.py)
 
 
 class TorchSDPABackend(AttentionBackend):
@@ -75,6 +77,7 @@ class TorchSDPABackend(AttentionBackend):
         self.sliding_window = sliding_window
         self.mirror = (KVMirror(pool, mirror_tokens, req_to_token.max_context)
                        if mirror_tokens else None)
+        self.shared = SharedPrefixKV(pool)
         self._batch: ForwardBatch | None = None
         self._groups: list[_CausalGroup | _PaddedGroup] = []
 
@@ -92,13 +95,21 @@ class TorchSDPABackend(AttentionBackend):
             else:
                 self._groups.append(self._padded(batch, [i]))
         if short:
+            base = 0
+            if self.sliding_window is None and batch.input_ids.device.type == "cpu":
+                rows = torch.tensor([batch.req_pool_indices[i] for i in short])
+                base = self.shared.plan(
+                    self.req_to_token.table[rows, :min(batch.prefix_lens[i] for i in short)])
             mirrored = self.mirror is not None and self.mirror.plan(
                 [batch.seq_ids[i] for i in short], [batch.prefix_lens[i] for i in short],
-                [batch.extend_lens[i] for i in short])
-            self._groups.append(self._padded(batch, short, mirrored=mirrored))
+                [batch.extend_lens[i] for i in short], base=base)
+            if self.mirror is not None and mirrored and self.mirror.rebuild:
+                self.shared.invalidate()
+            self._groups.append(self._padded(batch, short, mirrored=mirrored,
+                                             base=base if mirrored else 0))
 
     def _padded(self, batch: ForwardBatch, members: list[int], *,
-                mirrored: bool = False) -> _PaddedGroup:
+                mirrored: bool = False, base: int = 0) -> _PaddedGroup:
         device = batch.input_ids.device
         starts, prefix, extend = batch.starts, batch.prefix_lens, batch.extend_lens
         lq = max(extend[i] for i in members)
@@ -111,7 +122,7 @@ class TorchSDPABackend(AttentionBackend):
         real = q_off[None, :] < ext_t[:, None]  # [B, Lq]
         q_rows = start_t[:, None] + torch.minimum(q_off[None, :], ext_t[:, None] - 1)
         rows_idx = torch.tensor([batch.req_pool_indices[i] for i in members], device=device)
-        kv_slots = self.req_to_token.table[rows_idx, :s_slots]
+        kv_slots = self.req_to_token.table[rows_idx, base:base + s_slots]
         q_pos = pre_t[:, None] + q_off[None, :]  # [B, Lq] absolute position of each query
         k_pos = torch.arange(s, device=device)
         mask = k_pos[None, None, :] <= q_pos[:, :, None]
@@ -121,16 +132,16 @@ class TorchSDPABackend(AttentionBackend):
         m_b = m_pos = cap_mask = None
         if mirrored:
             b_idx = torch.arange(len(members), device=device)[:, None].expand_as(q_pos)
-            m_b, m_pos = b_idx.flatten()[valid], q_pos.flatten()[valid]
-            if lq <= MATMUL_MAX_QUERIES and device.type == "cpu":
+            m_b, m_pos = b_idx.flatten()[valid], q_pos.flatten()[valid] - base
+            if (lq <= MATMUL_MAX_QUERIES or base) and device.type == "cpu":
                 # Over the whole capacity, so the mirror is read in place (k_pos <= q_pos
                 # already excludes every position past a row's own length).
-                k_cap = torch.arange(s_slots, device=device)
+                k_cap = base + torch.arange(s_slots, device=device)
                 cap_mask = k_cap[None, None, :] <= q_pos[:, :, None]
                 if self.sliding_window is not None:
                     cap_mask &= k_cap[None, None, :] > q_pos[:, :, None] - self.sliding_window
         return _PaddedGroup(q_rows, kv_slots, mask[:, None], valid, q_rows.flatten()[valid],
-                            m_b, m_pos, cap_mask)
+                            m_b, m_pos, cap_mask, base=base)
 
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -153,11 +164,15 @@ class TorchSDPABackend(AttentionBackend):
                     s = g.mask.shape[-1]
                     km, vm = self.mirror.update(layer, g.kv_slots, g.mirror_b, g.mirror_pos,
                                                 self._batch.out_cache_loc[g.out_rows])
-                    if g.cap_mask is not None and km.dtype == q.dtype:
+                    if g.cap_mask is not None:
                         if g.add_mask is None:
-                            g.add_mask = _additive_mask(g.cap_mask, km.shape[1], q.shape[1],
-                                                        q.dtype)
-                        o = _matmul_attention(qg, km, vm, g.add_mask)
+                            g.add_mask = additive_mask(g.cap_mask, km.shape[1], q.shape[1],
+                                                       q.dtype)
+                        shared = self.shared.kv(layer) if g.base else None
+                        if shared is not None:
+                            shared = (shared[0].to(q.dtype), shared[1].to(q.dtype))
+                        o = matmul_attention(qg, km.to(q.dtype), vm.to(q.dtype), g.add_mask,
+                                             shared)
                         out[g.out_rows] = o.transpose(1, 2).flatten(0, 1)[g.valid]
                         continue
                     kg, vg = km[:, :, :s].to(q.dtype), vm[:, :, :s].to(q.dtype)
@@ -168,30 +183,6 @@ class TorchSDPABackend(AttentionBackend):
                 o = o.transpose(1, 2).flatten(0, 1)  # [B*Lq, H, d]
                 out[g.out_rows] = o[g.valid]
         return out
-
-
-def _additive_mask(mask: torch.Tensor, kv_heads: int, heads: int,
-                   dtype: torch.dtype) -> torch.Tensor:
-    """``[B, Lq, S]`` bool -> ``[B*kv_heads, group*Lq, S]`` (0 or -inf) in the grouped-query
-    layout of :func:`_matmul_attention`."""
-    b, lq, s = mask.shape
-    group = heads // kv_heads
-    add = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, -torch.inf)
-    return add[:, None, None].expand(b, kv_heads, group, lq, s).reshape(b * kv_heads,
-                                                                         group * lq, s)
-
-
-def _matmul_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                      add_mask: torch.Tensor) -> torch.Tensor:
-    """Grouped-query attention as two batched matmuls: q ``[B, H, Lq, d]``, k/v
-    ``[B, kv_heads, S, d]`` contiguous -> ``[B, H, Lq, d]``. Each K/V head is read once for all
-    the query heads that share it."""
-    b, h, lq, d = q.shape
-    kvh, s = k.shape[1], k.shape[2]
-    qg = q.reshape(b * kvh, (h // kvh) * lq, d)
-    scores = torch.baddbmm(add_mask, qg, k.view(b * kvh, s, d).transpose(1, 2), alpha=d ** -0.5)
-    o = torch.bmm(torch.softmax(scores, dim=-1), v.view(b * kvh, s, d))
-    return o.view(b, h, lq, d)
 
 
 def _gather(buf: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

@@ -32,17 +32,22 @@ class KVMirror:
         self.v: list[torch.Tensor] = []
         self.rebuild = True  # set by plan(): gather from the pool this step
         self.rebuilds = 0
+        self.base = 0  # positions before ``base`` are not mirrored (a shared prefix, cascade.py)
 
-    def plan(self, seq_ids: list[int], prefix_lens: list[int], extend_lens: list[int]) -> bool:
-        """Decide for this step; returns False when the group is too big to mirror."""
-        seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
-        same = (seq_ids == self._seq_ids and prefix_lens == self._seq_lens
+    def plan(self, seq_ids: list[int], prefix_lens: list[int], extend_lens: list[int],
+             base: int = 0) -> bool:
+        """Decide for this step; the mirror holds positions ``base ..`` of each sequence.
+        Returns False when the group is too big to mirror."""
+        seq_lens = [p + e - base for p, e in zip(prefix_lens, extend_lens)]
+        same = (seq_ids == self._seq_ids and base == self.base
+                and [p - base for p in prefix_lens] == self._seq_lens
                 and max(seq_lens) <= self._cap and min(seq_ids) >= 0)
+        self.base = base
         self._seq_ids, self._seq_lens = list(seq_ids), seq_lens
         if same:
             self.rebuild = False
             return True
-        cap = min(max(seq_lens) + HEADROOM, self.max_context)
+        cap = min(max(seq_lens) + HEADROOM, self.max_context - base)
         if len(seq_ids) * cap > self.max_tokens:
             self._seq_ids, self._cap = [], 0
             return False
@@ -58,8 +63,9 @@ class KVMirror:
                new_pos: torch.Tensor, new_slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Bring layer ``layer`` up to date and return its K, V ``[B, h, S_cap, d]``.
 
-        ``kv_slots_full`` ``[B, S_cap]``: slots of every position (0 = padding), used to rebuild;
-        this step's new tokens sit in rows ``new_b`` at positions ``new_pos``, with pool slots
+        ``kv_slots_full`` ``[B, S_cap]``: slots of every mirrored position (0 = padding), used to
+        rebuild; this step's new tokens sit in rows ``new_b`` at mirror positions ``new_pos``
+        (absolute position - ``base``), with pool slots
         ``new_slots`` (all ``[N]``).
         """
         k_pool, v_pool = self.pool.k[layer], self.pool.v[layer]
