@@ -15,7 +15,12 @@ import torch.nn.functional as F
 
 from grammarserve.engine.forward_batch import ForwardBatch
 from grammarserve.engine.kv_pool import KVPool, ReqToTokenPool
-from grammarserve.models.cascade import SharedPrefixKV, additive_mask, matmul_attention
+from grammarserve.models.cascade import (
+    SharedPrefixKV,
+    additive_mask,
+    cascade_attention,
+    matmul_attention,
+)
 from grammarserve.models.kv_mirror import KVMirror
 
 # Requests with at most this many new tokens (decode steps, jump-forward spans) are attended
@@ -168,12 +173,14 @@ class TorchSDPABackend(AttentionBackend):
                         if g.add_mask is None:
                             g.add_mask = additive_mask(g.cap_mask, km.shape[1], q.shape[1],
                                                        q.dtype)
-                        shared = self.shared.kv(layer) if g.base else None
-                        if shared is not None:
-                            shared = (shared[0].to(q.dtype), shared[1].to(q.dtype))
-                        o = matmul_attention(qg, km.to(q.dtype), vm.to(q.dtype), g.add_mask,
-                                             shared)
-                        out[g.out_rows] = o.transpose(1, 2).flatten(0, 1)[g.valid]
+                        km, vm = km.to(q.dtype), vm.to(q.dtype)
+                        if g.base:
+                            ks, vs = self.shared.kv(layer)
+                            out[g.out_rows] = cascade_attention(
+                                qg, g.valid, km, vm, g.add_mask, (ks.to(q.dtype), vs.to(q.dtype)))
+                        else:
+                            o = matmul_attention(qg, km, vm, g.add_mask)
+                            out[g.out_rows] = o.transpose(1, 2).flatten(0, 1)[g.valid]
                         continue
                     kg, vg = km[:, :, :s].to(q.dtype), vm[:, :, :s].to(q.dtype)
                 else:

@@ -80,28 +80,64 @@ def additive_mask(mask: torch.Tensor, kv_heads: int, heads: int,
                                                                          group * lq, s)
 
 
-def matmul_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, add_mask: torch.Tensor,
-                     shared: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
-    """Grouped-query attention: q ``[B, H, Lq, d]``; k/v ``[B, kv_heads, S, d]`` contiguous (each
-    row's own keys, masked by ``add_mask``); ``shared`` k/v ``[kv_heads, P, d]``: keys before
-    every row's own, visible to every query. Returns ``[B, H, Lq, d]``. Each K/V head is read once
-    for all the query heads that share it, and the shared part once for the whole group."""
+def matmul_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     add_mask: torch.Tensor) -> torch.Tensor:
+    """Grouped-query attention: q ``[B, H, Lq, d]``; k/v ``[B, kv_heads, S, d]`` contiguous,
+    masked by ``add_mask``. Returns ``[B, H, Lq, d]``. Each K/V head is read once for all the
+    query heads that share it."""
     b, h, lq, d = q.shape
     kvh, s = k.shape[1], k.shape[2]
-    gq = (h // kvh) * lq
-    qg = q.reshape(b * kvh, gq, d)
-    own = torch.baddbmm(add_mask, qg, k.view(b * kvh, s, d).transpose(1, 2), alpha=d ** -0.5)
-    if shared is None:
-        o = torch.bmm(torch.softmax(own, dim=-1), v.view(b * kvh, s, d))
-        return o.view(b, h, lq, d)
+    qg = q.reshape(b * kvh, (h // kvh) * lq, d)
+    scores = torch.baddbmm(add_mask, qg, k.view(b * kvh, s, d).transpose(1, 2), alpha=d ** -0.5)
+    o = torch.bmm(torch.softmax(scores, dim=-1), v.view(b * kvh, s, d))
+    return o.view(b, h, lq, d)
+
+
+def cascade_attention(q: torch.Tensor, valid: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      add_mask: torch.Tensor,
+                      shared: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Like :func:`matmul_attention`, plus ``shared`` k/v ``[kv_heads, P, d]``: keys before
+    every row's own, visible to every query. Returns ``[N, H, d]`` for the real queries only
+    (``valid``: their flat indices into ``B*Lq``).
+
+    The shared part, the bulk of the keys, is scored once for the real queries (no padding to
+    the longest jump-forward span); each row's own part is scored padded; the two partial
+    softmaxes are merged by their maxima and sums.
+    """
+    b, h, lq, d = q.shape
+    kvh, s = k.shape[1], k.shape[2]
+    group = h // kvh
+    scale = d ** -0.5
+    # Each row's own keys: [B*kvh, group*Lq, S] -> per real query [N, kvh, group, ...].
+    own = torch.baddbmm(add_mask, q.reshape(b * kvh, group * lq, d),
+                        k.view(b * kvh, s, d).transpose(1, 2), alpha=scale)
+    m_own = own.amax(-1, keepdim=True)
+    e_own = own.sub_(m_own).exp_()
+    l_own = e_own.sum(-1, keepdim=True)
+    o_own = torch.bmm(e_own, v.view(b * kvh, s, d))
+
+    def per_query(x: torch.Tensor) -> torch.Tensor:  # [B*kvh, group*Lq, c] -> [N, kvh, group, c]
+        c = x.shape[-1]
+        return x.view(b, kvh, group, lq, c).permute(0, 3, 1, 2, 4).reshape(
+            b * lq, kvh, group, c)[valid]
+
+    o_own, m_own, l_own = per_query(o_own), per_query(m_own), per_query(l_own)
+    # The shared keys, once for the N real queries: [kvh, N*group, P].
     ks, vs = shared
-    p = ks.shape[1]
-    qs = qg.view(b, kvh, gq, d).transpose(0, 1).reshape(kvh, b * gq, d)
-    pre = torch.bmm(qs, ks.transpose(1, 2)).mul_(d ** -0.5)  # [kvh, b*gq, P]
-    scores = torch.cat([pre.view(kvh, b, gq, p).transpose(0, 1),
-                        own.view(b, kvh, gq, s)], dim=-1)
-    probs = torch.softmax(scores, dim=-1)  # [b, kvh, gq, P + S]
-    o = torch.bmm(probs[..., p:].reshape(b * kvh, gq, s), v.view(b * kvh, s, d))
-    o_pre = torch.bmm(probs[..., :p].transpose(0, 1).reshape(kvh, b * gq, p), vs)
-    o = o.view(b, kvh, gq, d) + o_pre.view(kvh, b, gq, d).transpose(0, 1)
-    return o.reshape(b, h, lq, d)
+    n = valid.numel()
+    qs = q.permute(0, 2, 1, 3).reshape(b * lq, h, d)[valid].view(n, kvh, group, d)
+    pre = torch.bmm(qs.permute(1, 0, 2, 3).reshape(kvh, n * group, d), ks.transpose(1, 2))
+    pre.mul_(scale)
+    m_pre = pre.amax(-1, keepdim=True)
+    e_pre = pre.sub_(m_pre).exp_()
+    l_pre = e_pre.sum(-1, keepdim=True)
+    o_pre = torch.bmm(e_pre, vs)
+
+    def from_shared(x: torch.Tensor) -> torch.Tensor:  # [kvh, N*group, c] -> [N, kvh, group, c]
+        return x.view(kvh, n, group, x.shape[-1]).transpose(0, 1)
+
+    o_pre, m_pre, l_pre = from_shared(o_pre), from_shared(m_pre), from_shared(l_pre)
+    m = torch.maximum(m_own, m_pre)
+    a_own, a_pre = (m_own - m).exp_(), (m_pre - m).exp_()
+    o = (o_own * a_own + o_pre * a_pre) / (l_own * a_own + l_pre * a_pre)
+    return o.reshape(n, h, d)

@@ -1,10 +1,12 @@
 """A ``nn.Linear`` that computes skinny CPU batches as ``W @ x.T``.
 
-Decode batches have few rows (one per request). For those, fp32 CPU BLAS computes
-``x @ W.T`` by packing the weight on every call; ``W @ x.T`` streams the weight once instead.
-Measured on the 2-core CPU VM (benchmarks/README.md, profiling log): the whole SmolLM2-135M
-matmul work at 8 rows 134 -> 86 ms, the LM head alone at 8 rows 47 -> 18 ms; equal at ~128 rows,
-slower above, so larger (prefill) batches keep ``F.linear``. CUDA always uses ``F.linear``.
+Decode batches have few rows (one per request, plus jump-forward tokens). For those, fp32 CPU
+BLAS computes ``x @ W.T`` by packing the weight on every call; ``W @ x.T`` streams the weight
+once instead, and it is fastest when the row count is a multiple of 8 (or 4 below that), so the
+rows are zero-padded to one. Measured on the 2-core CPU VM (benchmarks/README.md, profiling log):
+the 30 layers' matmuls of SmolLM2-135M at 8 rows 138 -> 68 ms, at 15 rows 134 -> 89 ms; the LM
+head at 8 rows 47 -> 18 ms; equal at ~128 rows, so larger (prefill) batches keep ``F.linear``.
+CUDA always uses ``F.linear``.
 """
 
 from __future__ import annotations
@@ -16,11 +18,23 @@ from torch import nn
 SKINNY_ROWS = 96  # at most this many rows take the W @ x.T path on CPU
 
 
+def _padded_rows(m: int) -> int:
+    return 4 if m <= 4 else -(-m // 8) * 8
+
+
 class Linear(nn.Linear):
-    """Drop-in ``nn.Linear`` (same parameters and state dict) with the skinny CPU path."""
+    """Drop-in ``nn.Linear`` (same parameters and state dict) with the skinny CPU path.
+
+    NOTE: on that path the output is a transposed view (column-major); callers that need
+    contiguous rows (``view``, per-row kernels) must call ``.contiguous()`` or ``reshape``.
+    """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and x.shape[0] <= SKINNY_ROWS and x.device.type == "cpu":
-            y = torch.mm(self.weight, x.t()).t().contiguous()
+        m = x.shape[0]
+        if x.dim() == 2 and m <= SKINNY_ROWS and x.device.type == "cpu":
+            rows = _padded_rows(m)
+            if rows != m:
+                x = torch.cat([x, x.new_zeros(rows - m, x.shape[1])])
+            y = torch.mm(self.weight, x.t())[:, :m].t()
             return y if self.bias is None else y + self.bias
         return F.linear(x, self.weight, self.bias)

@@ -49,7 +49,8 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 attn: AttentionBackend) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(x).contiguous()
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
@@ -111,4 +112,4 @@ class LlamaModel(nn.Module):
         for layer in self.layers:
             h = layer(h, cos, sin, attn)
         h = self.norm(h[batch.logit_rows])
-        return self.lm_head(h).float()
+        return self.lm_head(h).float().contiguous()
