@@ -355,18 +355,25 @@ def main() -> None:
     ap.add_argument("--no-parallel-tool-calls", action="store_true",
                     help="send parallel_tool_calls=false (at most one call per reply)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="per request, seconds")
+    ap.add_argument("--warmup", type=int, default=0,
+                    help="first send this many further requests of the workload, one at a time "
+                         "and untimed (warms the shared prompt in every server's prefix cache)")
     ap.add_argument("--server-arg", action="append", default=[],
                     help="extra argument for our own server (repeatable), e.g. --num-threads=2")
     ap.add_argument("-v", "--verbose", action="store_true",
                     help="print invalid and cut replies to stderr")
     args = ap.parse_args()
 
-    reqs = build_requests(args)
+    reqs = build_requests(argparse.Namespace(**{**vars(args),
+                                                "requests": args.requests + args.warmup}))
+    reqs, warm = reqs[:args.requests], reqs[args.requests:]
     proc = None
     base_url = args.base_url
     if base_url is None:
         proc, base_url, log = start_server(args.server_arg)
     try:
+        if warm:
+            asyncio.run(run_load(base_url, args.model, warm, 1, args.timeout))
         results, wall, _ = asyncio.run(run_load(base_url, args.model, reqs, args.concurrency,
                                                 args.timeout))
     finally:

@@ -674,3 +674,15 @@ def test_fuzzed_bodies_never_get_5xx(server: dict[str, Any],
         given(route=st.sampled_from(sorted(_ROUTES)), data=st.data())(fuzz_request))
     run(server["url"])
     assert _get(server["url"] + "/health")[0] == 200
+
+
+def test_constraint_the_vocabulary_cannot_complete_is_a_400(client: openai.OpenAI) -> None:
+    """A regex that needs a character whose bytes have no token in SmolLM2's vocabulary (found
+    by the schemathesis run) is the client's constraint at fault: 400, never 500."""
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="m", prompt="x", max_tokens=8,
+                                  extra_body={"regex": "\U00092361"})
+    assert "cannot be completed" in str(err.value)
+    ok = client.completions.create(model="m", prompt="x", max_tokens=4,
+                                   extra_body={"regex": "[0-9]+"})
+    assert ok.choices[0].text.isdigit()

@@ -11,6 +11,7 @@
 #   PORT         [8471]                      one port, reused by each server in turn
 #   RESULTS      [/tmp/side_by_side-<time>.jsonl]   results file (appended to)
 #   REQUESTS [32] CONCURRENCY [8] MAX_TOKENS [160]  per workload; --quick (or QUICK=1): 4 and 2
+#   WARMUP       [1]   untimed requests of each workload before it (0 = measure the cold start)
 #   WORKLOADS    [extraction tools tools-strict chat]
 #   STARTUP_TIMEOUT [1500] seconds (vLLM's first start compiles the model for ~8 min)
 #   GS_EXTRA     extra arguments for `grammarserve serve`
@@ -26,6 +27,7 @@ if [ "$QUICK" = 1 ]; then
   REQUESTS=${REQUESTS:-4}; CONCURRENCY=${CONCURRENCY:-2}
 fi
 REQUESTS=${REQUESTS:-32}; CONCURRENCY=${CONCURRENCY:-8}; MAX_TOKENS=${MAX_TOKENS:-160}
+WARMUP=${WARMUP:-1}  # untimed requests of each workload first (its shared prompt gets cached)
 SERVERS=${SERVERS:-grammarserve vllm llama}
 WORKLOADS=${WORKLOADS:-extraction tools tools-strict chat}
 PORT=${PORT:-8471}
@@ -99,7 +101,7 @@ for name in $SERVERS; do
     echo "# $name: $w" >&2
     if line=$("$PY" "$REPO/benchmarks/bench_serving.py" --base-url "$BASE/v1" --label "$name" \
                 "${extra[@]}" --requests "$REQUESTS" --concurrency "$CONCURRENCY" \
-                --max-tokens "$MAX_TOKENS"); then
+                --max-tokens "$MAX_TOKENS" --warmup "$WARMUP"); then
       echo "$line" | tee -a "$RESULTS"
     else
       printf '{"server": "%s", "workload": "%s", "event": "bench_failed"}\n' "$name" "$w" >>"$RESULTS"

@@ -148,7 +148,7 @@ class Engine:
     def _advance(self, req: Req, token: int, logprob: float, dead: bool) -> None:
         """Append a sampled token (and the jump-forward span it unlocks) to ``req``."""
         if dead:
-            req.error = "the constraint allows no token here (grammar dead end)"
+            req.error = "the constraint cannot be completed: it allows no token here (dead end)"
         if req.error is None and self.grammar.accept(req, token):
             self._append(req, token, logprob)
             m = req.matcher

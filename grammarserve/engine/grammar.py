@@ -105,7 +105,7 @@ class GrammarRunner:
         m = req.matcher
         if m is None or m.accept_token(token):
             return True
-        req.error = f"the constraint reached a dead end: {m.error()}"
+        req.error = f"the constraint cannot be completed: it reached a dead end: {m.error()}"
         self.counters.grammar_errors += 1
         return False
 
@@ -120,7 +120,8 @@ class GrammarRunner:
         span = m.forced_tokens()
         for i, tok in enumerate(span):
             if not m.accept_token(tok):  # cannot happen for a sound backend; stay consistent
-                req.error = f"jump-forward token rejected: {m.error()}"
+                req.error = ("the constraint cannot be completed: a token it forces was rejected: "
+                             f"{m.error()}")
                 return span[:i]
         stop = self._only_stop(req)
         if stop is not None and m.accept_token(stop):

@@ -17,8 +17,10 @@ from grammarserve.errors import GrammarserveError, InvalidRequestError
 from grammarserve.sampling_params import SamplingParams
 from grammarserve.server.state import ServerState
 
-#: Engine error texts that mean the request's constraint was at fault (400, not 500).
-_CLIENT_ERRORS = ("invalid constraint",)
+#: Engine error texts that mean the request's constraint was at fault (400, not 500). A
+#: constraint "cannot be completed" when it requires text the model's tokenizer cannot produce
+#: (e.g. a character whose bytes have no token): every mask is sound, yet nothing can follow.
+_CLIENT_ERRORS = ("invalid constraint", "the constraint cannot be completed")
 
 
 class Generation:
