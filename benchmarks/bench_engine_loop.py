@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import extraction_workload as wl  # noqa: E402
+import extraction_workload as wl
 
 
 def main() -> None:
