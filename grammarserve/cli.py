@@ -40,6 +40,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jump-forward", default=EngineConfig.enable_jump_forward,
                    action=argparse.BooleanOptionalAction,
                    help="feed the tokens a constraint forces without decoding them one by one")
+    p.add_argument("--gguf-blocks", default=EngineConfig.gguf_blocks,
+                   action=argparse.BooleanOptionalAction,
+                   help="CPU decode matmuls on the GGUF's own Q4_1/Q8_0 blocks (AVX2 kernel)")
     p.add_argument("--prefix-cache", default=EngineConfig.enable_prefix_cache,
                    action=argparse.BooleanOptionalAction, help="radix prefix cache on/off")
 
@@ -90,7 +93,8 @@ def _config(args: argparse.Namespace) -> EngineConfig:
                         grammar_backend=args.grammar_backend,
                         grammar_max_whitespace=(None if args.grammar_max_whitespace < 0
                                                 else args.grammar_max_whitespace),
-                        enable_jump_forward=args.jump_forward, num_threads=args.num_threads)
+                        enable_jump_forward=args.jump_forward, num_threads=args.num_threads,
+                        gguf_blocks=args.gguf_blocks)
 
 
 def _serve(args: argparse.Namespace) -> int:

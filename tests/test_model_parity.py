@@ -55,6 +55,23 @@ def test_logits_match_transformers(smollm, hf_reference) -> None:  # type: ignor
     assert (ours - ref).abs().max().item() < 1e-3
 
 
+def test_skinny_steps_on_gguf_blocks_match_transformers(smollm, hf_reference) -> None:  # type: ignore[no-untyped-def]
+    """Steps of at most QUANT_ROWS tokens run the linears on the GGUF blocks (the decode path)."""
+    from grammarserve.models.linear import QUANT_ROWS
+
+    ids = _prompt_ids(smollm, 40)
+    with torch.no_grad():
+        ref = hf_reference(torch.tensor([ids])).logits[0].float()
+    runner = _runner(smollm)
+    _all_logits(runner, 0, 0, ids[:24])
+    steps = [_all_logits(runner, 0, 24, ids[24:24 + QUANT_ROWS])]
+    for i in range(24 + QUANT_ROWS, 40):
+        steps.append(_all_logits(runner, 0, i, ids[i:i + 1]))
+    ours = torch.cat(steps)
+    assert (ours - ref[24:]).abs().max().item() < 1e-3
+    assert torch.equal(ours.argmax(-1), ref[24:].argmax(-1))
+
+
 def test_greedy_tokens_match_transformers(smollm, llm, hf_reference) -> None:  # type: ignore[no-untyped-def]
     ids = _prompt_ids(smollm, 50)
     with torch.no_grad():

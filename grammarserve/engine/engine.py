@@ -37,7 +37,8 @@ class Engine:
             torch.set_num_threads(config.num_threads)
         device = config.torch_device
         self.loaded = loaded or load_model(config.model, dtype=config.torch_dtype, device=device,
-                                           cache_dir=config.cache_dir)
+                                           cache_dir=config.cache_dir,
+                                           gguf_blocks=config.gguf_blocks)
         mc = self.loaded.config
         self.tokenizer = self.loaded.tokenizer
         self.kv_bytes_per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads,

@@ -89,7 +89,8 @@ def gguf_to_hf_folder(gguf_path: Path, cache_dir: Path | None = None) -> Path:
     return target
 
 
-def _read(gguf_path: Path) -> Any:
+def read_gguf(gguf_path: Path) -> Any:
+    """Open ``gguf_path`` with ``gguf.GGUFReader`` (memory-mapped), as a ModelLoadError if bad."""
     import gguf
 
     try:
@@ -102,7 +103,7 @@ def _convert(gguf_path: Path, out: Path) -> None:
     import torch
     from safetensors.torch import save_file
 
-    reader = _read(gguf_path)
+    reader = read_gguf(gguf_path)
     meta = {k: _field(f) for k, f in reader.fields.items() if not k.startswith("tokenizer.ggml.")}
     arch = meta.get("general.architecture")
     if arch not in _ARCHS:
@@ -124,7 +125,7 @@ def _convert(gguf_path: Path, out: Path) -> None:
         arr = _dequantize(t)
         # NOTE: llama.cpp permutes Q/K rows of llama-arch models for its RoPE layout; undo it.
         if arch in ("llama", "mistral") and name.endswith(("q_proj.weight", "k_proj.weight")):
-            arr = _unpermute(arr, n_head if "q_proj" in name else n_kv)
+            arr = unpermute_rows(arr, n_head if "q_proj" in name else n_kv)
         tensors[name] = torch.from_numpy(np.array(arr, copy=True, order="C"))
     if "model.embed_tokens.weight" not in tensors:
         raise ModelLoadError(f"{gguf_path} has no token_embd.weight tensor")
@@ -164,7 +165,8 @@ def _dequantize(t: Any) -> np.ndarray:
     return arr.reshape(shape)
 
 
-def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+def unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation (works on dense rows and on rows of GGUF blocks)."""
     rows = w.shape[0]
     return (w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:])
             .swapaxes(1, 2).reshape(w.shape))

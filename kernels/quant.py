@@ -1,0 +1,165 @@
+"""Skinny matmuls over GGUF Q4_1 / Q8_0 weight blocks on AVX2 CPUs, and their torch reference.
+
+The C++ kernel (``quant_cpu.cpp``) is compiled with the system C++ compiler on first use into a
+per-source-hash cache folder and loaded through ctypes; where that is impossible (no compiler, no
+AVX2, not x86) :func:`quant_kernel_available` is False and callers keep their fp32 path. Weights
+are repacked once from the GGUF block bytes by :func:`pack_gguf_blocks`; :func:`dequantize` is
+the reference (the same values ``gguf.quants.dequantize`` gives) and :func:`quant_matmul_ref` the
+reference product.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+_SOURCE = Path(__file__).with_name("quant_cpu.cpp")
+_FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
+# GGUF type -> (bytes per block of 32, header bytes before the quants)
+_BLOCK = {"Q4_1": (20, 4), "Q8_0": (34, 2)}
+_lib: ctypes.CDLL | None = None
+_lib_error: str | None = None
+
+
+@dataclass(frozen=True)
+class QuantWeight:
+    """One ``[N, K]`` weight in kernel layout (see ``quant_cpu.cpp``).
+
+    ``qs`` is uint8 ``[N, K/2]`` (Q4_1) or int8 ``[N, K]`` (Q8_0); ``d`` and ``m`` are fp32
+    ``[N, K/32]`` (``m`` is empty for Q8_0).
+    """
+
+    kind: str
+    qs: torch.Tensor
+    d: torch.Tensor
+    m: torch.Tensor
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(N, K)`` of the dense weight."""
+        return self.d.shape[0], self.d.shape[1] * 32
+
+    def nbytes(self) -> int:
+        """Bytes the kernel streams per product."""
+        return sum(t.numel() * t.element_size() for t in (self.qs, self.d, self.m))
+
+
+def pack_gguf_blocks(kind: str, raw: np.ndarray) -> QuantWeight:
+    """Repack GGUF block bytes ``[N, K/32 * block_bytes]`` (uint8) of type ``kind``."""
+    if kind not in _BLOCK:
+        raise ValueError(f"unsupported quant type {kind!r} (supported: {', '.join(_BLOCK)})")
+    size, head = _BLOCK[kind]
+    if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] % size:
+        raise ValueError(f"{kind} blocks must be uint8 [N, nb*{size}], got {raw.dtype} {raw.shape}")
+    blocks = np.ascontiguousarray(raw).reshape(raw.shape[0], -1, size)
+    d = torch.from_numpy(blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32))
+    quants = blocks[..., head:].reshape(raw.shape[0], -1)
+    if kind == "Q4_1":
+        m = torch.from_numpy(blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32))
+        return QuantWeight(kind, torch.from_numpy(quants.copy()), d, m)
+    return QuantWeight(kind, torch.from_numpy(quants.copy().view(np.int8)), d,
+                       torch.empty(0, dtype=torch.float32))
+
+
+def dequantize(w: QuantWeight) -> torch.Tensor:
+    """The dense fp32 ``[N, K]`` weight ``w`` stands for."""
+    n, k = w.shape
+    if w.kind == "Q4_1":
+        q = w.qs.view(n, k // 32, 16)
+        q = torch.cat([q & 0x0F, q >> 4], dim=2).float()  # byte j: element j (low), j+16 (high)
+        return (w.d[..., None] * q + w.m[..., None]).reshape(n, k)
+    return (w.d[..., None] * w.qs.view(n, k // 32, 32).float()).reshape(n, k)
+
+
+def quant_matmul_ref(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
+    """Reference ``x @ dequantize(w).T``."""
+    return x @ dequantize(w).t()
+
+
+def quant_matmul(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
+    """``x [R, K] @ w.T`` with the AVX2 kernel; ``x`` is fp32 on CPU. Needs the kernel."""
+    lib = _load()
+    if lib is None:
+        raise RuntimeError(f"the quantized CPU kernel is unavailable: {_lib_error}")
+    n, k = w.shape
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != k or x.device.type != "cpu":
+        raise ValueError(f"x must be fp32 [R, {k}] on CPU, got {x.dtype} {tuple(x.shape)}")
+    x = x.contiguous()
+    y = torch.empty(x.shape[0], n, dtype=torch.float32)
+    if w.kind == "Q4_1":
+        lib.gs_q4_1_gemm(x.data_ptr(), x.shape[0], k, w.qs.data_ptr(), w.d.data_ptr(),
+                         w.m.data_ptr(), n, y.data_ptr())
+    else:
+        lib.gs_q8_0_gemm(x.data_ptr(), x.shape[0], k, w.qs.data_ptr(), w.d.data_ptr(), n,
+                         y.data_ptr())
+    return y
+
+
+def quant_kernel_available() -> bool:
+    """Whether :func:`quant_matmul` can run here (compiling the kernel on first call)."""
+    return _load() is not None
+
+
+def quant_kernel_error() -> str | None:
+    """Why the kernel is unavailable, or None."""
+    _load()
+    return _lib_error
+
+
+def _cache_dir() -> Path:
+    if env := os.environ.get("GRAMMARSERVE_CACHE"):
+        return Path(env) / "kernels"
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "grammarserve" / "kernels"
+
+
+def _load() -> ctypes.CDLL | None:
+    global _lib, _lib_error
+    if _lib is not None or _lib_error is not None:
+        return _lib
+    if os.environ.get("GRAMMARSERVE_QUANT_KERNEL", "1") == "0":
+        _lib_error = "disabled by GRAMMARSERVE_QUANT_KERNEL=0"
+        return None
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        _lib_error = f"the CPU lacks AVX2 (torch reports {torch.backends.cpu.get_cpu_capability()})"
+        return None
+    try:
+        _lib = _build_and_open()
+    except (OSError, subprocess.SubprocessError) as e:
+        _lib_error = f"cannot build {_SOURCE.name}: {' '.join(str(e).split())[:300]}"
+    return _lib
+
+
+def _build_and_open() -> ctypes.CDLL:
+    source = _SOURCE.read_bytes()
+    tag = hashlib.sha256(source + " ".join(_FLAGS).encode()).hexdigest()[:16]
+    target = _cache_dir() / f"quant_cpu-{tag}.so"
+    if not target.is_file():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        cxx = os.environ.get("CXX", "c++")
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+        os.close(fd)
+        try:
+            subprocess.run([cxx, *_FLAGS, str(_SOURCE), "-o", tmp], check=True,
+                           capture_output=True, timeout=300)
+            os.replace(tmp, target)  # atomic: concurrent builders leave one complete file
+        except subprocess.CalledProcessError as e:
+            raise OSError(e.stderr.decode(errors="replace")[-300:]) from None
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    lib = ctypes.CDLL(str(target))
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.gs_q4_1_gemm.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr]
+    lib.gs_q4_1_gemm.restype = None
+    lib.gs_q8_0_gemm.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr]
+    lib.gs_q8_0_gemm.restype = None
+    return lib

@@ -1,0 +1,124 @@
+"""The AVX2 kernel over GGUF Q4_1 / Q8_0 blocks: packing equals gguf's dequantize, products equal
+the torch reference, the model's linears carry blocks equal to their fp32 weights, and a machine
+that cannot build the kernel falls back with a reason."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize as gguf_dequantize
+from grammarserve_kernels import quant
+from grammarserve_kernels.quant import (
+    QuantWeight,
+    dequantize,
+    pack_gguf_blocks,
+    quant_kernel_available,
+    quant_matmul,
+    quant_matmul_ref,
+)
+
+from grammarserve.models.linear import QUANT_ROWS, Linear
+
+can_build = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and bool(
+    shutil.which("c++"))
+needs_kernel = pytest.mark.skipif(not can_build, reason="needs an AVX2 CPU and a C++ compiler")
+
+
+def _random_blocks(kind: str, n: int, k: int, seed: int = 0) -> np.ndarray:
+    """Random GGUF block bytes ``[n, k/32 * size]`` with finite fp16 scales."""
+    rng = np.random.default_rng(seed)
+    nb = k // 32
+    if kind == "Q4_1":
+        head = np.stack([rng.uniform(0.001, 0.05, (n, nb)), rng.uniform(-0.4, 0.0, (n, nb))], -1)
+        quants = rng.integers(0, 256, (n, nb, 16), dtype=np.uint8)
+    else:
+        head = rng.uniform(0.001, 0.05, (n, nb, 1))
+        quants = rng.integers(-128, 128, (n, nb, 32), dtype=np.int8).view(np.uint8)
+    scales = head.astype(np.float16).view(np.uint8).reshape(n, nb, -1)
+    return np.concatenate([scales, quants], axis=2).reshape(n, -1)
+
+
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_pack_and_dequantize_equal_gguf(kind: str) -> None:
+    raw = _random_blocks(kind, 24, 96)
+    w = pack_gguf_blocks(kind, raw)
+    ref = gguf_dequantize(raw, GGMLQuantizationType[kind]).astype(np.float32).reshape(24, 96)
+    assert w.shape == (24, 96)
+    assert torch.equal(dequantize(w), torch.from_numpy(ref))
+
+
+def test_pack_rejects_bad_blocks() -> None:
+    with pytest.raises(ValueError, match="unsupported quant type 'Q5_K'"):
+        pack_gguf_blocks("Q5_K", np.zeros((2, 20), np.uint8))
+    with pytest.raises(ValueError, match=r"uint8 \[N, nb\*20\]"):
+        pack_gguf_blocks("Q4_1", np.zeros((2, 21), np.uint8))
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("k", [32, 576, 1536])  # 1536: the 4-row tiles (8 rows exceed L1)
+def test_kernel_matches_reference(kind: str, k: int) -> None:
+    w = pack_gguf_blocks(kind, _random_blocks(kind, 72, k, seed=k))
+    gen = torch.Generator().manual_seed(k)
+    for rows in [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17]:
+        x = torch.randn(rows, k, generator=gen)
+        got, ref = quant_matmul(x, w), quant_matmul_ref(x, w)
+        assert got.shape == (rows, 72) and got.is_contiguous()
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5 * k ** 0.5)
+
+
+@needs_kernel
+def test_kernel_rejects_wrong_inputs() -> None:
+    w = pack_gguf_blocks("Q8_0", _random_blocks("Q8_0", 8, 64))
+    with pytest.raises(ValueError, match=r"fp32 \[R, 64\]"):
+        quant_matmul(torch.randn(2, 32), w)
+    with pytest.raises(ValueError, match=r"fp32 \[R, 64\]"):
+        quant_matmul(torch.randn(2, 64, dtype=torch.float64), w)
+
+
+@needs_kernel
+def test_linear_uses_blocks_only_for_skinny_batches() -> None:
+    w = pack_gguf_blocks("Q4_1", _random_blocks("Q4_1", 40, 64))
+    lin = Linear(64, 40, bias=True)
+    with torch.no_grad():
+        lin.weight.copy_(dequantize(w))
+    lin.quant = w
+    for rows in (1, QUANT_ROWS, QUANT_ROWS + 1, 40):
+        x = torch.randn(rows, 64)
+        ref = x @ lin.weight.t() + lin.bias
+        torch.testing.assert_close(lin(x).contiguous(), ref, rtol=1e-5, atol=1e-4)
+
+
+def test_no_compiler_falls_back_with_a_reason(monkeypatch: pytest.MonkeyPatch,
+                                              tmp_path: Path) -> None:
+    monkeypatch.setattr(quant, "_lib", None)
+    monkeypatch.setattr(quant, "_lib_error", None)
+    monkeypatch.setattr(quant, "_SOURCE", tmp_path / "quant_cpu.cpp")
+    (tmp_path / "quant_cpu.cpp").write_text("this is not C++\n")
+    monkeypatch.setenv("GRAMMARSERVE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", "c++" if shutil.which("c++") else "/nonexistent/c++")
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        pytest.skip("no AVX2: the kernel is refused before any build")
+    assert not quant_kernel_available()
+    assert "cannot build quant_cpu.cpp" in (quant.quant_kernel_error() or "")
+    with pytest.raises(RuntimeError, match="quantized CPU kernel is unavailable"):
+        quant_matmul(torch.randn(1, 32), QuantWeight("Q8_0", torch.zeros(1, 32, dtype=torch.int8),
+                                                     torch.ones(1, 1), torch.empty(0)))
+
+
+@pytest.mark.model
+@needs_kernel
+def test_model_linears_carry_blocks_equal_to_their_weights(smollm) -> None:  # type: ignore[no-untyped-def]
+    from grammarserve.models.quant_weights import quant_summary
+
+    summary = quant_summary(smollm.model)
+    assert summary["quantized"] == summary["linears"] == 4 * smollm.config.num_layers + 1
+    assert summary["quant_bytes"] * 4 < summary["fp32_bytes"]
+    for name, module in smollm.model.named_modules():
+        if isinstance(module, Linear):
+            assert torch.equal(dequantize(module.quant), module.weight), name
