@@ -21,7 +21,7 @@ from grammarserve_kernels.quant import QuantWeight, quant_matmul
 from torch import nn
 
 SKINNY_ROWS = 96  # at most this many rows take the W @ x.T path on CPU
-QUANT_ROWS = 16  # at most this many rows use the GGUF blocks when the linear has them
+QUANT_ROWS = 24  # at most this many rows use the GGUF blocks (the crossover with BLAS is ~28)
 
 
 def _padded_rows(m: int) -> int:
