@@ -245,7 +245,9 @@ def pct(xs: list[float], q: float) -> float | None:
 
 async def run_load(base_url: str, model: str | None, reqs: list[dict[str, Any]],
                    concurrency: int, timeout: float) -> tuple[list[Any], float, str]:
-    client = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0, timeout=timeout)
+    # The SDK's default 2 retries: a peer that closes idle keep-alive connections (llama-server
+    # after 5 s) otherwise fails the request that picks up the dead connection from the pool.
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=2, timeout=timeout)
     if model is None:
         model = (await client.models.list()).data[0].id
     sem = asyncio.Semaphore(concurrency)
