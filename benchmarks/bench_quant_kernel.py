@@ -29,6 +29,24 @@ def _median_ms(fn: Callable[[], object], repeat: int) -> float:
     return round(1000 * statistics.median(times), 2)
 
 
+def _figures(r: int, layers: list, head: torch.nn.Module, repeat: int) -> dict[str, float]:
+    """Both paths at ``r`` rows: the 120 layer linears, then the LM head."""
+    from grammarserve_kernels.quant import quant_matmul
+
+    padded = 4 if r <= 4 else -(-r // 8) * 8
+    xs = {k: torch.randn(r, k) for k in {m.weight.shape[1] for m in layers}}
+    xp = {k: torch.cat([x, x.new_zeros(padded - r, k)]) for k, x in xs.items()}
+    h, hp = torch.randn(r, head.weight.shape[1]), torch.randn(padded, head.weight.shape[1])
+    return {
+        "layers_fp32_ms": _median_ms(
+            lambda: [torch.mm(m.weight, xp[m.weight.shape[1]].t()) for m in layers], repeat),
+        "layers_blocks_ms": _median_ms(
+            lambda: [quant_matmul(xs[m.weight.shape[1]], m.quant) for m in layers], repeat),
+        "lm_head_fp32_ms": _median_ms(lambda: torch.mm(head.weight, hp.t()), repeat),
+        "lm_head_blocks_ms": _median_ms(lambda: quant_matmul(h, head.quant), repeat),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", default="1,4,8,12,16,24,32,48")
@@ -36,7 +54,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    from grammarserve_kernels.quant import quant_kernel_available, quant_kernel_error, quant_matmul
+    from grammarserve_kernels.quant import quant_kernel_available, quant_kernel_error
 
     from grammarserve.models.linear import Linear
     from grammarserve.models.loader import load_model
@@ -49,20 +67,7 @@ def main() -> None:
     out: dict[str, object] = {"bench": "quant_kernel", "threads": args.threads,
                               "linears": len(layers)}
     for r in (int(x) for x in args.rows.split(",")):
-        padded = 4 if r <= 4 else -(-r // 8) * 8
-        xs = {k: torch.randn(r, k) for k in {m.weight.shape[1] for m in layers}}
-        xp = {k: torch.cat([x, x.new_zeros(padded - r, k)]) for k, x in xs.items()}
-        h, hp = torch.randn(r, head.weight.shape[1]), torch.randn(padded, head.weight.shape[1])
-        out[f"rows_{r}"] = {
-            "layers_fp32_ms": _median_ms(
-                lambda: [torch.mm(m.weight, xp[m.weight.shape[1]].t()) for m in layers],
-                args.repeat),
-            "layers_blocks_ms": _median_ms(
-                lambda: [quant_matmul(xs[m.weight.shape[1]], m.quant) for m in layers],
-                args.repeat),
-            "lm_head_fp32_ms": _median_ms(lambda: torch.mm(head.weight, hp.t()), args.repeat),
-            "lm_head_blocks_ms": _median_ms(lambda: quant_matmul(h, head.quant), args.repeat),
-        }
+        out[f"rows_{r}"] = _figures(r, layers, head, args.repeat)
     print(json.dumps(out))
 
 
