@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from grammarserve_kernels.quant import QuantWeight, pack_gguf_blocks, quant_kernel_available
+from grammarserve_kernels.quant import pack_gguf_blocks, quant_kernel_available
 
 from grammarserve.models.gguf_convert import read_gguf, unpermute_rows
 from grammarserve.models.linear import Linear
@@ -86,8 +86,8 @@ def _attach(linear: torch.nn.Module, blocks: list[tuple[str, np.ndarray]]) -> in
 def quant_summary(model: LlamaModel) -> dict[str, Any]:
     """How many linears carry blocks, and the bytes a skinny product streams with and without."""
     linears = [m for m in model.modules() if isinstance(m, Linear)]
-    with_q = [m for m in linears if isinstance(m.quant, QuantWeight)]
-    return {"linears": len(linears), "quantized": len(with_q),
+    blocks = [m.quant for m in linears if m.quant is not None]
+    return {"linears": len(linears), "quantized": len(blocks),
             "fp32_bytes": sum(m.weight.numel() * 4 for m in linears),
-            "quant_bytes": sum(m.quant.nbytes() for m in with_q)
+            "quant_bytes": sum(q.nbytes() for q in blocks)
             + sum(m.weight.numel() * 4 for m in linears if m.quant is None)}
