@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from grammarserve.config import EngineConfig
 from grammarserve.engine.engine import Engine
@@ -80,5 +80,5 @@ def _as_prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
         return [prompts]
     items = list(prompts)
     if items and all(isinstance(t, int) for t in items):
-        return [list(items)]  # one prompt given as token ids
+        return [list(cast(list[int], items))]  # one prompt given as token ids
     return [p if isinstance(p, str) else list(p) for p in items]  # type: ignore[arg-type]

@@ -69,12 +69,12 @@ class Scheduler:
         for req in self._admission_order():
             if budget == 0 or self.req_to_token.num_free == 0:
                 break
-            n = self._admit(req, budget, admitted)
-            if n is None:
+            took = self._admit(req, budget, admitted)
+            if took is None:
                 continue
             admitted.append(req)
-            out.append(ScheduledReq(req, n))
-            budget -= n
+            out.append(ScheduledReq(req, took))
+            budget -= took
         return out
 
     def _admission_order(self) -> list[Req]:

@@ -102,9 +102,9 @@ class TorchSDPABackend(AttentionBackend):
         if short:
             base = 0
             if self.sliding_window is None and batch.input_ids.device.type == "cpu":
-                rows = torch.tensor([batch.req_pool_indices[i] for i in short])
-                base = self.shared.plan(
-                    self.req_to_token.table[rows, :min(batch.prefix_lens[i] for i in short)])
+                table_rows = torch.tensor([batch.req_pool_indices[i] for i in short])
+                base = self.shared.plan(self.req_to_token.table[
+                    table_rows, :min(batch.prefix_lens[i] for i in short)])
             mirrored = self.mirror is not None and self.mirror.plan(
                 [batch.seq_ids[i] for i in short], [batch.prefix_lens[i] for i in short],
                 [batch.extend_lens[i] for i in short], base=base)

@@ -88,7 +88,7 @@ class ModelConfig:
                 num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
                 head_dim=int(cfg.get("head_dim") or hidden // heads),
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(theta),
+                rope_theta=float(theta if theta is not None else 10000.0),
                 rope_scaling=_parse_rope_scaling(cfg.get("rope_scaling") or rope or None),
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),

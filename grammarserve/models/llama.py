@@ -92,6 +92,8 @@ class DecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     """Decoder with an LM head. ``forward`` returns fp32 logits for ``batch.logit_rows``."""
 
+    inv_freq: torch.Tensor
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.config = cfg
