@@ -96,10 +96,10 @@ def quant_matmul(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
     y = torch.empty(x.shape[0], n, dtype=torch.float32)
     if w.kind == "Q4_1":
         lib.gs_q4_1_gemm(x.data_ptr(), x.shape[0], k, w.qs.data_ptr(), w.d.data_ptr(),
-                         w.m.data_ptr(), n, y.data_ptr())
+                         w.m.data_ptr(), n, y.data_ptr(), torch.get_num_threads())
     else:
         lib.gs_q8_0_gemm(x.data_ptr(), x.shape[0], k, w.qs.data_ptr(), w.d.data_ptr(), n,
-                         y.data_ptr())
+                         y.data_ptr(), torch.get_num_threads())
     return y
 
 
@@ -157,9 +157,9 @@ def _build_and_open() -> ctypes.CDLL:
             if os.path.exists(tmp):
                 os.unlink(tmp)
     lib = ctypes.CDLL(str(target))
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    lib.gs_q4_1_gemm.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr]
+    i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    lib.gs_q4_1_gemm.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, i32]
     lib.gs_q4_1_gemm.restype = None
-    lib.gs_q8_0_gemm.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr]
+    lib.gs_q8_0_gemm.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, i32]
     lib.gs_q8_0_gemm.restype = None
     return lib

@@ -113,11 +113,12 @@ inline void for_tiles(int64_t R, int64_t tile, F&& f) {
 
 extern "C" {
 
-// x [R, K] fp32 row-major, y [R, N] fp32 row-major; K a multiple of 32.
+// x [R, K] fp32 row-major, y [R, N] fp32 row-major; K a multiple of 32. `threads` is passed in
+// (torch.get_num_threads()) because OpenMP's default is per calling thread, not torch's setting.
 void gs_q4_1_gemm(const float* x, int64_t R, int64_t K, const uint8_t* qs, const float* d,
-                  const float* m, int64_t N, float* y) {
+                  const float* m, int64_t N, float* y, int threads) {
   const int64_t nb = K / 32, tile = tile_rows(K);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t n = 0; n < N; ++n) {
     for_tiles(R, tile, [&](int64_t r0, auto rt) {
       constexpr int RT = decltype(rt)::value;
@@ -127,9 +128,9 @@ void gs_q4_1_gemm(const float* x, int64_t R, int64_t K, const uint8_t* qs, const
 }
 
 void gs_q8_0_gemm(const float* x, int64_t R, int64_t K, const int8_t* qs, const float* d,
-                  int64_t N, float* y) {
+                  int64_t N, float* y, int threads) {
   const int64_t nb = K / 32, tile = tile_rows(K);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t n = 0; n < N; ++n) {
     const int8_t* qn = qs + n * K;
     const float* dn = d + n * nb;
@@ -140,6 +141,6 @@ void gs_q8_0_gemm(const float* x, int64_t R, int64_t K, const int8_t* qs, const 
   }
 }
 
-int gs_quant_abi_version(void) { return 1; }
+int gs_quant_abi_version(void) { return 2; }
 
 }  // extern "C"
