@@ -122,3 +122,24 @@ def test_model_linears_carry_blocks_equal_to_their_weights(smollm) -> None:  # t
     for name, module in smollm.model.named_modules():
         if isinstance(module, Linear):
             assert torch.equal(dequantize(module.quant), module.weight), name
+
+
+@pytest.mark.model
+@needs_kernel
+def test_packed_blocks_cache_round_trips_and_recovers(smollm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    from grammarserve.models.loader import gguf_source
+    from grammarserve.models.quant_weights import attach_gguf_blocks
+
+    source = gguf_source("default")
+    assert source is not None
+    expected = {n: m.weight for n, m in smollm.model.named_modules() if isinstance(m, Linear)}
+    for _ in range(2):  # the first call parses the GGUF and writes the cache, the second reads it
+        assert attach_gguf_blocks(smollm.model, source, cache=tmp_path) == len(expected)
+        cached = list((tmp_path / "blocks").glob("*.safetensors"))
+        assert len(cached) == 1
+        for name, module in smollm.model.named_modules():
+            if isinstance(module, Linear):
+                assert torch.equal(dequantize(module.quant), expected[name]), name
+    cached[0].write_bytes(b"not a safetensors file")
+    assert attach_gguf_blocks(smollm.model, source, cache=tmp_path) == len(expected)
+    assert cached[0].stat().st_size > 100_000_000  # rebuilt from the GGUF and rewritten

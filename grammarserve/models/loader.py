@@ -107,7 +107,7 @@ def load_model(
     model.inv_freq = inv_freq.to(device)
     model.eval()
     if gguf_blocks and (source := gguf_source(spec)) is not None:
-        attach_gguf_blocks(model, source)
+        attach_gguf_blocks(model, source, cache=folder)
     return LoadedModel(model, config, tokenizer, folder, spec)
 
 

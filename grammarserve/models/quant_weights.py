@@ -9,18 +9,22 @@ are bound by the weight bytes they stream, and the blocks are 4-6x smaller.
 
 from __future__ import annotations
 
+import json
+import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from grammarserve_kernels.quant import pack_gguf_blocks, quant_kernel_available
+from grammarserve_kernels.quant import QuantWeight, pack_gguf_blocks, quant_kernel_available
 
 from grammarserve.models.gguf_convert import read_gguf, unpermute_rows
 from grammarserve.models.linear import Linear
 from grammarserve.models.llama import LlamaModel
 
 _KINDS = ("Q4_1", "Q8_0")
+_CACHE_FILE = Path("blocks") / "gguf-blocks-v1.safetensors"  # not globbed with the weights
 _FUSED = {  # our linear (per layer) -> the GGUF tensors whose rows it concatenates
     "self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"),
     "self_attn.o_proj": ("attn_output",),
@@ -29,28 +33,46 @@ _FUSED = {  # our linear (per layer) -> the GGUF tensors whose rows it concatena
 }
 
 
-def attach_gguf_blocks(model: LlamaModel, gguf_path: Path) -> int:
+def attach_gguf_blocks(model: LlamaModel, gguf_path: Path, cache: Path | None = None) -> int:
     """Attach quantized blocks from ``gguf_path`` to ``model``'s linears; returns how many.
 
     Does nothing (returns 0) where the kernel cannot run here or the model is not fp32 on CPU.
     Linears whose tensors are of other types (F16, K-quants, ...) keep the fp32 path only.
+    ``cache`` (the converted model folder) keeps the packed blocks in ``blocks/``: parsing the
+    GGUF's metadata (its whole vocabulary) takes seconds, reading the cache does not.
     """
     first = next(model.parameters())
     if first.device.type != "cpu" or first.dtype != torch.float32 or not quant_kernel_available():
         return 0
+    file = cache / _CACHE_FILE if cache is not None else None
+    packed = _read_cache(file) if file is not None else None
+    if packed is None:
+        packed = _pack_from_gguf(gguf_path, len(model.layers))
+        if file is not None:
+            _write_cache(file, packed)
+    attached = 0
+    for name, q in packed.items():
+        linear = model.get_submodule(name)
+        if isinstance(linear, Linear) and q.shape == tuple(linear.weight.shape):
+            linear.quant = q
+            attached += 1
+    return attached
+
+
+def _pack_from_gguf(gguf_path: Path, num_layers: int) -> dict[str, QuantWeight]:
+    """Our linear name -> its blocks, fused and unpermuted like the fp32 weights."""
     reader = read_gguf(gguf_path)
     tensors = {t.name: t for t in reader.tensors}
     arch = reader.fields["general.architecture"].contents()
     n_head = int(reader.fields[f"{arch}.attention.head_count"].contents())
     kv_field = reader.fields.get(f"{arch}.attention.head_count_kv")
     n_kv = int(kv_field.contents()) if kv_field is not None else n_head
-    attached = 0
-    for i, layer in enumerate(model.layers):
+    packed: dict[str, QuantWeight] = {}
+    for i in range(num_layers):
         for module_name, parts in _FUSED.items():
             blocks = []
             for part in parts:
-                t = tensors.get(f"blk.{i}.{part}.weight")
-                found = _raw_blocks(t)
+                found = _raw_blocks(tensors.get(f"blk.{i}.{part}.weight"))
                 if found is None:
                     break
                 kind, raw = found
@@ -58,12 +80,13 @@ def attach_gguf_blocks(model: LlamaModel, gguf_path: Path) -> int:
                     raw = unpermute_rows(raw, n_head if part == "attn_q" else n_kv)
                 blocks.append((kind, raw))
             else:
-                attached += _attach(layer.get_submodule(module_name), blocks)
-    head = tensors.get("output.weight", tensors.get("token_embd.weight"))
-    found = _raw_blocks(head)
+                if len({kind for kind, _ in blocks}) == 1:
+                    packed[f"layers.{i}.{module_name}"] = pack_gguf_blocks(
+                        blocks[0][0], np.concatenate([raw for _, raw in blocks]))
+    found = _raw_blocks(tensors.get("output.weight", tensors.get("token_embd.weight")))
     if found is not None:
-        attached += _attach(model.lm_head, [found])
-    return attached
+        packed["lm_head"] = pack_gguf_blocks(*found)
+    return packed
 
 
 def _raw_blocks(t: Any) -> tuple[str, np.ndarray] | None:
@@ -72,15 +95,38 @@ def _raw_blocks(t: Any) -> tuple[str, np.ndarray] | None:
     return t.tensor_type.name, np.asarray(t.data)
 
 
-def _attach(linear: torch.nn.Module, blocks: list[tuple[str, np.ndarray]]) -> int:
-    kinds = {kind for kind, _ in blocks}
-    if len(kinds) != 1 or not isinstance(linear, Linear):
-        return 0
-    q = pack_gguf_blocks(kinds.pop(), np.concatenate([raw for _, raw in blocks]))
-    if q.shape != tuple(linear.weight.shape):
-        return 0
-    linear.quant = q
-    return 1
+def _read_cache(file: Path) -> dict[str, QuantWeight] | None:
+    from safetensors import SafetensorError, safe_open
+
+    if not file.is_file():
+        return None
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            kinds = json.loads((f.metadata() or {})["kinds"])
+            return {name: QuantWeight(kind, f.get_tensor(f"{name}.qs"), f.get_tensor(f"{name}.d"),
+                                      f.get_tensor(f"{name}.m"))
+                    for name, kind in kinds.items()}
+    except (SafetensorError, OSError, KeyError, ValueError):
+        return None  # unreadable: rebuilt from the GGUF (and rewritten)
+
+
+def _write_cache(file: Path, packed: dict[str, QuantWeight]) -> None:
+    from safetensors.torch import save_file
+
+    tensors = {f"{name}.{part}": getattr(q, part).contiguous()
+               for name, q in packed.items() for part in ("qs", "d", "m")}
+    file.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".tmp", dir=file.parent)
+    os.close(fd)
+    try:
+        save_file(tensors, tmp, metadata={"kinds": json.dumps({n: q.kind for n, q in
+                                                                packed.items()})})
+        os.replace(tmp, file)
+    except OSError:
+        pass  # a read-only cache only costs the next start the GGUF parse
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def quant_summary(model: LlamaModel) -> dict[str, Any]:
