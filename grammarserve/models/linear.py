@@ -39,7 +39,7 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         m = x.shape[0]
-        if self.quant is not None and x.dim() == 2 and m <= QUANT_ROWS:
+        if self.quant is not None and x.dim() == 2 and m <= QUANT_ROWS and x.device.type == "cpu":
             y = quant_matmul(x, self.quant)
             return y if self.bias is None else y + self.bias
         if x.dim() == 2 and m <= SKINNY_ROWS and x.device.type == "cpu":

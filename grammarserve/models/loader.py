@@ -44,9 +44,13 @@ def default_model_path() -> Path:
     return ggufs[0]
 
 
+def _spec_path(spec: str) -> Path:
+    return default_model_path() if spec == "default" else Path(spec).expanduser()
+
+
 def gguf_source(spec: str) -> Path | None:
     """The GGUF file ``spec`` names (``default``, a .gguf, a folder with one), else None."""
-    path = default_model_path() if spec == "default" else Path(spec).expanduser()
+    path = _spec_path(spec)
     if path.is_file():
         return path if path.suffix == ".gguf" else None
     if path.is_dir() and not (path / "config.json").is_file():
@@ -57,7 +61,7 @@ def gguf_source(spec: str) -> Path | None:
 
 def resolve_model_folder(spec: str, cache_dir: Path | None = None) -> Path:
     """Map ``default`` / a GGUF file / a folder to a HF-layout folder (converting GGUF once)."""
-    path = default_model_path() if spec == "default" else Path(spec).expanduser()
+    path = _spec_path(spec)
     if not path.exists():
         raise ModelLoadError(f"model path {str(path)!r} does not exist")
     if path.is_file():
