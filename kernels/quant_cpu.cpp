@@ -32,67 +32,54 @@ inline float hsum(__m256 v) {
 inline __m256 u8_to_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
 inline __m256 i8_to_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
 
-// One output row n against RT activation rows (x rows r0..r0+RT-1), Q4_1 weights. Each block is
-// dequantized in registers as d * q + m (two roundings, the values gguf's dequantize gives), so
-// the result is the fp32 product with those exact weights.
-template <int RT>
-inline void q4_1_row(const float* x, int64_t K, const uint8_t* qs, const float* d,
-                     const float* m, float* y, int64_t N, int64_t n) {
-  const int64_t nb = K / 32;
+// One output row n against RT activation rows (x rows r0..r0+RT-1). `dequant(b, w)` fills w[0..3]
+// with block b's 32 weights as fp32, so the result is the fp32 product with those exact weights.
+template <int RT, typename Dequant>
+inline void dot_row(const float* x, int64_t K, Dequant&& dequant, float* y, int64_t N,
+                    int64_t n) {
   // Two accumulator chains per row when few rows are in flight, to hide the FMA latency.
   constexpr int A = RT <= 4 ? 2 : 1;
   __m256 acc[RT][A];
   for (int r = 0; r < RT; ++r)
     for (int a = 0; a < A; ++a) acc[r][a] = _mm256_setzero_ps();
-  const __m128i mask = _mm_set1_epi8(0x0F);
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + b * 16));
-    const __m128i lo = _mm_and_si128(raw, mask);
-    const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
-    const __m256 db = _mm256_broadcast_ss(d + b), mb = _mm256_broadcast_ss(m + b);
-    const __m256 w0 = _mm256_add_ps(_mm256_mul_ps(db, u8_to_ps(lo)), mb);
-    const __m256 w1 = _mm256_add_ps(_mm256_mul_ps(db, u8_to_ps(_mm_srli_si128(lo, 8))), mb);
-    const __m256 w2 = _mm256_add_ps(_mm256_mul_ps(db, u8_to_ps(hi)), mb);
-    const __m256 w3 = _mm256_add_ps(_mm256_mul_ps(db, u8_to_ps(_mm_srli_si128(hi, 8))), mb);
+  __m256 w[4];
+  for (int64_t b = 0; b < K / 32; ++b) {
+    dequant(b, w);
     for (int r = 0; r < RT; ++r) {
       const float* xb = x + r * K + b * 32;
-      acc[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xb), acc[r][0]);
-      acc[r][A - 1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), acc[r][A - 1]);
-      acc[r][0] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 16), acc[r][0]);
-      acc[r][A - 1] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), acc[r][A - 1]);
+      acc[r][0] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(xb), acc[r][0]);
+      acc[r][A - 1] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xb + 8), acc[r][A - 1]);
+      acc[r][0] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xb + 16), acc[r][0]);
+      acc[r][A - 1] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xb + 24), acc[r][A - 1]);
     }
   }
   for (int r = 0; r < RT; ++r)
     y[r * N + n] = hsum(A == 2 ? _mm256_add_ps(acc[r][0], acc[r][A - 1]) : acc[r][0]);
 }
 
-template <int RT>
-inline void q8_0_row(const float* x, int64_t K, const int8_t* qs, const float* d, float* y,
-                     int64_t N, int64_t n) {
-  const int64_t nb = K / 32;
-  // Two accumulator chains per row when few rows are in flight, to hide the FMA latency.
-  constexpr int A = RT <= 4 ? 2 : 1;
-  __m256 acc[RT][A];
-  for (int r = 0; r < RT; ++r)
-    for (int a = 0; a < A; ++a) acc[r][a] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + b * 32));
-    const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + b * 32 + 16));
-    const __m256 db = _mm256_broadcast_ss(d + b);
-    const __m256 w0 = _mm256_mul_ps(db, i8_to_ps(a));
-    const __m256 w1 = _mm256_mul_ps(db, i8_to_ps(_mm_srli_si128(a, 8)));
-    const __m256 w2 = _mm256_mul_ps(db, i8_to_ps(c));
-    const __m256 w3 = _mm256_mul_ps(db, i8_to_ps(_mm_srli_si128(c, 8)));
-    for (int r = 0; r < RT; ++r) {
-      const float* xb = x + r * K + b * 32;
-      acc[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xb), acc[r][0]);
-      acc[r][A - 1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xb + 8), acc[r][A - 1]);
-      acc[r][0] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(xb + 16), acc[r][0]);
-      acc[r][A - 1] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(xb + 24), acc[r][A - 1]);
-    }
-  }
-  for (int r = 0; r < RT; ++r)
-    y[r * N + n] = hsum(A == 2 ? _mm256_add_ps(acc[r][0], acc[r][A - 1]) : acc[r][0]);
+// Q4_1 block b as d * q + m (two roundings: the values gguf's dequantize gives).
+inline void q4_1_block(const uint8_t* qs, const float* d, const float* m, int64_t b,
+                       __m256* w) {
+  const __m128i mask = _mm_set1_epi8(0x0F);
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + b * 16));
+  const __m128i lo = _mm_and_si128(raw, mask);
+  const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+  const __m256 db = _mm256_broadcast_ss(d + b), mb = _mm256_broadcast_ss(m + b);
+  w[0] = _mm256_add_ps(_mm256_mul_ps(db, u8_to_ps(lo)), mb);
+  w[1] = _mm256_add_ps(_mm256_mul_ps(db, u8_to_ps(_mm_srli_si128(lo, 8))), mb);
+  w[2] = _mm256_add_ps(_mm256_mul_ps(db, u8_to_ps(hi)), mb);
+  w[3] = _mm256_add_ps(_mm256_mul_ps(db, u8_to_ps(_mm_srli_si128(hi, 8))), mb);
+}
+
+// Q8_0 block b as d * q.
+inline void q8_0_block(const int8_t* qs, const float* d, int64_t b, __m256* w) {
+  const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + b * 32));
+  const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + b * 32 + 16));
+  const __m256 db = _mm256_broadcast_ss(d + b);
+  w[0] = _mm256_mul_ps(db, i8_to_ps(a));
+  w[1] = _mm256_mul_ps(db, i8_to_ps(_mm_srli_si128(a, 8)));
+  w[2] = _mm256_mul_ps(db, i8_to_ps(c));
+  w[3] = _mm256_mul_ps(db, i8_to_ps(_mm_srli_si128(c, 8)));
 }
 
 template <typename F>
@@ -122,7 +109,10 @@ void gs_q4_1_gemm(const float* x, int64_t R, int64_t K, const uint8_t* qs, const
   for (int64_t n = 0; n < N; ++n) {
     for_tiles(R, tile, [&](int64_t r0, auto rt) {
       constexpr int RT = decltype(rt)::value;
-      q4_1_row<RT>(x + r0 * K, K, qs + n * (K / 2), d + n * nb, m + n * nb, y + r0 * N, N, n);
+      const uint8_t* qn = qs + n * (K / 2);
+      const float *dn = d + n * nb, *mn = m + n * nb;
+      dot_row<RT>(x + r0 * K, K, [&](int64_t b, __m256* w) { q4_1_block(qn, dn, mn, b, w); },
+                  y + r0 * N, N, n);
     });
   }
 }
@@ -136,7 +126,8 @@ void gs_q8_0_gemm(const float* x, int64_t R, int64_t K, const int8_t* qs, const 
     const float* dn = d + n * nb;
     for_tiles(R, tile, [&](int64_t r0, auto rt) {
       constexpr int RT = decltype(rt)::value;
-      q8_0_row<RT>(x + r0 * K, K, qn, dn, y + r0 * N, N, n);
+      dot_row<RT>(x + r0 * K, K, [&](int64_t b, __m256* w) { q8_0_block(qn, dn, b, w); },
+                  y + r0 * N, N, n);
     });
   }
 }
