@@ -132,6 +132,4 @@ void gs_q8_0_gemm(const float* x, int64_t R, int64_t K, const int8_t* qs, const 
   }
 }
 
-int gs_quant_abi_version(void) { return 2; }
-
 }  // extern "C"
