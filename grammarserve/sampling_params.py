@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from grammarserve.constraints import Constraint
@@ -35,6 +36,20 @@ class SamplingParams:
     jump_forward:
         Feed the tokens the constraint forces (keys, punctuation, enum tails) in one forward
         instead of decoding them one by one (the engine-wide switch must be on too).
+    frequency_penalty, presence_penalty:
+        OpenAI's penalties in ``[-2, 2]``: token ``t``'s logit is lowered by
+        ``count(t) * frequency_penalty + (count(t) > 0) * presence_penalty``, ``count`` over
+        the tokens generated so far for this request (tokens forced by jump-forward count).
+    repetition_penalty:
+        vLLM's penalty (an extension, ``> 0``, 1 = off): the logit of every token seen in the
+        prompt or the output is divided by it when positive, multiplied when negative.
+    logit_bias:
+        Token id -> bias in ``[-100, 100]`` added to the logit (-100 effectively bans the
+        token). Applied before the constraint's mask: a bias never re-allows a masked token.
+    top_logprobs:
+        Also return, for each generated token, this many (0..20) most likely tokens with their
+        log-probabilities, under the distribution the token was drawn from; only tokens the
+        constraint allows are listed (fewer when it allows fewer).
     """
 
     max_tokens: int = 16
@@ -49,6 +64,11 @@ class SamplingParams:
     skip_special_tokens: bool = True
     constraint: Constraint | None = None
     jump_forward: bool = True
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: Mapping[int, float] | None = None
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -69,11 +89,53 @@ class SamplingParams:
         if self.constraint is not None and not isinstance(self.constraint, Constraint):
             raise InvalidRequestError("constraint must be a grammarserve.Constraint",
                                       param="constraint")
+        self._check_controls()
+
+    def _check_controls(self) -> None:
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -2.0 <= value <= 2.0:
+                raise InvalidRequestError(f"{name} must be a number in [-2, 2], got {value!r}",
+                                          param=name)
+        rep = self.repetition_penalty
+        if not _is_number(rep) or not 0.0 < rep < math.inf:
+            raise InvalidRequestError(f"repetition_penalty must be a finite number > 0 (1 = off), "
+                                      f"got {rep!r}", param="repetition_penalty")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, Mapping):
+                raise InvalidRequestError("logit_bias must map token ids to biases",
+                                          param="logit_bias")
+            for tok, bias in self.logit_bias.items():
+                if isinstance(tok, bool) or not isinstance(tok, int) or tok < 0:
+                    raise InvalidRequestError(f"logit_bias keys must be token ids (integers >= "
+                                              f"0), got {tok!r}", param="logit_bias")
+                if not _is_number(bias) or not -100.0 <= bias <= 100.0:
+                    raise InvalidRequestError(f"logit_bias values must be in [-100, 100], got "
+                                              f"{bias!r} for token {tok}", param="logit_bias")
+        top = self.top_logprobs
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
+            raise InvalidRequestError(f"top_logprobs must be an integer in [0, 20], got {top!r}",
+                                      param="top_logprobs")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
     @property
+    def penalized(self) -> bool:
+        """Whether a penalty is on (the sampler then needs the request's tokens)."""
+        return (self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+                or self.repetition_penalty != 1.0)
+
+    @property
+    def uses_controls(self) -> bool:
+        """Whether a penalty or a logit bias changes the logits."""
+        return self.penalized or bool(self.logit_bias)
+
+    @property
     def stop_strings(self) -> tuple[str, ...]:
         return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from grammarserve_kernels.sample_ref import check_inputs, sample_tokens_ref
+from grammarserve_kernels.controls import SamplingControls
+from grammarserve_kernels.sample_ref import Sampled, check_inputs, sample_tokens_ref
 
 Backend = Literal["auto", "torch", "triton"]
 
@@ -21,9 +22,10 @@ def _triton_usable(device: torch.device) -> bool:
 
 
 def sample_tokens(logits: torch.Tensor, bitmask: torch.Tensor | None, temperature: torch.Tensor,
-                  keys: torch.Tensor, *,
-                  backend: Backend = "auto") -> tuple[torch.Tensor, torch.Tensor]:
-    """Mask, scale by temperature and sample one token per row, with its log-probability.
+                  keys: torch.Tensor, *, controls: SamplingControls | None = None,
+                  num_top: torch.Tensor | None = None, backend: Backend = "auto") -> Sampled:
+    """Apply penalties and logit bias, mask, scale by temperature and sample one token per row,
+    with its log-probability and, on request, the row's top log-probabilities.
 
     Parameters
     ----------
@@ -37,22 +39,33 @@ def sample_tokens(logits: torch.Tensor, bitmask: torch.Tensor | None, temperatur
     keys:
         int64 ``[B, 2]`` from :func:`grammarserve_kernels.stream_keys`; the same key gives the
         same token for the same logits. Ignored for greedy rows.
+    controls:
+        Frequency / presence / repetition penalties and logit bias of the rows that have them
+        (:class:`grammarserve_kernels.controls.SamplingControls`), applied to the raw logits
+        before the mask: a bias never re-allows a masked token. None = no row has any.
+    num_top:
+        int64 ``[B]``: how many top log-probabilities each row wants (0..20; 0 = none), or None.
     backend:
         ``"auto"`` uses Triton on CUDA tensors (when installed) and torch otherwise; ``"triton"``
         forces the kernel (on CPU tensors it needs ``TRITON_INTERPRET=1``).
 
     Returns
     -------
-    tuple[torch.Tensor, torch.Tensor]
+    Sampled
         int64 token ids ``[B]`` and fp32 log-probabilities ``[B]`` of the chosen tokens under the
-        masked, temperature-scaled distribution (greedy rows: under the masked softmax). A row
-        whose mask allows no token gets id ``-1`` and log-probability ``-inf``.
+        processed (penalized, biased, masked, temperature-scaled) distribution (greedy rows:
+        temperature 1). A row whose mask allows no token gets id ``-1`` and log-probability
+        ``-inf``. Then ``top_ids`` / ``top_logprobs`` ``[B, max(num_top)]`` under the same
+        distribution, best first; only tokens the mask allows are listed (the rest of a row is
+        ``-1`` / ``-inf``).
     """
-    check_inputs(logits, bitmask, temperature, keys)
+    check_inputs(logits, bitmask, temperature, keys, controls, num_top)
     if backend == "triton" or (backend == "auto" and _triton_usable(logits.device)):
         from grammarserve_kernels.sample_triton import sample_tokens_triton
 
-        return sample_tokens_triton(logits, bitmask, temperature, keys)
+        return sample_tokens_triton(logits, bitmask, temperature, keys, controls=controls,
+                                    num_top=num_top)
     if backend not in ("auto", "torch"):
         raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
-    return sample_tokens_ref(logits, bitmask, temperature, keys)
+    return sample_tokens_ref(logits, bitmask, temperature, keys, controls=controls,
+                             num_top=num_top)

@@ -10,18 +10,42 @@ vocabulary (plus one re-read of the chosen block), with the same noise counters.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
+from grammarserve_kernels.controls import SamplingControls, apply_controls_, check_controls
 from grammarserve_kernels.noise import gumbel
 
 # Tokens per block. Part of the sampling stream: the same key and block size give the same token.
 SAMPLE_BLOCK = 1024
 
+#: Most top log-probabilities per row (OpenAI's ``top_logprobs`` limit).
+MAX_TOP = 20
+
+
+class Sampled(NamedTuple):
+    """What the sample kernels return for a batch of ``B`` rows.
+
+    ``ids`` int64 ``[B]`` and ``logprobs`` fp32 ``[B]``: the chosen tokens and their
+    log-probabilities (a row whose mask allows no token: ``-1`` and ``-inf``). ``top_ids`` int64
+    and ``top_logprobs`` fp32 ``[B, K]`` (``K`` = the largest ``num_top`` asked, 0 when none):
+    each row's most likely tokens, best first, under the distribution it was sampled from;
+    entries past the row's own ``num_top`` or past its allowed tokens are ``-1`` / ``-inf``.
+    """
+
+    ids: torch.Tensor
+    logprobs: torch.Tensor
+    top_ids: torch.Tensor
+    top_logprobs: torch.Tensor
+
+
 _BYTE_BITS = torch.tensor([[(b >> j) & 1 == 0 for j in range(8)] for b in range(256)])
 
 
 def check_inputs(logits: torch.Tensor, bitmask: torch.Tensor | None, temperature: torch.Tensor,
-                 keys: torch.Tensor) -> None:
+                 keys: torch.Tensor, controls: SamplingControls | None = None,
+                 num_top: torch.Tensor | None = None) -> None:
     """Raise ``ValueError`` for shapes, dtypes or devices the samplers cannot take."""
     if logits.dim() != 2 or logits.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ValueError(f"logits must be [B, V] fp32/bf16/fp16, got {tuple(logits.shape)} "
@@ -39,6 +63,16 @@ def check_inputs(logits: torch.Tensor, bitmask: torch.Tensor | None, temperature
                          f"{tuple(temperature.shape)} and {tuple(keys.shape)}")
     if temperature.device != logits.device or keys.device != logits.device:
         raise ValueError("temperature and keys must be on the logits' device")
+    if controls is not None:
+        check_controls(controls, b, v, logits.device)
+    if num_top is not None:
+        if num_top.shape != (b,) or num_top.dtype != torch.int64:
+            raise ValueError(f"num_top must be int64 [B] for B={b}, got {num_top.dtype} "
+                             f"{tuple(num_top.shape)}")
+        if num_top.device != logits.device:
+            raise ValueError("num_top must be on the logits' device")
+        if b and not 0 <= int(num_top.min()) <= int(num_top.max()) <= MAX_TOP:
+            raise ValueError(f"num_top must be in [0, {MAX_TOP}]")
 
 
 def disallowed_mask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -62,8 +96,11 @@ def apply_bitmask_(y: torch.Tensor, bitmask: torch.Tensor, vocab: int) -> None:
 
 
 def masked_scaled_logits(logits: torch.Tensor, bitmask: torch.Tensor | None,
-                         temperature: torch.Tensor, *, width: int | None = None) -> torch.Tensor:
-    """fp32 ``logits / t`` with disallowed tokens at ``-inf`` (``t = 1`` on greedy rows).
+                         temperature: torch.Tensor, *, width: int | None = None,
+                         controls: SamplingControls | None = None) -> torch.Tensor:
+    """fp32 ``logits / t`` with disallowed tokens at ``-inf`` (``t = 1`` on greedy rows), after
+    the penalties and logit bias of ``controls`` (applied before the mask, so a bias never
+    re-allows a masked token).
 
     Parameters
     ----------
@@ -75,6 +112,8 @@ def masked_scaled_logits(logits: torch.Tensor, bitmask: torch.Tensor | None,
         fp32 ``[B]``; 0 means greedy (the logits are left unscaled).
     width:
         Total columns of the result (``>= V``); columns past ``V`` are ``-inf``.
+    controls:
+        Penalties and logit bias (:mod:`grammarserve_kernels.controls`), or None.
 
     Returns
     -------
@@ -85,16 +124,43 @@ def masked_scaled_logits(logits: torch.Tensor, bitmask: torch.Tensor | None,
     t = torch.where(temperature == 0, 1.0, temperature).to(torch.float32)
     y = torch.empty(b, width or v, dtype=torch.float32, device=logits.device)
     y[:, v:] = float("-inf")
-    torch.div(logits, t[:, None], out=y[:, :v])
+    if controls is None:
+        torch.div(logits, t[:, None], out=y[:, :v])
+    else:
+        y[:, :v] = logits
+        apply_controls_(y[:, :v], controls)
+        y[:, :v] /= t[:, None]
     if bitmask is not None:
         apply_bitmask_(y, bitmask, v)
     return y
 
 
+def top_entries(y: torch.Tensor, lse: torch.Tensor, num_top: torch.Tensor,
+                rows: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top log-probabilities from processed logits (shared by the torch and Triton paths).
+
+    ``y`` fp32 ``[T, V]`` holds the processed logits (``-inf`` = not allowed) of batch rows
+    ``rows`` ``[T]``, and ``lse`` ``[T]`` their log-sum-exp; ``num_top`` int64 ``[B]`` is each
+    row's count. Returns int64 ids and fp32 log-probabilities ``[B, K]`` laid out as
+    :class:`Sampled` describes (``K = max(num_top)``).
+    """
+    k = min(int(num_top.max()), y.shape[1]) if b else 0
+    ids = torch.full((b, k), -1, dtype=torch.int64, device=y.device)
+    lps = torch.full((b, k), float("-inf"), dtype=torch.float32, device=y.device)
+    if k and rows.numel():
+        vals, top = torch.topk(y, k, dim=-1)
+        # NOTE: masked tokens (-inf) are never listed: top_logprobs only show allowed tokens.
+        keep = torch.isfinite(vals) & (torch.arange(k, device=y.device) < num_top[rows, None])
+        ids[rows] = top.masked_fill(~keep, -1)
+        lps[rows] = (vals - lse[:, None]).masked_fill(~keep, float("-inf"))
+    return ids, lps
+
+
 def sample_tokens_ref(logits: torch.Tensor, bitmask: torch.Tensor | None,
-                      temperature: torch.Tensor,
-                      keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mask, scale and sample one token per row (torch; any device).
+                      temperature: torch.Tensor, keys: torch.Tensor, *,
+                      controls: SamplingControls | None = None,
+                      num_top: torch.Tensor | None = None) -> Sampled:
+    """Apply the controls, mask, scale and sample one token per row (torch; any device).
 
     Parameters
     ----------
@@ -107,17 +173,24 @@ def sample_tokens_ref(logits: torch.Tensor, bitmask: torch.Tensor | None,
     keys:
         int64 ``[B, 2]`` random-stream keys (:func:`grammarserve_kernels.stream_keys`); ignored
         for greedy rows.
+    controls:
+        Penalties and logit bias (:mod:`grammarserve_kernels.controls`), applied before the
+        mask; None = none.
+    num_top:
+        int64 ``[B]``: how many top log-probabilities each row wants (0..20), or None.
 
     Returns
     -------
-    tuple[torch.Tensor, torch.Tensor]
-        int64 token ids ``[B]`` and fp32 log-probabilities ``[B]`` of the chosen tokens under the
-        masked, temperature-scaled distribution. A row whose mask allows no token gets id ``-1``
-        and log-probability ``-inf``.
+    Sampled
+        The chosen tokens and their log-probabilities under the processed (penalized, biased,
+        masked, temperature-scaled) distribution, plus the top log-probabilities under the same
+        distribution. A row whose mask allows no token gets id ``-1`` and log-probability
+        ``-inf``.
     """
     b, v = logits.shape
     nblocks = -(-v // SAMPLE_BLOCK)
-    y = masked_scaled_logits(logits, bitmask, temperature, width=nblocks * SAMPLE_BLOCK)
+    y = masked_scaled_logits(logits, bitmask, temperature, width=nblocks * SAMPLE_BLOCK,
+                             controls=controls)
     # NOTE: few ops on purpose: on CPU each torch op is a parallel region, costly when small.
     probs = torch.softmax(y, dim=-1)  # NaN rows where nothing is allowed
     mass = probs.view(b, nblocks, SAMPLE_BLOCK).sum(dim=-1)
@@ -141,4 +214,8 @@ def sample_tokens_ref(logits: torch.Tensor, bitmask: torch.Tensor | None,
 
     # log p read from the softmax: within float rounding of y[tok] - logsumexp(y).
     logprobs = probs.gather(1, ids[:, None])[:, 0].log()
-    return ids.masked_fill(empty, -1), logprobs.masked_fill(empty, float("-inf"))
+    if num_top is None:
+        num_top = torch.zeros(b, dtype=torch.int64, device=y.device)
+    rows = (num_top > 0).nonzero()[:, 0]
+    top = top_entries(y[rows, :v], torch.logsumexp(y[rows], dim=-1), num_top, rows, b)
+    return Sampled(ids.masked_fill(empty, -1), logprobs.masked_fill(empty, float("-inf")), *top)

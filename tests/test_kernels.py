@@ -21,8 +21,8 @@ def _draw(logits: torch.Tensor, allowed: torch.Tensor | None, temperature: float
         rows = min(chunk, n - start)
         bitmask = None if allowed is None else _pack(allowed[None]).expand(rows, -1)
         keys = stream_keys([seed] * rows, range(start, start + rows))
-        ids, _ = sample_tokens(logits[None].expand(rows, -1), bitmask,
-                               torch.full((rows,), temperature), keys)
+        ids = sample_tokens(logits[None].expand(rows, -1), bitmask,
+                            torch.full((rows,), temperature), keys).ids
         out.append(ids)
     return torch.cat(out)
 
@@ -78,7 +78,7 @@ def test_logprobs_and_greedy() -> None:
     allowed = torch.rand(4, 1500, generator=g) < 0.3
     temperature = torch.tensor([0.0, 0.5, 1.0, 0.0])
     keys = stream_keys(range(4), [0] * 4)
-    ids, logprobs = sample_tokens(logits, _pack(allowed), temperature, keys)
+    ids, logprobs, *_ = sample_tokens(logits, _pack(allowed), temperature, keys)
     masked = logits.masked_fill(~allowed, float("-inf"))
     scale = torch.where(temperature == 0, 1.0, temperature)[:, None]
     expected = torch.log_softmax(masked / scale, dim=-1).gather(1, ids[:, None])[:, 0]
@@ -92,7 +92,7 @@ def test_row_with_nothing_allowed_is_reported() -> None:
     allowed = torch.ones(3, 100, dtype=torch.bool)
     allowed[1] = False
     for t in (0.0, 1.0):
-        ids, logprobs = sample_tokens(logits, _pack(allowed), torch.full((3,), t),
+        ids, logprobs, *_ = sample_tokens(logits, _pack(allowed), torch.full((3,), t),
                                       stream_keys(range(3), [0] * 3))
         assert ids[1] == -1 and logprobs[1] == float("-inf")
         assert bool((ids[[0, 2]] >= 0).all()) and bool(torch.isfinite(logprobs[[0, 2]]).all())

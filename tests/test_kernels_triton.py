@@ -36,7 +36,7 @@ def kernel() -> Callable[..., Result]:
 
     def run(*args: torch.Tensor | None) -> Result:
         dev = "cuda" if ON_GPU else "cpu"
-        ids, logprobs = sample_tokens_triton(*(a if a is None else a.to(dev) for a in args))
+        ids, logprobs, *_ = sample_tokens_triton(*(a if a is None else a.to(dev) for a in args))
         return ids.cpu(), logprobs.cpu()
 
     return run
@@ -126,8 +126,13 @@ def test_kernel_compiles_for_cuda() -> None:
         "sig = {'logits_ptr': '*bf16', 'stride_logits': 'i32', 'mask_ptr': '*i32',\n"
         "       'stride_mask': 'i32', 'temp_ptr': '*fp32', 'key_ptr': '*i64',\n"
         "       'out_ids_ptr': '*i64', 'out_logprobs_ptr': '*fp32', 'V': 'i32',\n"
-        "       'HAS_MASK': 'constexpr', 'BLOCK': 'constexpr'}\n"
-        "src = ASTSource(k, sig, constexprs={'HAS_MASK': True, 'BLOCK': 1024})\n"
+        "       'ctl_rows_ptr': '*i64', 'counts_ptr': '*i32', 'prompt_ptr': '*u8',\n"
+        "       'bias_ptr': '*fp32', 'stride_ctl': 'i32', 'freq_ptr': '*fp32',\n"
+        "       'pres_ptr': '*fp32', 'rep_ptr': '*fp32', 'top_rows_ptr': '*i64',\n"
+        "       'ybuf_ptr': '*fp32', 'lse_ptr': '*fp32', 'HAS_MASK': 'constexpr',\n"
+        "       'HAS_CONTROLS': 'constexpr', 'HAS_TOP': 'constexpr', 'BLOCK': 'constexpr'}\n"
+        "src = ASTSource(k, sig, constexprs={'HAS_MASK': True, 'HAS_CONTROLS': True,\n"
+        "                                    'HAS_TOP': True, 'BLOCK': 1024})\n"
         "assert 'cubin' in compile(src, target=GPUTarget('cuda', 90, 32)).asm\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

@@ -174,8 +174,7 @@ def test_constraint_plan_sources() -> None:
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"n": 9}, "n"), ({"logit_bias": {"1": 5}}, "logit_bias"),
-    ({"presence_penalty": 0.5}, "presence_penalty"), ({"stream_options": {}}, "stream_options"),
+    ({"n": 9}, "n"), ({"stream_options": {}}, "stream_options"),
     ({"stop": ["a", ""]}, "stop"), ({"guided_json": {}}, "guided_json"),
     ({"functions": [{"name": "f"}]}, "functions"),
 ])
@@ -190,9 +189,7 @@ def test_unknown_standard_fields_are_ignored() -> None:
                    prompt_cache_key="k", frequency_penalty=0, presence_penalty=None)
     check_common(req, max_n=8)
     check_chat_logprobs(chat_req(logprobs=True, top_logprobs=0))
-    with pytest.raises(InvalidRequestError) as e:
-        check_chat_logprobs(chat_req(logprobs=True, top_logprobs=2))
-    assert e.value.param == "top_logprobs"
+    check_chat_logprobs(chat_req(logprobs=True, top_logprobs=2))
 
 
 def test_sampling_params_and_budget() -> None:

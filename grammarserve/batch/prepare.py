@@ -157,7 +157,8 @@ class Translator:
         requested = req.max_completion_tokens or req.max_tokens
         max_tokens = max_new_tokens(requested, len(prompt), self.max_model_len)
         n = req.n or 1
-        params = sampling_params(req, max_tokens=max_tokens, plan=plan, n=n)
+        params = sampling_params(req, max_tokens=max_tokens, plan=plan, n=n,
+                                 vocab_size=len(self.tokenizer))
         return Prepared(True, req, [prompt] * n, params, plan, tools, [], self._compile(plan))
 
     def _completion(self, req: CompletionRequest) -> Prepared:
@@ -173,7 +174,8 @@ class Translator:
         params: list[SamplingParams] = []
         for ids in prompts:
             max_tokens = max_new_tokens(req.max_tokens, len(ids), self.max_model_len, "prompt")
-            params += sampling_params(req, max_tokens=max_tokens, plan=plan, n=n)
+            params += sampling_params(req, max_tokens=max_tokens, plan=plan, n=n,
+                                      vocab_size=len(self.tokenizer))
             all_prompts += [ids] * n
         echo = [self.tokenizer.decode(ids) for ids in prompts] if req.echo else []
         return Prepared(False, req, all_prompts, params, plan, None, echo, self._compile(plan))
@@ -207,7 +209,8 @@ class Translator:
         for i, out in enumerate(outs):
             lps = None
             if req.logprobs is not None:
-                lps = self.token_texts.completion_logprobs(out.token_ids, out.logprobs, 0)
+                lps = self.token_texts.completion_logprobs(
+                    out.token_ids, out.logprobs, 0, out.top_logprobs if req.logprobs else None)
             choices.append({"index": i, "text": (prep.echo[i // n] if prep.echo else "")
                             + out.text, "finish_reason": R.finish_reason(out.finish_reason, False),
                             "logprobs": lps})
@@ -221,7 +224,7 @@ class Translator:
             content, calls = parse_tool_calls(out.text)
         lps = None
         if getattr(prep.req, "logprobs", None):
-            lps = self.token_texts.chat_logprobs(out.token_ids, out.logprobs)
+            lps = self.token_texts.chat_logprobs(out.token_ids, out.logprobs, out.top_logprobs)
         return R.chat_choice(i, content, calls, R.finish_reason(out.finish_reason, bool(calls)),
                              lps)
 

@@ -16,7 +16,7 @@ from grammarserve.engine.memory import kv_tokens_for_budget, process_rss_bytes
 from grammarserve.engine.model_runner import BatchEntry, ModelRunner
 from grammarserve.engine.radix_cache import DEFAULT_NAMESPACE, RadixCache
 from grammarserve.engine.request import Req, RequestOutput
-from grammarserve.engine.sampler import make_rng, sample
+from grammarserve.engine.sampler import History, TopEntry, make_rng, sample
 from grammarserve.engine.scheduler import ScheduledReq, Scheduler
 from grammarserve.engine.stats import EngineStats
 from grammarserve.engine.stopping import append_token
@@ -85,6 +85,7 @@ class Engine:
         ids = self.tokenizer.encode(prompt, add_special_tokens=False) if isinstance(
             prompt, str) else list(prompt)
         self._check_prompt(ids)
+        self._check_bias(params)
         rng = None if params.greedy else make_rng(params.seed)
         req = Req(request_id, ids, params, IncrementalDetokenizer(
             self.tokenizer, skip_special_tokens=params.skip_special_tokens),
@@ -107,6 +108,12 @@ class Engine:
             raise InvalidRequestError(
                 f"the prompt has {len(ids)} tokens; the limit is {self.max_model_len - 1} "
                 f"(model context and KV pool size)", param="prompt")
+
+    def _check_bias(self, params: SamplingParams) -> None:
+        vocab = self.loaded.config.vocab_size
+        if params.logit_bias and any(t >= vocab for t in params.logit_bias):
+            raise InvalidRequestError(f"logit_bias token ids must be in [0, {vocab})",
+                                      param="logit_bias")
 
     def abort(self, request_id: str) -> None:
         """Stop a request; its final output (finish_reason ``abort``) comes from the next step."""
@@ -141,21 +148,26 @@ class Engine:
         if reqs:
             rows = [i for i, w in enumerate(work) if w.req.num_pending == 0]
             out = sample(logits[rows], [r.params for r in reqs], [r.rng for r in reqs],
-                         self.grammar.wait(masks))
-            for req, tok, lp, dead in zip(reqs, out.token_ids, out.logprobs, out.no_allowed):
-                self._advance(req, tok, lp, dead)
+                         self.grammar.wait(masks),
+                         history=[History(r.tokens, len(r.prompt_ids)) for r in reqs])
+            for i, req in enumerate(reqs):
+                self._advance(req, out.token_ids[i], out.logprobs[i], out.no_allowed[i],
+                              out.top[i])
         return self._collect(reqs)
 
-    def _advance(self, req: Req, token: int, logprob: float, dead: bool) -> None:
+    def _advance(self, req: Req, token: int, logprob: float, dead: bool,
+                 top: list[TopEntry]) -> None:
         """Append a sampled token (and the jump-forward span it unlocks) to ``req``."""
         if dead:
             req.error = "the constraint cannot be completed: it allows no token here (dead end)"
         if req.error is None and self.grammar.accept(req, token):
-            self._append(req, token, logprob)
+            self._append(req, token, logprob, top)
             m = req.matcher
             if req.finish_reason is None and m is not None:
                 for tok in self.grammar.forced(req):
-                    self._append(req, tok, 0.0)
+                    # NOTE: a forced token is the only one allowed: probability 1, alone in its
+                    # top list; it counts as generated for the penalties (it is in req.tokens).
+                    self._append(req, tok, 0.0, [(tok, 0.0)])
                     req.num_forced += 1
                     if req.finish_reason is not None:
                         break
@@ -166,8 +178,10 @@ class Engine:
         if req.finish_reason is not None:
             self.scheduler.finish(req)
 
-    def _append(self, req: Req, token: int, logprob: float) -> None:
+    def _append(self, req: Req, token: int, logprob: float, top: list[TopEntry]) -> None:
         append_token(req, token, logprob, eos_ids=self.eos_ids, max_model_len=self.max_model_len)
+        if req.params.top_logprobs:
+            req.top_logprobs.append(top)
         self._counters["generated_tokens"] += 1
 
     def _admit_compiled(self) -> None:

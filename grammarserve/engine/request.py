@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from grammarserve.engine.detokenizer import IncrementalDetokenizer
 from grammarserve.engine.radix_cache import TreeNode
-from grammarserve.engine.sampler import RowRng
+from grammarserve.engine.sampler import RowRng, TopEntry
 from grammarserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -36,6 +36,8 @@ class RequestOutput:
     error: str | None = None
     logprobs: list[float] = field(default_factory=list)
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
+    # per output token, when params.top_logprobs > 0: the most likely allowed tokens, best first
+    top_logprobs: list[list[TopEntry]] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -64,6 +66,7 @@ class Req:
     pending_text: str = ""  # text produced since the last RequestOutput
     held_text: str = ""  # text that may start a stop string, not released yet
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[TopEntry]] = field(default_factory=list)  # params.top_logprobs > 0
     finish_reason: str | None = None
     error: str | None = None
     rng: RowRng | None = None
@@ -94,4 +97,5 @@ class Req:
             token_ids=self.output_ids, text=self.text, delta_text=delta,
             finished=self.finished, finish_reason=self.finish_reason, error=self.error,
             logprobs=list(self.logprobs), num_cached_tokens=self.num_cached_prompt or 0,
+            top_logprobs=list(self.top_logprobs),
         )

@@ -1,18 +1,29 @@
 """Turns logits into next tokens: greedy, or temperature / top-k / top-p / min-p, under an
-optional per-row token bitmask. Each request has its own random stream (seed + draw counter), so
-its samples do not depend on what else is in the batch.
+optional per-row token bitmask, after the OpenAI controls (frequency / presence / repetition
+penalties, logit bias), with top log-probabilities on request. Each request has its own random
+stream (seed + draw counter), so its samples do not depend on what else is in the batch.
 
 The work is done by the fused mask + sample kernel in ``grammarserve_kernels`` (Triton on CUDA,
-torch on CPU). Rows that ask for top-k / top-p / min-p are masked and scaled first, filtered
-(the sort path), then sampled by the same kernel with temperature 1.
+torch on CPU). Rows that ask for top-k / top-p / min-p are penalized, masked and scaled first,
+filtered (the sort path), then sampled by the same kernel with temperature 1.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
-from grammarserve_kernels import filter_logits, masked_scaled_logits, sample_tokens, stream_keys
+from grammarserve_kernels import (
+    Sampled,
+    SamplingControls,
+    build_controls,
+    filter_logits,
+    masked_scaled_logits,
+    sample_tokens,
+    stream_keys,
+)
 from grammarserve_kernels.sample_ref import disallowed_mask
 
 from grammarserve.sampling_params import SamplingParams
@@ -33,11 +44,25 @@ def make_rng(seed: int | None) -> RowRng:
     return RowRng(seed)
 
 
+class History(NamedTuple):
+    """A row's tokens so far (prompt + generated, forced tokens included): what the penalties
+    count. ``tokens[prompt_len:]`` are the generated ones."""
+
+    tokens: Sequence[int]
+    prompt_len: int
+
+
+#: A token id and its log-probability.
+TopEntry = tuple[int, float]
+
+
 @dataclass
 class SampleOutput:
     token_ids: list[int]
     logprobs: list[float]  # log-probability of each chosen token under the processed distribution
     no_allowed: list[bool]  # the row's mask allowed no token (its token id is 0, logprob -inf)
+    # per row: its most likely allowed tokens, best first ([] when top_logprobs is 0)
+    top: list[list[TopEntry]] = field(default_factory=list)
 
 
 def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -63,8 +88,44 @@ def process_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
     return torch.log_softmax(filter_logits(y, *_filter_args([p], logits.device))[0], dim=-1)
 
 
+def _controls(params: list[SamplingParams], history: Sequence[History] | None, vocab: int,
+              device: torch.device) -> SamplingControls | None:
+    rows = [i for i, p in enumerate(params) if p.uses_controls]
+    if not rows:
+        return None
+    if history is None and any(params[i].penalized for i in rows):
+        raise ValueError("penalties need each row's History (prompt + generated tokens)")
+
+    def generated(i: int) -> list[int]:
+        if history is None or not params[i].penalized:
+            return []
+        return list(history[i].tokens[history[i].prompt_len:])
+
+    def prompt(i: int) -> list[int] | None:
+        if history is None or params[i].repetition_penalty == 1.0:
+            return None
+        return list(history[i].tokens[:history[i].prompt_len])
+
+    return build_controls(
+        len(params), vocab, device, rows=rows, generated=[generated(i) for i in rows],
+        prompts=[prompt(i) for i in rows],
+        bias=[dict(params[i].logit_bias or {}) for i in rows],
+        frequency=[params[i].frequency_penalty for i in rows],
+        presence=[params[i].presence_penalty for i in rows],
+        repetition=[params[i].repetition_penalty for i in rows])
+
+
+def _top_lists(params: list[SamplingParams], res: Sampled) -> list[list[TopEntry]]:
+    if not res.top_ids.shape[1]:
+        return [[] for _ in params]
+    ids, lps = res.top_ids.tolist(), res.top_logprobs.tolist()
+    return [[(t, lp) for t, lp in zip(ids[i], lps[i]) if t >= 0][:p.top_logprobs]
+            for i, p in enumerate(params)]
+
+
 def sample(logits: torch.Tensor, params: list[SamplingParams], rngs: list[RowRng | None],
-           bitmask: torch.Tensor | None = None) -> SampleOutput:
+           bitmask: torch.Tensor | None = None, *,
+           history: Sequence[History] | None = None) -> SampleOutput:
     """Sample one token per row of ``logits`` ``[B, V]`` (fp32, bf16 or fp16).
 
     ``bitmask`` (int32 ``[B, ceil(V/32)]``, bit set = allowed; all ones for unconstrained rows)
@@ -72,12 +133,17 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], rngs: list[RowRng
     is advanced by one draw for every sampled (non-greedy) row. Greedy rows take the argmax of the
     masked logits and report its log-probability under the masked softmax; sampled rows report
     the chosen token's log-probability under the masked, temperature-scaled, filtered
-    distribution.
+    distribution. Penalties and logit bias apply before the mask (a bias never re-allows a
+    masked token); they count the tokens of ``history`` (one per row; needed when a row has a
+    penalty). ``top`` lists, for rows with ``top_logprobs``, the most likely tokens the mask (and
+    the filters) allow, under the distribution the token was sampled from.
     """
     b, vocab = logits.shape
     if len(params) != b or len(rngs) != b:
         raise ValueError(f"need one SamplingParams and one RowRng|None per row: {b} rows, "
                          f"{len(params)} params, {len(rngs)} rngs")
+    if history is not None and len(history) != b:
+        raise ValueError(f"need one History per row: {b} rows, {len(history)} histories")
     dev = logits.device
     draws = []
     for p, rng in zip(params, rngs):
@@ -92,23 +158,56 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], rngs: list[RowRng
     temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev)
     if bitmask is not None:
         bitmask = bitmask.to(dev, non_blocking=True)
+    controls = _controls(params, history, vocab, dev)
+    num_top = None
+    if any(p.top_logprobs for p in params):
+        num_top = torch.tensor([p.top_logprobs for p in params], dtype=torch.int64, device=dev)
 
     filt = [i for i, p in enumerate(params) if _filtered(p, vocab)]
     if not filt:
-        ids, logprobs = sample_tokens(logits, bitmask, temps, keys)
+        res = sample_tokens(logits, bitmask, temps, keys, controls=controls, num_top=num_top)
     else:
-        ids = torch.empty(b, dtype=torch.int64, device=dev)
-        logprobs = torch.empty(b, dtype=torch.float32, device=dev)
-        rows = torch.tensor(filt, device=dev)
-        y = masked_scaled_logits(logits[rows], None if bitmask is None else bitmask[rows],
-                                 temps[rows])
-        y = filter_logits(y, *_filter_args([params[i] for i in filt], dev))
-        ids[rows], logprobs[rows] = sample_tokens(y, None, torch.ones_like(temps[rows]), keys[rows])
-        plain = torch.tensor(sorted(set(range(b)) - set(filt)), dtype=torch.int64, device=dev)
-        if plain.numel():
-            ids[plain], logprobs[plain] = sample_tokens(
-                logits[plain], None if bitmask is None else bitmask[plain], temps[plain],
-                keys[plain])
-    no_allowed = ids < 0
-    ids = ids.masked_fill(no_allowed, 0)
-    return SampleOutput(ids.tolist(), logprobs.tolist(), no_allowed.tolist())
+        parts = [(filt, _sample_filtered(logits, bitmask, temps, keys, controls, num_top, params,
+                                          filt))]
+        plain = sorted(set(range(b)) - set(filt))
+        if plain:
+            rows = torch.tensor(plain, dtype=torch.int64, device=dev)
+            parts.append((plain, sample_tokens(
+                logits[rows], None if bitmask is None else bitmask[rows], temps[rows],
+                keys[rows], controls=None if controls is None else controls.select(rows),
+                num_top=None if num_top is None else num_top[rows])))
+        res = _merge(b, dev, parts)
+    no_allowed = res.ids < 0
+    ids = res.ids.masked_fill(no_allowed, 0)
+    return SampleOutput(ids.tolist(), res.logprobs.tolist(), no_allowed.tolist(),
+                        _top_lists(params, res))
+
+
+def _sample_filtered(logits: torch.Tensor, bitmask: torch.Tensor | None, temps: torch.Tensor,
+                     keys: torch.Tensor, controls: SamplingControls | None,
+                     num_top: torch.Tensor | None, params: list[SamplingParams],
+                     filt: list[int]) -> Sampled:
+    """The sort path: controls, mask and temperature, then top-k / top-p / min-p, then the
+    kernel at temperature 1 (its top log-probabilities come from the filtered distribution)."""
+    rows = torch.tensor(filt, dtype=torch.int64, device=logits.device)
+    y = masked_scaled_logits(logits[rows], None if bitmask is None else bitmask[rows],
+                             temps[rows],
+                             controls=None if controls is None else controls.select(rows))
+    y = filter_logits(y, *_filter_args([params[i] for i in filt], logits.device))
+    return sample_tokens(y, None, torch.ones_like(temps[rows]), keys[rows],
+                         num_top=None if num_top is None else num_top[rows])
+
+
+def _merge(b: int, device: torch.device, parts: list[tuple[list[int], Sampled]]) -> Sampled:
+    """One :class:`Sampled` for ``b`` rows from sub-batches (their rows, their result)."""
+    k = max(r.top_ids.shape[1] for _, r in parts)
+    ids = torch.empty(b, dtype=torch.int64, device=device)
+    logprobs = torch.empty(b, dtype=torch.float32, device=device)
+    top_ids = torch.full((b, k), -1, dtype=torch.int64, device=device)
+    top_lps = torch.full((b, k), float("-inf"), dtype=torch.float32, device=device)
+    for rows, r in parts:
+        index = torch.tensor(rows, dtype=torch.int64, device=device)
+        ids[index], logprobs[index] = r.ids, r.logprobs
+        top_ids[index, :r.top_ids.shape[1]] = r.top_ids
+        top_lps[index, :r.top_ids.shape[1]] = r.top_logprobs
+    return Sampled(ids, logprobs, top_ids, top_lps)

@@ -72,7 +72,8 @@ async def prepare(state: ServerState, req: ChatCompletionRequest
     max_tokens = max_new_tokens(requested, len(prompt), state.max_model_len)
     await validate_constraint(state, plan)
     n = req.n or 1
-    params = sampling_params(req, max_tokens=max_tokens, plan=plan, n=n)
+    params = sampling_params(req, max_tokens=max_tokens, plan=plan, n=n,
+                             vocab_size=len(state.tokenizer))
     gen = Generation(state, R.new_id("chatcmpl"), [prompt] * n, params,
                      namespace=req.cache_namespace or "",
                      constraint_param=plan.param if plan else None)
@@ -87,7 +88,7 @@ def _choice(state: ServerState, i: int, out: RequestOutput, tools: ToolsPlan | N
         content, calls = parse_tool_calls(out.text)
     lps = None
     if logprobs and state.token_texts is not None:
-        lps = state.token_texts.chat_logprobs(out.token_ids, out.logprobs)
+        lps = state.token_texts.chat_logprobs(out.token_ids, out.logprobs, out.top_logprobs)
     return R.chat_choice(i, content, calls, R.finish_reason(out.finish_reason, bool(calls)), lps)
 
 
@@ -136,7 +137,8 @@ async def stream(state: ServerState, req: ChatCompletionRequest, gen: Generation
             lps = None
             texts = state.token_texts
             if req.logprobs and texts and len(out.token_ids) > sent[i] and (events or out.finished):
-                lps = texts.chat_logprobs(out.token_ids[sent[i]:], out.logprobs[sent[i]:])
+                lps = texts.chat_logprobs(out.token_ids[sent[i]:], out.logprobs[sent[i]:],
+                                          out.top_logprobs[sent[i]:])
                 sent[i] = len(out.token_ids)
             for k, ev in enumerate(events):
                 yield maker.delta(i, _event_delta(ev), logprobs=lps if k == 0 else None)

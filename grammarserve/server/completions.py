@@ -39,7 +39,8 @@ async def prepare(state: ServerState, req: CompletionRequest) -> tuple[Generatio
     params = []
     for ids in prompts:
         max_tokens = max_new_tokens(req.max_tokens, len(ids), state.max_model_len, "prompt")
-        params += sampling_params(req, max_tokens=max_tokens, plan=plan, n=n)
+        params += sampling_params(req, max_tokens=max_tokens, plan=plan, n=n,
+                                  vocab_size=len(state.tokenizer))
         all_prompts += [ids] * n
     await validate_constraint(state, plan)
     texts = [state.tokenizer.decode(ids) for ids in prompts] if req.echo else []
@@ -49,11 +50,14 @@ async def prepare(state: ServerState, req: CompletionRequest) -> tuple[Generatio
     return gen, texts
 
 
-def _logprobs(state: ServerState, req: CompletionRequest, token_ids: list[int],
-              logprobs: list[float], offset: int) -> dict[str, Any] | None:
+def _logprobs(state: ServerState, req: CompletionRequest, out: RequestOutput, start: int,
+              offset: int) -> dict[str, Any] | None:
+    """Logprobs of ``out``'s tokens from ``start`` on (``offset``: their text offset)."""
     if req.logprobs is None or state.token_texts is None:
         return None
-    return state.token_texts.completion_logprobs(token_ids, logprobs, offset)
+    return state.token_texts.completion_logprobs(
+        out.token_ids[start:], out.logprobs[start:], offset,
+        out.top_logprobs[start:] if req.logprobs else None)
 
 
 async def complete(state: ServerState, req: CompletionRequest, gen: Generation,
@@ -67,7 +71,7 @@ async def complete(state: ServerState, req: CompletionRequest, gen: Generation,
         prefix = echo[i // n] if echo else ""
         choices.append({"index": i, "text": prefix + out.text,
                         "finish_reason": R.finish_reason(out.finish_reason, False),
-                        "logprobs": _logprobs(state, req, out.token_ids, out.logprobs, 0)})
+                        "logprobs": _logprobs(state, req, out, 0, 0)})
     usage = R.final_usage(outs, num_prompts=len(outs) // n)
     state.metrics.observe_usage(usage)
     return R.completion(gen.base_id, state.model_name, choices, usage)
@@ -87,8 +91,7 @@ async def stream(state: ServerState, req: CompletionRequest, gen: Generation,
         async for i, out in outputs:
             lps = None
             if req.logprobs is not None and (out.delta_text or out.finished):
-                lps = _logprobs(state, req, out.token_ids[sent[i]:], out.logprobs[sent[i]:],
-                                offsets[i])
+                lps = _logprobs(state, req, out, sent[i], offsets[i])
                 sent[i] = len(out.token_ids)
             offsets[i] += len(out.delta_text)
             reason = R.finish_reason(out.finish_reason, False) if out.finished else None

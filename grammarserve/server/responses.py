@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from grammarserve.engine.request import RequestOutput
+from grammarserve.engine.sampler import TopEntry
 from grammarserve.server.toolparse import ParsedCall
 
 
@@ -39,21 +41,38 @@ class TokenTexts:
             self._cache[token_id] = hit
         return hit
 
-    def chat_logprobs(self, token_ids: list[int], logprobs: list[float]) -> list[dict[str, Any]]:
+    def chat_logprobs(self, token_ids: list[int], logprobs: list[float],
+                      tops: Sequence[Sequence[TopEntry]] = ()) -> list[dict[str, Any]]:
+        """Chat ``logprobs.content``: one entry per token; ``tops[i]`` (token id, logprob)
+        pairs become its ``top_logprobs`` (``[]`` when the request asked for none)."""
         out = []
-        for tid, lp in zip(token_ids, logprobs):
+        for i, (tid, lp) in enumerate(zip(token_ids, logprobs)):
             text, data = self.get(tid)
-            out.append({"token": text, "logprob": lp, "bytes": data, "top_logprobs": []})
+            top = []
+            for alt, x in (tops[i] if i < len(tops) else ()):
+                alt_text, alt_data = self.get(alt)
+                top.append({"token": alt_text, "logprob": x, "bytes": alt_data})
+            out.append({"token": text, "logprob": lp, "bytes": data, "top_logprobs": top})
         return out
 
-    def completion_logprobs(self, token_ids: list[int], logprobs: list[float],
-                            offset: int) -> dict[str, Any]:
+    def completion_logprobs(self, token_ids: list[int], logprobs: list[float], offset: int,
+                            tops: Sequence[Sequence[TopEntry]] | None = None) -> dict[str, Any]:
+        """Completions ``logprobs``; ``top_logprobs`` is a ``{token: logprob}`` dict per token
+        when ``tops`` is given (a text two alternatives share keeps the likelier), else null."""
         tokens = [self.get(t)[0] for t in token_ids]
         offsets = []
         for t in tokens:
             offsets.append(offset)
             offset += len(t)
-        return {"tokens": tokens, "token_logprobs": list(logprobs), "top_logprobs": None,
+        top: list[dict[str, float]] | None = None
+        if tops is not None:
+            top = []
+            for i in range(len(tokens)):
+                entry: dict[str, float] = {}
+                for alt, x in (tops[i] if i < len(tops) else ()):
+                    entry.setdefault(self.get(alt)[0], x)
+                top.append(entry)
+        return {"tokens": tokens, "token_logprobs": list(logprobs), "top_logprobs": top,
                 "text_offset": offsets}
 
 

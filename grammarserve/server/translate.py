@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,11 +58,6 @@ def check_common(req: _Generation, *, max_n: int) -> None:
                                       param=key)
     if req.n is not None and req.n > max_n:
         raise InvalidRequestError(f"n must be <= {max_n} on this server, got {req.n}", param="n")
-    if req.logit_bias:
-        raise InvalidRequestError("logit_bias is not supported", param="logit_bias")
-    for name in ("frequency_penalty", "presence_penalty"):
-        if getattr(req, name):
-            raise InvalidRequestError(f"{name} is not supported (only 0 or null)", param=name)
     if req.stream_options is not None and not req.stream:
         raise InvalidRequestError("stream_options is only allowed when 'stream' is true",
                                   param="stream_options")
@@ -172,9 +168,40 @@ def max_new_tokens(requested: int | None, prompt_len: int, max_model_len: int,
     return requested if requested is not None else room
 
 
+def logit_bias(req: _Generation, vocab_size: int | None) -> dict[int, float] | None:
+    """``logit_bias`` with its keys as token ids: each key must be the decimal id of a token of
+    the vocabulary (``vocab_size`` tokens; not checked when None) and each bias in
+    ``[-100, 100]``."""
+    if not req.logit_bias:
+        return None
+    out: dict[int, float] = {}
+    for key, bias in req.logit_bias.items():
+        if not re.fullmatch(r"[0-9]{1,12}", key):
+            raise InvalidRequestError(f"logit_bias keys must be token ids (decimal integer "
+                                      f"strings), got {key!r}", param="logit_bias")
+        tok = int(key)
+        if vocab_size is not None and tok >= vocab_size:
+            raise InvalidRequestError(f"logit_bias key {key} is not a token id of this model "
+                                      f"(ids are 0 to {vocab_size - 1})", param="logit_bias")
+        if not -100.0 <= bias <= 100.0:
+            raise InvalidRequestError(f"logit_bias values must be in [-100, 100], got {bias} for "
+                                      f"token {key}", param="logit_bias")
+        out[tok] = float(bias)
+    return out
+
+
+def _num_top_logprobs(req: _Generation) -> int:
+    if isinstance(req, ChatCompletionRequest):
+        return (req.top_logprobs or 0) if req.logprobs else 0
+    if isinstance(req, CompletionRequest):
+        return req.logprobs or 0
+    return 0
+
+
 def sampling_params(req: _Generation, *, max_tokens: int, plan: ConstraintPlan | None,
-                    n: int) -> list[SamplingParams]:
-    """One :class:`SamplingParams` per choice (choice ``i`` gets seed ``seed + i``)."""
+                    n: int, vocab_size: int | None = None) -> list[SamplingParams]:
+    """One :class:`SamplingParams` per choice (choice ``i`` gets seed ``seed + i``).
+    ``vocab_size`` bounds the token ids of ``logit_bias``."""
     temperature = 1.0 if req.temperature is None else req.temperature
     top_p = 1.0 if req.top_p is None else req.top_p
     if top_p == 0.0:
@@ -185,6 +212,7 @@ def sampling_params(req: _Generation, *, max_tokens: int, plan: ConstraintPlan |
         # the last call before the stop token, and small models fill it with newlines; a blank
         # line after a call ends the calls (the parser does not need the last end tag).
         stop.append(TOOL_CALLS_DONE)
+    bias = logit_bias(req, vocab_size)
     out = []
     for i in range(n):
         seed = None if req.seed is None else (req.seed + i) % 2**63
@@ -192,7 +220,11 @@ def sampling_params(req: _Generation, *, max_tokens: int, plan: ConstraintPlan |
             max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=req.top_k or 0,
             min_p=req.min_p or 0.0, seed=seed, stop=tuple(stop),
             ignore_eos=bool(req.ignore_eos),
-            constraint=plan.constraint if plan is not None else None))
+            constraint=plan.constraint if plan is not None else None,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            presence_penalty=req.presence_penalty or 0.0,
+            repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            logit_bias=bias, top_logprobs=_num_top_logprobs(req)))
     return out
 
 
@@ -240,16 +272,10 @@ def check_completion(req: CompletionRequest) -> None:
     if req.best_of is not None and req.best_of != (req.n or 1):
         raise InvalidRequestError("best_of must equal n (no server-side ranking)",
                                   param="best_of")
-    if req.logprobs:
-        raise InvalidRequestError("logprobs > 0 (top alternatives) is not supported; use "
-                                  "logprobs=0 for the sampled tokens' logprobs", param="logprobs")
 
 
 def check_chat_logprobs(req: ChatCompletionRequest) -> None:
-    if req.top_logprobs:
-        raise InvalidRequestError("top_logprobs > 0 is not supported: the engine returns the "
-                                  "sampled token's logprob only (use top_logprobs=0)",
-                                  param="top_logprobs")
+    """``top_logprobs`` (0..20, checked by the protocol model) needs ``logprobs: true``."""
     if req.top_logprobs is not None and not req.logprobs:
         raise InvalidRequestError("top_logprobs requires logprobs=true", param="top_logprobs")
 
