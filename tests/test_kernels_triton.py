@@ -8,11 +8,13 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from dataclasses import fields
 
 import pytest
 import torch
 from bitmask_helpers import pack_bitmask as _pack
-from grammarserve_kernels import stream_keys
+from controls_helpers import CONTROLS, check_against_reference, make_case
+from grammarserve_kernels import Sampled, SamplingControls, stream_keys
 from grammarserve_kernels.sample_ref import sample_tokens_ref
 
 ON_GPU = torch.cuda.is_available()
@@ -64,7 +66,7 @@ def _case(b: int, v: int, dtype: torch.dtype, seed: int, *, masked: bool = True
     return logits, _pack(allowed), temperature, stream_keys(range(b), [seed] * b)
 
 
-def _assert_same(ref: Result, got: Result) -> None:
+def _assert_same(ref: tuple[torch.Tensor, ...], got: tuple[torch.Tensor, ...]) -> None:
     assert got[0].tolist() == ref[0].tolist()
     assert torch.equal(torch.isneginf(got[1]), torch.isneginf(ref[1]))
     finite = torch.isfinite(ref[1])
@@ -139,3 +141,53 @@ def test_kernel_compiles_for_cuda() -> None:
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
                           timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+# -- OpenAI sampling controls (penalties, logit bias) and top logprobs ------------------------
+@pytest.fixture(scope="module")
+def full_kernel() -> Callable[..., Sampled]:
+    """``sample_tokens_triton`` with controls and top logprobs, CPU tensors in and out."""
+    if not ON_GPU and not triton.knobs.runtime.interpret:
+        pytest.skip("triton was imported before TRITON_INTERPRET=1 was set: run this file alone")
+    from grammarserve_kernels.sample_triton import sample_tokens_triton
+
+    def run(logits: torch.Tensor, bitmask: torch.Tensor | None, temperature: torch.Tensor,
+            keys: torch.Tensor, controls: SamplingControls | None,
+            num_top: torch.Tensor | None) -> Sampled:
+        dev = "cuda" if ON_GPU else "cpu"
+        moved = None if controls is None else SamplingControls(
+            **{f.name: getattr(controls, f.name).to(dev) for f in fields(controls)})
+        out = sample_tokens_triton(
+            logits.to(dev), None if bitmask is None else bitmask.to(dev), temperature.to(dev),
+            keys.to(dev), controls=moved, num_top=None if num_top is None else num_top.to(dev))
+        return Sampled(*(t.cpu() for t in out))
+
+    return run
+
+
+@pytest.mark.parametrize("masked", [False, True])
+@pytest.mark.parametrize("control", CONTROLS)
+def test_triton_applies_each_control(full_kernel: Callable[..., Sampled], control: str,
+                                     masked: bool) -> None:
+    case = make_case(control, masked=masked, seed=10 + CONTROLS.index(control))
+    args = (case.logits, case.bitmask, case.temperature, case.keys, case.controls(),
+            case.num_top)
+    got = full_kernel(*args)
+    check_against_reference(case, *got)
+    ref = sample_tokens_ref(*args[:4], controls=args[4], num_top=args[5])
+    _assert_same(ref[:2], got[:2])
+    assert got.top_ids.tolist() == ref.top_ids.tolist()
+    torch.testing.assert_close(got.top_logprobs, ref.top_logprobs, rtol=1e-5, atol=2e-5)
+
+
+def test_triton_controls_in_half_precision_and_top_without_controls(
+        full_kernel: Callable[..., Sampled]) -> None:
+    case = make_case("all", masked=True, b=7, v=3001, seed=20, dtype=torch.bfloat16)
+    for controls in (case.controls(), None):
+        args = (case.logits, case.bitmask, case.temperature, case.keys, controls,
+                case.num_top)
+        ref = sample_tokens_ref(*args[:4], controls=controls, num_top=case.num_top)
+        got = full_kernel(*args)
+        _assert_same(ref[:2], got[:2])
+        assert got.top_ids.tolist() == ref.top_ids.tolist()
+        torch.testing.assert_close(got.top_logprobs, ref.top_logprobs, rtol=1e-5, atol=2e-5)
