@@ -8,8 +8,10 @@ waits for ``GET /health`` == 200 and stops it at the end; with ``--base-url`` (e
 Workloads (``--workload``):
 - ``extraction``: the JSON-extraction workload of ``extraction_workload.py`` (shared instruction
   prompt + one document), ``response_format`` json_schema strict; valid = the reply parses and
-  validates against the schema (replies cut by ``max_tokens`` are left out of the denominator and
-  counted in ``cut_by_length``).
+  validates against the schema. With the defaults (32 documents, concurrency 8, ``max_tokens``
+  160, greedy, ``--few-shot-style spaced``: the few-shot answers are plain ``json.dumps`` output)
+  it is the extraction workload of issue 15. ``--few-shot-style compact|indented|none`` writes
+  the answers with ``","``/``":"``, with ``indent=2``, or leaves the examples out.
 - ``tools``: an agent turn with 3 tools, ``tool_choice="required"``; valid = every tool call has a
   known name and arguments that validate against that tool's parameters (``--strict-tools`` sets
   ``strict: true`` on the tools). Multi-turn: every other request (odd indices) carries a prior
@@ -21,6 +23,15 @@ Workloads (``--workload``):
 Every request streams (``stream_options.include_usage``) so TTFT (first content or tool-call
 delta) and inter-chunk latency are measured. Prints one JSON line (``--label NAME`` adds
 ``"server": NAME`` to it).
+
+Headline figures (``figures.py``; constrained workloads, null for ``chat``), all over *every*
+request sent, since a reply cut by ``max_tokens`` or a failed request is a failure for the user:
+``success_pct`` (valid replies / requests), ``goodput_valid_per_s`` (valid replies per second),
+then ``valid_of_finished_pct`` (validity among replies not cut by ``max_tokens``; the same figure
+as the older ``valid_pct``, kept), ``cut_by_length`` (finish_reason ``length``) and ``errors``.
+Extraction also reports ``field_accuracy_pct`` (fields equal to the document's record, over all
+requests). ``--dump-replies PATH`` writes one JSON line per request (text, tool calls,
+finish_reason, valid, error) so the replies can be read, not only counted.
 
 ``--model``: default the first id of ``GET /v1/models`` (grammarserve: ``default``; vLLM: its
 ``--served-model-name``; llama-server lists its model file and accepts any name).
@@ -48,6 +59,7 @@ import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import extraction_workload as wl
+from figures import success_figures
 
 TOOLS: list[dict[str, Any]] = [
     {"type": "function", "function": {
@@ -111,6 +123,8 @@ def _prior_turn(i: int, j: int) -> list[dict[str, Any]]:
     ``tool`` message with its result."""
     k = j // 3
     call_id = f"call_{i:04d}{j % 3}prior"
+    fargs: dict[str, Any]
+    result: dict[str, Any]
     if j % 3 == 0:
         city = _CITIES[k % len(_CITIES)]
         unit = "fahrenheit" if k % 2 else "celsius"
@@ -153,8 +167,9 @@ def build_requests(args: argparse.Namespace) -> list[dict[str, Any]]:
     if args.workload == "extraction":
         fmt = {"type": "json_schema",
                "json_schema": {"name": "record", "schema": wl.SCHEMA, "strict": True}}
-        for doc, _ in wl.documents(n):
-            out.append({**base, "messages": wl.messages(doc), "response_format": fmt})
+        for doc, rec in wl.documents(n):
+            out.append({**base, "messages": wl.messages(doc, style=args.few_shot_style),
+                        "response_format": fmt, "_expected": rec})
     elif args.workload == "tools":
         tools = [{"type": "function", "function": {**t["function"], "strict": True}}
                  for t in TOOLS] if args.strict_tools else TOOLS
@@ -172,6 +187,7 @@ def build_requests(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 async def one(client: openai.AsyncOpenAI, model: str, kw: dict[str, Any]) -> dict[str, Any]:
+    kw = {k: v for k, v in kw.items() if not k.startswith("_")}
     t0 = time.perf_counter()
     first: float | None = None
     stamps: list[float] = []
@@ -231,6 +247,34 @@ def is_valid(workload: str, r: dict[str, Any]) -> bool:
     except (ValueError, jsonschema.ValidationError):
         return False
     return True
+
+
+def counts_as_valid(workload: str, r: Any) -> bool:
+    """A success: the request came back, was not cut by ``max_tokens`` and its reply is valid."""
+    return isinstance(r, dict) and r["finish"] != "length" and is_valid(workload, r)
+
+
+def correct_fields(r: Any, expected: dict[str, Any]) -> int:
+    """Extraction: how many of the record's fields a valid reply got right."""
+    try:
+        obj = json.loads(r["text"])
+    except ValueError:
+        return 0
+    return sum(obj.get(k) == v for k, v in expected.items()) if isinstance(obj, dict) else 0
+
+
+def dump_replies(path: str, workload: str, results: list[Any]) -> None:
+    """One JSON line per request, in request order."""
+    with open(path, "w") as f:
+        for i, r in enumerate(results):
+            if isinstance(r, dict):
+                line = {"i": i, "finish_reason": r["finish"],
+                        "valid": counts_as_valid(workload, r), "text": r["text"],
+                        "tool_calls": r["calls"], "completion_tokens": r["completion_tokens"]}
+            else:
+                line = {"i": i, "finish_reason": None, "valid": False, "text": None,
+                        "tool_calls": [], "error": repr(r)[:1000]}
+            f.write(json.dumps(line) + "\n")
 
 
 def pct(xs: list[float], q: float) -> float | None:
@@ -305,27 +349,39 @@ def stop_server(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def summarize(args: argparse.Namespace, results: list[Any], wall: float) -> dict[str, Any]:
+def summarize(args: argparse.Namespace, results: list[Any], wall: float,
+              expected: list[Any] | None = None) -> dict[str, Any]:
     ok = [r for r in results if isinstance(r, dict)]
     errors = [r for r in results if not isinstance(r, dict)]
     cut = [r for r in ok if r["finish"] == "length"]
     judged = [r for r in ok if r["finish"] != "length"]
     valid = sum(is_valid(args.workload, r) for r in judged)
+    constrained = args.workload != "chat"
+    head = success_figures(args.requests, valid, len(judged), len(cut), wall)
+    if not constrained:  # a cut chat reply is no failure: no success figures for plain chat
+        head = {k: None for k in head} | {"cut_by_length": len(cut)}
     comp = sum(r["completion_tokens"] for r in ok)
     prompt = sum(r["prompt_tokens"] for r in ok)
     cached = [r["cached_tokens"] for r in ok if r["cached_tokens"] is not None]
     ttfts = [r["ttft"] for r in ok if r["ttft"] is not None]
     itls = [x for r in ok for x in r["itl"]]
-    out = {**({"server": args.label} if args.label else {}), "workload": args.workload, "concurrency": args.concurrency,
-           "requests": args.requests, "completed": len(ok), "wall_s": round(wall, 2),
+    out = {**({"server": args.label} if args.label else {}), "workload": args.workload,
+           **({"few_shot_style": args.few_shot_style} if args.workload == "extraction" else {}),
+           "requests": args.requests, "constrained": constrained, **head, "errors": len(errors),
+           "concurrency": args.concurrency, "max_tokens": args.max_tokens,
+           "completed": len(ok), "wall_s": round(wall, 2),
            "requests_per_s": round(len(ok) / wall, 3),
            "completion_tok_per_s": round(comp / wall, 2), "completion_tokens": comp,
            "ttft_p50": pct(ttfts, 0.5), "ttft_p95": pct(ttfts, 0.95),
            "latency_p50": pct([r["latency"] for r in ok], 0.5),
            "itl_p50": pct(itls, 0.5),
            "cached_token_share": round(sum(cached) / prompt, 3) if cached and prompt else None,
-           "valid_pct": round(100.0 * valid / len(judged), 1) if judged else None,
-           "cut_by_length": len(cut), "errors": len(errors)}
+           "valid_pct": round(100.0 * valid / len(judged), 1) if judged else None}
+    if args.workload == "extraction" and expected is not None:
+        right = sum(correct_fields(r, e) for r, e in zip(results, expected)
+                    if counts_as_valid(args.workload, r))
+        out["field_accuracy_pct"] = round(100.0 * right / (len(wl.SCHEMA["required"])
+                                                           * args.requests), 1)
     if args.workload == "tools":
         out["strict_tools"] = args.strict_tools
         out["parallel_tool_calls"] = not args.no_parallel_tool_calls
@@ -349,6 +405,11 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--few-shot-style", choices=wl.FEW_SHOT_STYLES, default="spaced",
+                    help="extraction: the few-shot answers as json.dumps defaults (spaced, "
+                         "', ' and ': '), compact (',' and ':'), indent=2, or no examples")
+    ap.add_argument("--dump-replies", metavar="PATH", default=None,
+                    help="write each reply (text, tool calls, finish_reason, valid) as JSONL")
     ap.add_argument("--strict-tools", action="store_true")
     ap.add_argument("--single-turn", action="store_true",
                     help="tools: no request carries a prior tool-call turn (default: every other)")
@@ -382,7 +443,9 @@ def main() -> None:
         if proc is not None:
             stop_server(proc)
             os.unlink(log)
-    print(json.dumps(summarize(args, results, wall)))
+    if args.dump_replies:
+        dump_replies(args.dump_replies, args.workload, results)
+    print(json.dumps(summarize(args, results, wall, [kw.get("_expected") for kw in reqs])))
 
 
 if __name__ == "__main__":

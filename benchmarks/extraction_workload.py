@@ -1,5 +1,19 @@
 """The JSON-extraction workload shared by the benchmarks: a 7-field contact-record schema, a
-shared instruction prompt with few-shot examples, and N synthetic documents (deterministic)."""
+shared instruction prompt with few-shot examples, and N synthetic documents (deterministic).
+
+The few-shot answers are written in one of ``FEW_SHOT_STYLES`` (``style=`` of ``instructions`` and
+``messages``), to measure how a JSON output style the prompt shows (or does not show) changes what
+the model writes:
+
+- ``spaced`` (default, the workload of issue 15): ``json.dumps`` defaults, ``", "`` and ``": "``
+  (``{"name": "Maria Lopez", "age": 34, ...}``)
+- ``compact``: ``","`` and ``":"`` (``{"name":"Maria Lopez","age":34,...}``)
+- ``indented``: ``indent=2``, one field per line
+- ``none``: no worked examples at all (task, schema and rules only)
+
+Only the answers change; the documents, the schema shown in the prompt (``indent=2``) and the
+rules are the same in every style.
+"""
 
 from __future__ import annotations
 
@@ -56,18 +70,37 @@ def _document(rec: dict[str, Any], rng: random.Random) -> str:
             f"{status}.")
 
 
-def instructions(shots: int = 6) -> str:
-    """The shared system prompt: task, schema and ``shots`` worked examples (~1,300 tokens at 6)."""
+FEW_SHOT_STYLES = ("spaced", "compact", "indented", "none")
+
+
+def dump_answer(rec: dict[str, Any], style: str = "spaced") -> str:
+    """One few-shot answer in ``style`` (see the module docstring)."""
+    if style == "spaced":
+        return json.dumps(rec)
+    if style == "compact":
+        return json.dumps(rec, separators=(",", ":"))
+    if style == "indented":
+        return json.dumps(rec, indent=2)
+    raise ValueError(f"few-shot style {style!r}: one of {', '.join(FEW_SHOT_STYLES)}")
+
+
+def instructions(shots: int = 6, style: str = "spaced") -> str:
+    """The shared system prompt: task, schema and ``shots`` worked examples (~1,300 tokens at 6)
+    whose answers are written in ``style``; ``style="none"`` leaves the examples out."""
+    if style not in FEW_SHOT_STYLES:
+        raise ValueError(f"few-shot style {style!r}: one of {', '.join(FEW_SHOT_STYLES)}")
+    if style == "none":
+        shots = 0
     rng = random.Random(1234)
-    parts = ["You are a data-extraction service. Read the document and return one JSON object "
-             "with exactly these fields, following this JSON Schema:\n",
+    parts = [("You are a data-extraction service. Read the document and return one JSON object "
+              "with exactly these fields, following this JSON Schema:\n"),
              json.dumps(SCHEMA, indent=2),
-             "\nRules: copy names, employers and e-mail addresses exactly as written; age is an "
-             "integer; status is active, inactive or unknown. Output only the JSON.\n"]
+             ("\nRules: copy names, employers and e-mail addresses exactly as written; age is an "
+              "integer; status is active, inactive or unknown. Output only the JSON.\n")]
     for i in range(shots):
         rec = _record(rng)
         parts.append(f"\nExample {i + 1}\nDocument: {_document(rec, rng)}\nJSON: "
-                     f"{json.dumps(rec)}\n")
+                     f"{dump_answer(rec, style)}\n")
     return "".join(parts)
 
 
@@ -81,7 +114,7 @@ def documents(n: int, seed: int = 0) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def messages(doc: str, shots: int = 6) -> list[dict[str, str]]:
+def messages(doc: str, shots: int = 6, style: str = "spaced") -> list[dict[str, str]]:
     """Chat messages for one document (the system prompt is shared by every document)."""
-    return [{"role": "system", "content": instructions(shots)},
+    return [{"role": "system", "content": instructions(shots, style)},
             {"role": "user", "content": f"Document: {doc}\nJSON:"}]

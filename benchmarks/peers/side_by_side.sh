@@ -12,7 +12,10 @@
 #   RESULTS      [/tmp/side_by_side-<time>.jsonl]   results file (appended to)
 #   REQUESTS [32] CONCURRENCY [8] MAX_TOKENS [160]  per workload; --quick (or QUICK=1): 4 and 2
 #   WARMUP       [1]   untimed requests of each workload before it (0 = measure the cold start)
-#   WORKLOADS    [extraction tools tools-strict chat]
+#   WORKLOADS    [extraction tools tools-strict chat]; also extraction-compact,
+#                extraction-indented, extraction-none (the few-shot answers written compact,
+#                with indent=2, or left out; plain `extraction` is spaced: json.dumps defaults)
+#   DUMP_DIR     if set, each run's replies go to $DUMP_DIR/NAME-WORKLOAD.jsonl (--dump-replies)
 #   STARTUP_TIMEOUT [1500] seconds (vLLM's first start compiles the model for ~8 min)
 #   GS_EXTRA     extra arguments for `grammarserve serve`
 #   LOG_DIR      [/tmp]                      server logs: $LOG_DIR/side_by_side-NAME.log
@@ -96,8 +99,12 @@ for name in $SERVERS; do
     extra=()
     case $w in
       tools-strict) extra=(--workload tools --strict-tools) ;;
+      extraction-*) extra=(--workload extraction --few-shot-style "${w#extraction-}") ;;
       *) extra=(--workload "$w") ;;
     esac
+    if [ -n "${DUMP_DIR:-}" ]; then
+      mkdir -p "$DUMP_DIR"; extra+=(--dump-replies "$DUMP_DIR/$name-$w.jsonl")
+    fi
     echo "# $name: $w" >&2
     if line=$("$PY" "$REPO/benchmarks/bench_serving.py" --base-url "$BASE/v1" --label "$name" \
                 "${extra[@]}" --requests "$REQUESTS" --concurrency "$CONCURRENCY" \

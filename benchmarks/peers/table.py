@@ -2,9 +2,16 @@
 
     python benchmarks/peers/table.py RESULTS.jsonl
 
-One row per (workload, server); ratio columns compare grammarserve with each peer on the same
-workload: req/s and tok/s as grammarserve/peer (> 1: grammarserve faster), p50 latency as
-grammarserve/peer (< 1: grammarserve faster). For each server and workload the last line wins.
+One row per (workload, server). The headline columns come first, for constrained workloads
+(``figures.py``): success % (valid replies among *all* requests, with the count), goodput (valid
+replies per second), validity among the replies not cut by ``max_tokens``, and the number cut.
+Ratio columns compare grammarserve with each peer on the same workload: goodput, req/s and tok/s
+as grammarserve/peer (> 1: grammarserve better), p50 latency as grammarserve/peer (< 1:
+grammarserve faster). For each server and workload the last line wins.
+
+Lines written before bench_serving.py reported the success figures (no ``success_pct``) get
+them derived from ``valid_pct``, ``completed``, ``cut_by_length`` and ``wall_s`` (the same
+definitions; such rows are marked with a ``*``).
 """
 
 from __future__ import annotations
@@ -20,7 +27,32 @@ def variant(r: dict[str, Any]) -> str:
     w = str(r["workload"])
     if w == "tools" and r.get("strict_tools"):
         w += " (strict)"
+    if w == "tools" and r.get("parallel_tool_calls") is False:
+        w += " (no parallel)"
+    style = r.get("few_shot_style")
+    if style and style != "spaced":
+        w += " (no examples)" if style == "none" else f" ({style} examples)"
     return w
+
+
+def with_success(r: dict[str, Any]) -> dict[str, Any]:
+    """``r`` with the success figures, derived for lines that predate them."""
+    if "success_pct" in r or r.get("workload") == "chat" or r.get("valid_pct") is None:
+        return r
+    requests, cut = r.get("requests"), r.get("cut_by_length") or 0
+    finished = (r.get("completed") or 0) - cut
+    valid = round(r["valid_pct"] * finished / 100)
+    return {**r, "derived": True, "valid_replies": valid,
+            "success_pct": round(100.0 * valid / requests, 1) if requests else None,
+            "goodput_valid_per_s": round(valid / r["wall_s"], 4) if r.get("wall_s") else None,
+            "valid_of_finished_pct": r["valid_pct"]}
+
+
+def success_cell(r: dict[str, Any]) -> str:
+    if r.get("success_pct") is None:
+        return "-"
+    cell = f"{r['success_pct']:.1f} ({r.get('valid_replies')}/{r.get('requests')})"
+    return cell + ("*" if r.get("derived") else "")
 
 
 def fmt(x: Any, nd: int = 2) -> str:
@@ -54,13 +86,14 @@ def main() -> None:
                 failed.append(f"{server}: {r['event']}" + (f" ({r['workload']})"
                                                              if "workload" in r else ""))
             elif "workload" in r:
-                rows[(variant(r), server)] = r
+                rows[(variant(r), server)] = with_success(r)
     workloads = list(dict.fromkeys(w for w, _ in rows))
     servers = list(dict.fromkeys(s for _, s in rows))
     servers.sort(key=lambda s: s != US)
-    print("| workload | server | req/s | tok/s | TTFT p50 s | latency p50 s | ITL p50 ms | "
-          "valid % | cut | errors | req/s gs/peer | tok/s gs/peer | p50 latency gs/peer |")
-    print("|" + "---|" * 13)
+    print("| workload | server | success % (valid/all) | goodput valid/s | valid % of finished | "
+          "cut by max_tokens | errors | req/s | tok/s | TTFT p50 s | latency p50 s | ITL p50 ms | "
+          "goodput gs/peer | req/s gs/peer | tok/s gs/peer | p50 latency gs/peer |")
+    print("|" + "---|" * 16)
     for w in workloads:
         ours = rows.get((w, US))
         for s in servers:
@@ -68,20 +101,26 @@ def main() -> None:
             if r is None:
                 continue
             itl = r.get("itl_p50")
-            cells = [w, s, fmt(r.get("requests_per_s"), 3), fmt(r.get("completion_tok_per_s"), 1),
+            cells = [w, s, success_cell(r), fmt(r.get("goodput_valid_per_s"), 3),
+                     fmt(r.get("valid_of_finished_pct", r.get("valid_pct")), 1),
+                     fmt(r.get("cut_by_length")), fmt(r.get("errors")),
+                     fmt(r.get("requests_per_s"), 3), fmt(r.get("completion_tok_per_s"), 1),
                      fmt(r.get("ttft_p50"), 3), fmt(r.get("latency_p50"), 2),
-                     fmt(itl * 1000 if itl is not None else None, 1), fmt(r.get("valid_pct"), 1),
-                     fmt(r.get("cut_by_length")), fmt(r.get("errors"))]
+                     fmt(itl * 1000 if itl is not None else None, 1)]
             if s != US and ours is not None:
-                cells += [ratio(ours.get("requests_per_s"), r.get("requests_per_s")),
+                cells += [ratio(ours.get("goodput_valid_per_s"), r.get("goodput_valid_per_s")),
+                          ratio(ours.get("requests_per_s"), r.get("requests_per_s")),
                           ratio(ours.get("completion_tok_per_s"), r.get("completion_tok_per_s")),
                           ratio(ours.get("latency_p50"), r.get("latency_p50"))]
             else:
-                cells += ["", "", ""]
+                cells += ["", "", "", ""]
             print("| " + " | ".join(cells) + " |")
     if startup:
         print()
         print("Start-up to healthy: " + ", ".join(f"{s} {v} s" for s, v in startup.items()))
+    if any(r.get("derived") for r in rows.values()):
+        print("\n* derived from valid_pct, completed and cut_by_length (a line written before "
+              "bench_serving.py reported success_pct)")
     for line in failed:
         print(f"- failed: {line}")
     for (w, s), r in rows.items():
