@@ -33,10 +33,18 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="longest sequence (default: the model's, capped by the KV pool)")
     p.add_argument("--grammar-backend", default=EngineConfig.grammar_backend,
                    choices=["auto", "llguidance", "xgrammar"])
+    p.add_argument("--json-style", default=EngineConfig.grammar_json_style,
+                   choices=["auto", "compact", "spaced", "indented", "flexible"],
+                   help="JSON separators of constrained output (auto: the model picks compact, "
+                        "spaced or indented where its output first shows one; then locked)")
     p.add_argument("--grammar-max-whitespace", type=int,
                    default=EngineConfig.grammar_max_whitespace,
-                   help="whitespace allowed between JSON tokens in constrained output (0: compact "
-                        "JSON; -1: unbounded)")
+                   help="longest whitespace run between JSON tokens in the indented and "
+                        "flexible styles (-1: unbounded)")
+    p.add_argument("--open-schemas", default=EngineConfig.grammar_open_schemas,
+                   action=argparse.BooleanOptionalAction,
+                   help="generate anything a schema allows (default: only named properties, "
+                        "integers within +-2**53, at most 20 digits in a row)")
     p.add_argument("--jump-forward", default=EngineConfig.enable_jump_forward,
                    action=argparse.BooleanOptionalAction,
                    help="feed the tokens a constraint forces without decoding them one by one")
@@ -91,8 +99,10 @@ def _config(args: argparse.Namespace) -> EngineConfig:
                         max_model_len=args.max_model_len,
                         enable_prefix_cache=args.prefix_cache,
                         grammar_backend=args.grammar_backend,
+                        grammar_json_style=args.json_style,
                         grammar_max_whitespace=(None if args.grammar_max_whitespace < 0
                                                 else args.grammar_max_whitespace),
+                        grammar_open_schemas=args.open_schemas,
                         enable_jump_forward=args.jump_forward, num_threads=args.num_threads,
                         gguf_blocks=args.gguf_blocks)
 

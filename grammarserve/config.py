@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -48,10 +48,22 @@ class EngineConfig:
         ``"auto"``, ``"llguidance"`` or ``"xgrammar"`` (see :mod:`grammarserve.fsm`).
     grammar_compile_timeout_s:
         A constraint that takes longer to compile fails its request (others keep running).
+    grammar_json_style:
+        JSON separators of constrained outputs. ``"auto"`` (default) follows the model: it
+        picks compact (``{"a":1}``), spaced (``{"a": 1}``) or indented JSON where its output
+        first shows one, and that style is then locked, so keys and punctuation stay forced
+        (jump-forward skips them). ``"compact"``, ``"spaced"`` and ``"indented"`` impose one;
+        ``"flexible"`` allows any whitespace up to ``grammar_max_whitespace``. A style the
+        model does not write pushed SmolLM2 into loops (more replies cut by ``max_tokens``).
     grammar_max_whitespace:
-        Whitespace characters allowed between JSON tokens of constrained outputs. ``0`` (the
-        default) gives compact JSON like OpenAI's structured outputs, where keys and
-        punctuation are forced (and jump-forward skips them); ``None`` is unbounded.
+        Longest whitespace run between JSON tokens in the indented and flexible styles
+        (``None``: unbounded).
+    grammar_open_schemas:
+        Generate anything a schema allows. By default (False) only the properties a schema
+        names (unless it says ``additionalProperties``), no array items beyond
+        ``prefixItems`` (unless it says ``items``), integers within +-(2**53 - 1) and runs of
+        at most 20 digits, so a small model cannot invent keys or write endless numbers; the
+        reply is valid against the schema either way.
     gguf_blocks:
         For a GGUF model in fp32 on an AVX2 CPU, run decode-sized matmuls (at most
         ``QUANT_ROWS`` rows) on the GGUF's own Q4_1/Q8_0 blocks with the C++ kernel in
@@ -77,7 +89,9 @@ class EngineConfig:
     num_threads: int | None = None
     grammar_backend: Literal["auto", "llguidance", "xgrammar"] = "auto"
     grammar_compile_timeout_s: float = 10.0
-    grammar_max_whitespace: int | None = 0
+    grammar_json_style: Literal["auto", "compact", "spaced", "indented", "flexible"] = "auto"
+    grammar_max_whitespace: int | None = 24
+    grammar_open_schemas: bool = False
     enable_jump_forward: bool = True
     gguf_blocks: bool = True
 
@@ -100,9 +114,22 @@ class EngineConfig:
         if self.grammar_max_whitespace is not None and self.grammar_max_whitespace < 0:
             raise InvalidRequestError("grammar_max_whitespace must be >= 0 or None",
                                       param="grammar_max_whitespace")
+        if self.grammar_json_style not in ("auto", "compact", "spaced", "indented", "flexible"):
+            raise InvalidRequestError(f"grammar_json_style must be auto, compact, spaced, "
+                                      f"indented or flexible, got {self.grammar_json_style!r}",
+                                      param="grammar_json_style")
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise InvalidRequestError(f"device must be auto, cpu or cuda[:N], got "
                                       f"{self.device!r}", param="device")
+
+    @property
+    def grammar_options(self) -> dict[str, Any]:
+        """Keyword arguments of the engine's ``GrammarCompiler`` (besides the tokenizer facts)."""
+        return {"backend": self.grammar_backend,
+                "compile_timeout_s": self.grammar_compile_timeout_s,
+                "max_whitespace": self.grammar_max_whitespace,
+                "json_style": self.grammar_json_style,
+                "open_schemas": self.grammar_open_schemas}
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -1,4 +1,4 @@
-"""Compact JSON (``max_whitespace=0``): fixed separators on both backends, so keys and
+"""Compact JSON (``json_style="compact"``): fixed separators on both backends, so keys and
 punctuation are forced and jump-forward can skip them."""
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ EOS = 2
 
 @pytest.fixture(scope="module", params=["llguidance", "xgrammar"])
 def compiler(request: pytest.FixtureRequest, tokenizer: Any) -> GrammarCompiler:
-    return GrammarCompiler(tokenizer, backend=request.param, max_whitespace=0)
+    return GrammarCompiler(tokenizer, backend=request.param, json_style="compact",
+                           open_schemas=True)
 
 
 def _items() -> list[dict[str, Any]]:
@@ -50,7 +51,8 @@ def test_compact_instances_accepted_and_spaced_ones_refused(compiler: GrammarCom
 
 
 def test_compact_jump_forward_forces_keys(tokenizer: Any) -> None:
-    compiler = GrammarCompiler(tokenizer, backend="llguidance", max_whitespace=0)
+    compiler = GrammarCompiler(tokenizer, backend="llguidance", json_style="compact",
+                               open_schemas=True)
     token_bytes = [tokenizer.decode([t]).encode() for t in range(len(tokenizer))]
     bitmask = compiler.allocate_bitmask(1)
     schema = {"type": "object", "properties": {"name": {"type": "string"},

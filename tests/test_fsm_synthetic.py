@@ -35,7 +35,7 @@ def byte_tokenizer() -> Any:
 
 @pytest.fixture(scope="module")
 def compilers(byte_tokenizer: Any) -> dict[str, GrammarCompiler]:
-    auto = GrammarCompiler(byte_tokenizer, max_whitespace=3)
+    auto = GrammarCompiler(byte_tokenizer, max_whitespace=3, json_style="flexible")
     return {"auto": auto, "llguidance": auto.with_backend("llguidance"),
             "xgrammar": auto.with_backend("xgrammar")}
 

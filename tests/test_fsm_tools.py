@@ -202,7 +202,7 @@ def _b(text: str) -> list[int]:
 
 def test_auto_straddling_tokens(straddle_vocab: tuple[Any, dict[str, int]]) -> None:
     tok, x = straddle_vocab
-    compiler = GrammarCompiler(tok, max_whitespace=4)
+    compiler = GrammarCompiler(tok, max_whitespace=4, json_style="flexible")
     tools = [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
         "additionalProperties": False}}}]

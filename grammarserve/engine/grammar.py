@@ -33,11 +33,8 @@ class GrammarRunner:
     def __init__(self, tokenizer: Any, config: EngineConfig, *, vocab_size: int,
                  stop_token_ids: list[int]) -> None:
         self.jump_forward = config.enable_jump_forward
-        self.compiler = GrammarCompiler(
-            tokenizer, backend=config.grammar_backend,
-            compile_timeout_s=config.grammar_compile_timeout_s,
-            max_whitespace=config.grammar_max_whitespace, vocab_size=vocab_size,
-            stop_token_ids=stop_token_ids)
+        self.compiler = GrammarCompiler(tokenizer, **config.grammar_options,
+                                        vocab_size=vocab_size, stop_token_ids=stop_token_ids)
         # NOTE: one bitmask object for every fill (matchers validate a bitmask once per object);
         # its last row is scratch space for the end-of-grammar check in ``forced``.
         self._bitmask = self.compiler.allocate_bitmask(config.max_num_reqs + 1)

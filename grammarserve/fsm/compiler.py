@@ -16,17 +16,20 @@ import torch
 from grammarserve.errors import GrammarError
 from grammarserve.fsm import text_grammars
 from grammarserve.fsm.cache import CacheStats, GrammarCache
+from grammarserve.fsm.closed import close_schema, has_long_numbers
 from grammarserve.fsm.config import (
     DEFAULT_MAX_WHITESPACE,
     BackendName,
     GrammarConfig,
     GrammarSpec,
+    JsonStyle,
     canonical_json,
 )
 from grammarserve.fsm.json_schema import prepare_schema
 from grammarserve.fsm.matcher import CompiledGrammar
 from grammarserve.fsm.normalize import normalize
 from grammarserve.fsm.policy import AUTO_ORDER, BackendPolicy
+from grammarserve.fsm.runs import MAX_DIGITS
 from grammarserve.fsm.strict import check_strict
 from grammarserve.fsm.tools import normalize_tools
 from grammarserve.fsm.vocab import VocabInfo
@@ -50,7 +53,13 @@ class GrammarCompiler:
     compile_timeout_s : float
         Compiles running longer raise :class:`~grammarserve.errors.GrammarTimeoutError`.
     max_whitespace : int | None
-        Whitespace characters allowed between JSON tokens (``None``: unbounded).
+        Whitespace characters allowed in one run between JSON tokens, for the ``indented`` and
+        ``flexible`` styles (``None``: unbounded).
+    json_style : {"auto", "compact", "spaced", "indented", "flexible"}
+        JSON separators; ``auto`` (default) follows the model (see ``GrammarConfig``).
+    open_schemas : bool
+        Generate anything the schema allows, unnamed keys and endless numbers included
+        (default False: only what the schema names; see ``closed.py``).
     vocab_size : int, optional
         The model's logits width (default ``len(tokenizer)``).
     stop_token_ids : list[int], optional
@@ -62,11 +71,13 @@ class GrammarCompiler:
     def __init__(self, tokenizer: Any, *, backend: BackendName = "auto",
                  cache_bytes: int = 256 * 1024 * 1024, compile_timeout_s: float = 10.0,
                  max_whitespace: int | None = DEFAULT_MAX_WHITESPACE,
+                 json_style: JsonStyle = "auto", open_schemas: bool = False,
                  vocab_size: int | None = None, stop_token_ids: list[int] | None = None,
                  compile_threads: int = 4) -> None:
         self.config = GrammarConfig(backend=backend, cache_bytes=cache_bytes,
                                     compile_timeout_s=compile_timeout_s,
-                                    max_whitespace=max_whitespace,
+                                    max_whitespace=max_whitespace, json_style=json_style,
+                                    open_schemas=open_schemas,
                                     compile_threads=compile_threads)
         self.vocab = VocabInfo.from_tokenizer(tokenizer, vocab_size=vocab_size,
                                               stop_token_ids=stop_token_ids)
@@ -189,8 +200,11 @@ class GrammarCompiler:
             raise ValueError(f"unknown grammar kind {kind!r}; use one of {sorted(builders)}")
         return builders[kind](*args, **kwargs)
 
-    def _ws_options(self) -> tuple[tuple[str, Any], ...]:
-        return (("max_whitespace", self.config.max_whitespace),)
+    def _json_options(self, source: str) -> tuple[tuple[str, Any], ...]:
+        c = self.config
+        digits = None if c.open_schemas or has_long_numbers(source) else MAX_DIGITS
+        return (("json_style", c.json_style), ("max_digits", digits),
+                ("max_whitespace", c.max_whitespace))
 
     def _check_schema(self, schema: Any, strict: bool, path: str = "$") -> dict[str, Any]:
         try:
@@ -198,6 +212,8 @@ class GrammarCompiler:
             if strict:
                 check_strict(prepared)
             prepared = normalize(prepared)
+            if not self.config.open_schemas:
+                prepared = close_schema(prepared)
         except GrammarError as e:
             if path != "$":
                 e.path = path + (e.path or "$")[1:]
@@ -206,9 +222,9 @@ class GrammarCompiler:
         return prepared
 
     def _json_spec(self, schema: Any, *, strict: bool = False) -> GrammarSpec:
-        prepared = self._check_schema(schema, strict)
-        return GrammarSpec("json_schema", canonical_json(prepared),
-                           self._ws_options() + (("strict", strict),))
+        source = canonical_json(self._check_schema(schema, strict))
+        return GrammarSpec("json_schema", source,
+                           self._json_options(source) + (("strict", strict),))
 
     def _regex_spec(self, pattern: str) -> GrammarSpec:
         return GrammarSpec("regex", text_grammars.check_regex(pattern))
@@ -227,7 +243,8 @@ class GrammarCompiler:
     def _tools_spec(self, tools: list[dict[str, Any]], mode: Any = "required", *,
                     parallel: bool = True) -> GrammarSpec:
         spec = normalize_tools(tools, mode, parallel=parallel, check_schema=self._check_schema)
-        return GrammarSpec("tool_calls", canonical_json(spec), self._ws_options())
+        source = canonical_json(spec)
+        return GrammarSpec("tool_calls", source, self._json_options(source))
 
     def with_backend(self, backend: BackendName) -> GrammarCompiler:
         """A compiler sharing this tokenizer but using ``backend`` (for benchmarks/tests)."""

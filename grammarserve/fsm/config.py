@@ -8,6 +8,11 @@ from typing import Any, Literal
 
 BackendName = Literal["auto", "xgrammar", "llguidance"]
 SpecKind = Literal["json_schema", "regex", "lark", "ebnf", "choice", "tool_calls"]
+#: How JSON separators and whitespace are written (see ``style.py``). ``auto`` follows the model:
+#: the candidate styles run in lock-step until the output shows one, which is then locked.
+JsonStyle = Literal["auto", "compact", "spaced", "indented", "flexible"]
+#: The concrete styles ``auto`` chooses among, in order.
+AUTO_STYLES: tuple[JsonStyle, ...] = ("compact", "spaced", "indented")
 
 #: Default bound on whitespace characters between two JSON tokens. Large enough for
 #: ``json.dumps(indent=2)`` output nested 10 levels deep (newline + 20 spaces).
@@ -28,9 +33,22 @@ class GrammarConfig:
         A compile running longer than this raises :class:`GrammarTimeoutError` for its waiters;
         it keeps its worker thread until the backend returns, but blocks nobody else.
     max_whitespace : int | None
-        Maximum whitespace characters between JSON tokens (``None``: unbounded). ``0`` means
-        compact JSON (``{"a":1,"b":[2,3]}``, as OpenAI's structured outputs): every separator is
-        fixed, so keys and punctuation are forced and jump-forward can skip them.
+        Maximum whitespace characters in one run between JSON tokens, for the ``indented`` and
+        ``flexible`` styles (``None``: unbounded).
+    json_style : {"auto", "compact", "spaced", "indented", "flexible"}
+        JSON separators: ``compact`` ``{"a":1,"b":[2]}``; ``spaced`` ``{"a": 1, "b": [2]}``
+        (``json.dumps``' default); ``indented`` (newline-led whitespace, ``": "``, as
+        ``json.dumps(indent=n)``); ``flexible`` (any whitespace up to ``max_whitespace``);
+        ``auto`` lets the model pick one of the first three where its output first shows one
+        and locks it (keys and punctuation stay forced). A fixed style the model does not
+        write pushes small models off their habits and into loops.
+    open_schemas : bool
+        Generate anything the schema allows. By default (False) an object schema that lists
+        ``properties`` but says nothing of ``additionalProperties`` generates only the named
+        properties, an array with ``prefixItems`` and no ``items`` no further items, an
+        unbounded integer stays within +-(2**53 - 1), and no run of digits outside strings
+        is longer than 20 (a double's 17 significant digits and leading zeros). The reply stays valid
+        against the schema either way.
     compile_threads : int
         Size of the compile thread pool.
     backend_threads : int
@@ -41,6 +59,8 @@ class GrammarConfig:
     cache_bytes: int = 256 * 1024 * 1024
     compile_timeout_s: float = 10.0
     max_whitespace: int | None = DEFAULT_MAX_WHITESPACE
+    json_style: JsonStyle = "auto"
+    open_schemas: bool = False
     compile_threads: int = 4
     backend_threads: int = 1
 
@@ -55,6 +75,9 @@ class GrammarConfig:
         if self.max_whitespace is not None and self.max_whitespace < 0:
             raise ValueError("max_whitespace must be >= 0 (0: compact JSON) or None (unbounded), got "
                              f"{self.max_whitespace}")
+        if self.json_style not in ("auto", *AUTO_STYLES, "flexible"):
+            raise ValueError("json_style must be 'auto', 'compact', 'spaced', 'indented' or "
+                             f"'flexible', got {self.json_style!r}")
         if self.compile_threads < 1:
             raise ValueError(f"compile_threads must be >= 1, got {self.compile_threads}")
 
@@ -77,6 +100,12 @@ class GrammarSpec:
             if key == name:
                 return value
         return default
+
+    def with_option(self, name: str, value: Any) -> GrammarSpec:
+        """This spec with option ``name`` set to ``value``."""
+        options = dict(self.options)
+        options[name] = value
+        return GrammarSpec(self.kind, self.source, tuple(sorted(options.items())))
 
     def key(self, fingerprint: str, backend: str) -> str:
         """Cache key: canonical JSON of kind, source, options, tokenizer fingerprint, backend."""

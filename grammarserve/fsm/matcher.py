@@ -16,6 +16,7 @@ from concurrent.futures import Future
 import numpy as np
 import torch
 
+from grammarserve.fsm.runs import RunTracker
 from grammarserve.fsm.vocab import VocabInfo
 
 
@@ -54,11 +55,14 @@ class Matcher(ABC):
     Contract for backend subclasses: implement the ``_``-prefixed hooks; they may raise any
     exception, which the public methods turn into the sticky error state. The public methods
     track termination (a stop token was accepted) and errors themselves, so both backends behave
-    the same.
+    the same. ``runs`` are lexical bounds (whitespace, digits; see ``runs.py``) applied on top of
+    the backend's masks.
     """
 
-    def __init__(self, vocab: VocabInfo, shared: SharedMasks | None = None) -> None:
+    def __init__(self, vocab: VocabInfo, shared: SharedMasks | None = None,
+                 runs: tuple[RunTracker, ...] = ()) -> None:
         self._vocab = vocab
+        self._runs = runs
         self._stops = frozenset(vocab.stop_token_ids)
         self._error: str | None = None
         self._terminated = False
@@ -116,6 +120,8 @@ class Matcher(ABC):
             self._error = self._backend_error() or f"token {token_id} is not allowed here"
             return False
         self._pos += 1
+        for tracker in self._runs:
+            tracker.advance(int(token_id))
         if len(self._head) < SharedMasks.DEPTH:
             self._head.append(int(token_id))
         if int(token_id) in self._stops:
@@ -149,6 +155,9 @@ class Matcher(ABC):
                 return
             try:
                 self._fill(bitmask, row)
+                if self._runs and self._bitmask_np is not None:
+                    for tracker in self._runs:
+                        tracker.apply(self._bitmask_np[row])
                 err = self._backend_error()
                 if err is None:
                     if prefix is not None and self._bitmask_np is not None:
@@ -204,6 +213,8 @@ class Matcher(ABC):
         except Exception as e:  # noqa: BLE001
             self._error = f"rollback({n}) failed: {e}"
             return
+        for tracker in self._runs:
+            tracker.rollback(n)
         self._pos = max(0, self._pos - n)
         del self._head[self._pos:]
         self._terminated = False

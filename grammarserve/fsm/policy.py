@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from grammarserve.errors import GrammarError
 from grammarserve.fsm.backends import create_backend
 from grammarserve.fsm.backends.base import GrammarBackend
-from grammarserve.fsm.config import GrammarConfig, GrammarSpec, SpecKind
+from grammarserve.fsm.config import AUTO_STYLES, GrammarConfig, GrammarSpec, SpecKind
 from grammarserve.fsm.matcher import CompiledGrammar
+from grammarserve.fsm.style import StyledGrammar
 from grammarserve.fsm.vocab import VocabInfo
 
 AUTO_ORDER: dict[SpecKind, tuple[str, ...]] = {
@@ -99,7 +101,10 @@ class BackendPolicy:
 
     def compile(self, spec: GrammarSpec) -> CompiledGrammar:
         """Compile with the first backend that accepts ``spec``; if all refuse, raise the first
-        refusal with every backend's reason appended."""
+        refusal with every backend's reason appended. A JSON style of ``auto`` compiles every
+        candidate style the backends take (see ``style.py``)."""
+        if spec.option("json_style") == "auto":
+            return self._compile_styles(spec)
         errors: list[tuple[str, GrammarError]] = []
         for name in self.order(spec.kind):
             try:
@@ -115,3 +120,16 @@ class BackendPolicy:
         if len(errors) > 1:
             first.args = ("; ".join(str(e) for _, e in errors),)
         raise first
+
+    def _compile_styles(self, spec: GrammarSpec) -> CompiledGrammar:
+        start = time.perf_counter()
+        styles: list[CompiledGrammar] = []
+        errors: list[GrammarError] = []
+        for style in AUTO_STYLES:
+            try:
+                styles.append(self.compile(spec.with_option("json_style", style)))
+            except GrammarError as e:  # e.g. a backend that has no such style
+                errors.append(e)
+        if not styles:
+            raise errors[0]
+        return StyledGrammar(spec.kind, styles, self.vocab, time.perf_counter() - start)

@@ -7,12 +7,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from grammarserve.engine.process import AsyncRequestStream, EngineProcess
 from grammarserve.errors import EngineDeadError
 from grammarserve.fsm import GrammarCompiler
-from grammarserve.fsm.config import BackendName
 from grammarserve.sampling_params import SamplingParams
 from grammarserve.server.config import ServerConfig
 from grammarserve.server.metrics import ServerMetrics
@@ -100,9 +99,7 @@ class ServerState:
         e = self.config.engine
         folder = resolve_model_folder(e.model, e.cache_dir)
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
-        compiler = GrammarCompiler(tokenizer, backend=cast(BackendName, e.grammar_backend),
-                                   compile_timeout_s=e.grammar_compile_timeout_s,
-                                   max_whitespace=e.grammar_max_whitespace,
+        compiler = GrammarCompiler(tokenizer, **e.grammar_options,
                                    vocab_size=ModelConfig.from_folder(folder).vocab_size)
         compiler.warmup()
         return tokenizer, compiler

@@ -19,10 +19,13 @@ from grammarserve.fsm.backends.base import GrammarBackend
 from grammarserve.fsm.config import GrammarConfig, GrammarSpec
 from grammarserve.fsm.freetext import FreeTextMasks, TextState
 from grammarserve.fsm.matcher import CompiledGrammar, Matcher, SharedMasks
+from grammarserve.fsm.runs import MAX_DIGITS, RunBudget, RunTracker, digit_budget
 from grammarserve.fsm.tools import TRIGGER, tool_calls_lark
 from grammarserve.fsm.vocab import VocabInfo
 
 _WS = r"[\x20\x0A\x0D\x09]"
+#: llguidance separators (item, key) of the fixed JSON styles.
+_SEPARATORS = {"compact": (",", ":"), "spaced": (", ", ": ")}
 # NOTE: llguidance's estimate is not exposed; a compiled grammar is roughly its text plus
 # lexer/parser tables, which we bound with a generous constant.
 _BASE_BYTES = 256 * 1024
@@ -33,8 +36,8 @@ class LLGuidanceMatcher(Matcher):
     of the free text before the trigger come from that shared table."""
 
     def __init__(self, vocab: VocabInfo, inner: Any, shared: SharedMasks | None = None,
-                 free: FreeTextMasks | None = None) -> None:
-        super().__init__(vocab, shared)
+                 free: FreeTextMasks | None = None, runs: tuple[RunTracker, ...] = ()) -> None:
+        super().__init__(vocab, shared, runs)
         self._m = inner
         self._nbytes = vocab.bitmask_width * 4
         self._stop_unrecorded = False
@@ -97,9 +100,20 @@ class LLGuidanceBackend(GrammarBackend):
                                                  eos_token=list(vocab.stop_token_ids))
         self._lock = threading.Lock()
         self._token_bytes: list[bytes] | None = None
+        self._digits: dict[int, RunBudget] = {}
 
     def warmup(self, max_whitespace: int | None) -> None:
         self.token_bytes()
+        if not self.config.open_schemas:
+            self.digit_budget(MAX_DIGITS)
+
+    def digit_budget(self, limit: int) -> RunBudget:
+        """The digit-run bound's tables (built once per limit, ~0.3 s)."""
+        tokens = self.token_bytes()
+        with self._lock:
+            if limit not in self._digits:
+                self._digits[limit] = digit_budget(tokens, self.vocab.vocab_size, limit)
+            return self._digits[limit]
 
     def token_bytes(self) -> list[bytes]:
         """Each token's bytes (empty for special tokens); built once (~30 ms)."""
@@ -110,24 +124,34 @@ class LLGuidanceBackend(GrammarBackend):
                                      for t in range(self.vocab.vocab_size)]
             return self._token_bytes
 
-    def json_options(self, max_ws: int | None) -> dict[str, Any]:
-        """llguidance JSON options: flexible whitespace bounded to ``max_ws`` characters, or
-        compact JSON (fixed ``,`` and ``:`` separators) when ``max_ws`` is 0."""
-        if max_ws == 0:
-            return {"whitespace_flexible": False, "lenient": False, "item_separator": ",",
-                    "key_separator": ":", "coerce_one_of": False}
-        pattern = f"{_WS}*" if max_ws is None else f"{_WS}{{0,{max_ws}}}"
-        return {"whitespace_flexible": True, "whitespace_pattern": pattern, "lenient": False,
-                "item_separator": ",", "key_separator": ":", "coerce_one_of": False}
+    def json_options(self, style: str, max_ws: int | None) -> dict[str, Any]:
+        """llguidance JSON options of a concrete JSON ``style`` (see ``GrammarConfig``):
+        fixed separators (``compact``, ``spaced``), newline-led whitespace of at most
+        ``max_ws`` characters with ``": "`` (``indented``), or any whitespace up to ``max_ws``
+        (``flexible``)."""
+        base = {"lenient": False, "coerce_one_of": False}
+        if style in _SEPARATORS:
+            item, key = _SEPARATORS[style]
+            return {**base, "whitespace_flexible": False, "item_separator": item,
+                    "key_separator": key}
+        count = "*" if max_ws is None else f"{{0,{max_ws}}}"
+        if style == "indented":
+            return {**base, "whitespace_flexible": True, "whitespace_pattern": rf"\n[ \t]{count}",
+                    "item_separator": ",", "key_separator": ": "}
+        if style != "flexible":
+            raise GrammarBackendError(f"unknown JSON style {style!r}", backend=self.name)
+        return {**base, "whitespace_flexible": True, "whitespace_pattern": f"{_WS}{count}",
+                "item_separator": ",", "key_separator": ":"}
 
     def grammar_text(self, spec: GrammarSpec) -> str:
         """The llguidance grammar (JSON or Lark text) for ``spec``."""
         max_ws = spec.option("max_whitespace")
+        style = spec.option("json_style", "flexible")
         if spec.kind == "json_schema":
             # NOTE: options go in ``overrides`` so an ``x-guidance`` key in the user's schema
             # cannot switch on ``lenient`` (silently ignored keywords).
             return str(llguidance.LLMatcher.grammar_from_json_schema(
-                spec.source, overrides=self.json_options(max_ws)))  # type: ignore[arg-type]
+                spec.source, overrides=self.json_options(style, max_ws)))  # type: ignore[arg-type]
         if spec.kind == "regex":
             return str(llguidance.LLMatcher.grammar_from_regex(spec.source))
         if spec.kind == "lark":
@@ -139,7 +163,10 @@ class LLGuidanceBackend(GrammarBackend):
             alts = " | ".join(json.dumps(o) for o in options)
             return str(llguidance.LLMatcher.grammar_from_lark(f"start: {alts}\n"))
         if spec.kind == "tool_calls":
-            lark = tool_calls_lark(json.loads(spec.source), self.json_options(max_ws), max_ws)
+            # NOTE: between calls, the fixed styles allow at most one newline (``max_ws`` 0).
+            between = 0 if style in _SEPARATORS else max_ws
+            lark = tool_calls_lark(json.loads(spec.source), self.json_options(style, max_ws),
+                                   between)
             return str(llguidance.LLMatcher.grammar_from_lark(lark))
         raise GrammarBackendError(f"llguidance cannot compile a {spec.kind!r} grammar",
                                   backend=self.name)
@@ -156,13 +183,20 @@ class LLGuidanceBackend(GrammarBackend):
             raise _refusal(spec, proto.get_error())
         vocab, shared = self.vocab, SharedMasks()
         free = None
-        if spec.kind == "tool_calls" and json.loads(spec.source)["mode"] == "auto":
+        auto_tools = spec.kind == "tool_calls" and json.loads(spec.source)["mode"] == "auto"
+        if auto_tools:
             free = FreeTextMasks(TRIGGER.encode(), self.token_bytes())
+        # NOTE: the digit bound reads the output as JSON lexemes; the free text before an
+        # ``auto`` tool call is prose, so it gets none.
+        digits = spec.option("max_digits")
+        budget = (self.digit_budget(digits) if digits is not None and not auto_tools
+                  and spec.kind in ("json_schema", "tool_calls") else None)
 
         def make() -> Matcher:
             with self._lock:  # deep_copy of a shared prototype
                 inner = proto.deep_copy()
-            return LLGuidanceMatcher(vocab, inner, shared, free)
+            runs = (RunTracker(budget),) if budget is not None else ()
+            return LLGuidanceMatcher(vocab, inner, shared, free, runs)
 
         nbytes = _BASE_BYTES + 8 * len(grammar)
         return CompiledGrammar(backend=self.name, kind=spec.kind, make_matcher=make,

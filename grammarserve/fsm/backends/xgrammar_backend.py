@@ -19,38 +19,32 @@ from grammarserve.fsm.backends.base import GrammarBackend
 from grammarserve.fsm.backends.xgrammar_subset import xgrammar_schema
 from grammarserve.fsm.config import GrammarConfig, GrammarSpec
 from grammarserve.fsm.matcher import CompiledGrammar, Matcher, SharedMasks
+from grammarserve.fsm.runs import MAX_DIGITS, RunBudget, RunTracker, digit_budget
 from grammarserve.fsm.vocab import VocabInfo
-from grammarserve.fsm.whitespace import WhitespaceBudget, WhitespaceTracker
+
+#: xgrammar separators (item, key) of the fixed JSON styles.
+_SEPARATORS = {"compact": (",", ":"), "spaced": (", ", ": ")}
 
 
 class XGrammarMatcher(Matcher):
     """A matcher over ``xgrammar.GrammarMatcher``."""
 
-    def __init__(self, vocab: VocabInfo, inner: Any,
-                 whitespace: WhitespaceTracker | None = None,
-                 shared: SharedMasks | None = None) -> None:
-        super().__init__(vocab, shared)
+    def __init__(self, vocab: VocabInfo, inner: Any, shared: SharedMasks | None = None,
+                 runs: tuple[RunTracker, ...] = ()) -> None:
+        super().__init__(vocab, shared, runs)
         self._m = inner
-        self._ws = whitespace
 
     def _accept(self, token_id: int) -> bool:
-        ok = bool(self._m.accept_token(token_id))
-        if ok and self._ws is not None:
-            self._ws.advance(token_id)
-        return ok
+        return bool(self._m.accept_token(token_id))
 
     def _fill(self, bitmask: torch.Tensor, row: int) -> None:
         self._m.fill_next_token_bitmask(bitmask, row)
-        if self._ws is not None and self._bitmask_np is not None:
-            self._ws.apply(self._bitmask_np[row])
 
     def _forced(self) -> list[int]:
         return list(self._m.find_jump_forward_tokens())
 
     def _rollback(self, n: int) -> None:
         self._m.rollback(n)
-        if self._ws is not None:
-            self._ws.rollback(n)
 
     def _backend_error(self) -> str | None:
         return None
@@ -73,23 +67,29 @@ class XGrammarBackend(GrammarBackend):
                                             enable_dynamic_compilation=not background)
             for background in (False, True)}
         self._info = info
-        self._budgets: dict[int, WhitespaceBudget] = {}
+        self._budgets: dict[tuple[str, int], RunBudget] = {}
         self._lock = threading.Lock()
 
     def warmup(self, max_whitespace: int | None) -> None:
-        if max_whitespace:
-            self._budget(max_whitespace)
+        if self.config.json_style == "flexible" and max_whitespace:
+            self._budget("whitespace", max_whitespace)
+        if not self.config.open_schemas:
+            self._budget("digits", MAX_DIGITS)
 
-    def _budget(self, limit: int) -> WhitespaceBudget:
+    def _budget(self, chars: str, limit: int) -> RunBudget:
         with self._lock:
-            if limit not in self._budgets:
-                self._budgets[limit] = WhitespaceBudget(self._info.decoded_vocab,
-                                                        self.vocab.vocab_size, limit)
-            return self._budgets[limit]
+            if (chars, limit) not in self._budgets:
+                tokens, n = self._info.decoded_vocab, self.vocab.vocab_size
+                self._budgets[chars, limit] = (digit_budget(tokens, n, limit)
+                                               if chars == "digits"
+                                               else RunBudget(tokens, n, limit))
+            return self._budgets[chars, limit]
 
     def accepts(self, spec: GrammarSpec) -> bool:
         if spec.kind != "json_schema":
             return spec.kind != "tool_calls"
+        if spec.option("json_style") not in _SEPARATORS and spec.option("json_style") != "flexible":
+            return False
         try:
             xgrammar_schema(json.loads(spec.source))
         except GrammarError:
@@ -97,14 +97,28 @@ class XGrammarBackend(GrammarBackend):
         return True
 
     def _compile_json(self, spec: GrammarSpec, compiler: Any) -> Any:
-        schema = xgrammar_schema(json.loads(spec.source))
-        if spec.option("max_whitespace") == 0:  # compact JSON: fixed separators
-            return compiler.compile_json_schema(json.dumps(schema), any_whitespace=False,
-                                                separators=(",", ":"), strict_mode=False)
-        # NOTE: whitespace is left unbounded here and bounded by WhitespaceTracker instead:
+        schema = json.dumps(xgrammar_schema(json.loads(spec.source)))
+        style = spec.option("json_style")
+        if style in _SEPARATORS:  # fixed separators: keys and punctuation are forced
+            return compiler.compile_json_schema(schema, any_whitespace=False,
+                                                separators=_SEPARATORS[style], strict_mode=False)
+        if style != "flexible":
+            # NOTE: xgrammar's ``indent`` fixes the indent width; the ``indented`` style allows
+            # any newline-led indentation (llguidance), so xgrammar would be a different language.
+            raise GrammarBackendError(f"xgrammar does not compile the {style!r} JSON style",
+                                      backend=self.name)
+        # NOTE: whitespace is left unbounded here and bounded by a RunTracker instead:
         # xgrammar's max_whitespace_cnt makes masks ~4x slower.
-        return compiler.compile_json_schema(json.dumps(schema), any_whitespace=True,
-                                            strict_mode=False)
+        return compiler.compile_json_schema(schema, any_whitespace=True, strict_mode=False)
+
+    def _runs(self, spec: GrammarSpec) -> list[RunBudget]:
+        budgets = []
+        limit = spec.option("max_whitespace")
+        if spec.option("json_style") == "flexible" and limit is not None:
+            budgets.append(self._budget("whitespace", limit))
+        if spec.option("max_digits") is not None:
+            budgets.append(self._budget("digits", spec.option("max_digits")))
+        return budgets
 
     def _compile(self, spec: GrammarSpec, compiler: Any) -> Any:
         if spec.kind == "json_schema":
@@ -133,12 +147,11 @@ class XGrammarBackend(GrammarBackend):
             raise GrammarBackendError(f"xgrammar refused the {spec.kind}: {msg}",
                                       backend=self.name) from None
         vocab, shared = self.vocab, SharedMasks()
-        limit = spec.option("max_whitespace")
-        budget = self._budget(limit) if spec.kind == "json_schema" and limit else None
+        budgets = self._runs(spec) if spec.kind == "json_schema" else []
 
         def make() -> Matcher:
-            tracker = WhitespaceTracker(budget) if budget is not None else None
-            return XGrammarMatcher(vocab, xgr.GrammarMatcher(compiled), tracker, shared)
+            runs = tuple(RunTracker(b) for b in budgets)
+            return XGrammarMatcher(vocab, xgr.GrammarMatcher(compiled), shared, runs)
 
         if background:
             # NOTE: nobody waits for a background compile, so it also computes the start mask

@@ -1,0 +1,177 @@
+"""JSON in the model's own style: candidate styles in lock-step until the output picks one.
+
+A fixed separator style the model does not write (compact JSON after few-shot answers in
+``json.dumps``' default style, say) pushes a small model off its habits, and it loops until
+``max_tokens``. With ``json_style="auto"`` a grammar is compiled once per candidate style
+(compact, spaced, indented; see ``GrammarConfig``), and a :class:`StyleLockMatcher` runs their
+matchers side by side:
+
+- its mask is the union of the live candidates' masks, so the model picks the style;
+- a sampled token drops the candidates that do not allow it; once one is left, the style is
+  locked and the matcher is exactly that candidate (its keys and punctuation are forced, so
+  jump-forward keeps its gain);
+- forced tokens are the common prefix of the live candidates' forced spans (tokens every live
+  style accepts), so jump-forward never decides the style for the model;
+- ``rollback`` brings back candidates dropped at the positions undone.
+
+The candidates usually part within the first few tokens (``{`` then ``\\n`` or ``"``; ``":"``
+or ``": "``), so the extra masks cost only the first steps of a reply.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+
+import numpy as np
+import torch
+
+from grammarserve.fsm.matcher import CompiledGrammar, Matcher, SharedMasks
+from grammarserve.fsm.vocab import VocabInfo
+
+
+class StyleLockMatcher(Matcher):
+    """Matchers of the same grammar in different JSON styles, run in lock-step until the
+    output shows which style it uses."""
+
+    def __init__(self, vocab: VocabInfo, candidates: list[Matcher],
+                 shared: SharedMasks | None = None) -> None:
+        super().__init__(vocab, shared)
+        self._alive = list(range(len(candidates)))
+        self._candidates = candidates
+        self._dropped: list[tuple[int, int]] = []  # (position it was dropped at, index)
+        self._scratch = torch.empty((1, vocab.bitmask_width), dtype=torch.int32)
+        self._masks: dict[int, np.ndarray] = {}  # candidate -> its mask at ``_masks_pos``
+        self._masks_pos = -1
+        self._span: tuple[int, list[int]] = (-1, [])  # last common forced span and its start
+
+    @property
+    def styles_alive(self) -> int:
+        """How many candidate styles the output so far is consistent with."""
+        return len(self._alive)
+
+    def _live(self) -> list[Matcher]:
+        return [self._candidates[i] for i in self._alive]
+
+    def _candidate_masks(self) -> dict[int, np.ndarray]:
+        if self._masks_pos != self._pos:
+            healthy = [i for i in self._alive if not self._candidates[i].is_error()]
+            self._alive = healthy or self._alive  # an errored style is gone for good
+            self._masks = {}
+            for i in self._alive:
+                self._candidates[i].fill_bitmask(self._scratch, 0)
+                self._masks[i] = self._scratch.numpy()[0].copy()
+            self._masks_pos = self._pos
+        return self._masks
+
+    def _in_forced_span(self, token_id: int) -> bool:
+        start, tokens = self._span
+        k = self._pos - start
+        return 0 <= k < len(tokens) and tokens[k] == token_id
+
+    def _accept(self, token_id: int) -> bool:
+        # NOTE: a token of the common forced span is allowed by every live style.
+        if len(self._alive) > 1 and not self._in_forced_span(token_id):
+            word, bit = divmod(token_id, 32)
+            masks = self._candidate_masks()
+            keep = [i for i in self._alive if (int(masks[i][word]) >> bit) & 1]
+            if not keep:
+                return False
+            for i in self._alive:
+                if i not in keep:
+                    self._dropped.append((self._pos, i))
+            self._alive = keep
+        for i in list(self._alive):
+            if not self._candidates[i].accept_token(token_id):
+                self._alive.remove(i)  # a backend failure: this style is gone for good
+        return bool(self._alive)
+
+    def _fill(self, bitmask: torch.Tensor, row: int) -> None:
+        if len(self._alive) == 1:
+            self._candidates[self._alive[0]].fill_bitmask(bitmask, row)
+            return
+        masks = self._candidate_masks()
+        union = np.zeros_like(next(iter(masks.values())))
+        for mask in masks.values():
+            np.bitwise_or(union, mask, out=union)
+        bitmask[row].copy_(torch.from_numpy(union))
+
+    def _forced(self) -> list[int]:
+        spans = [m.forced_tokens() for m in self._live()]
+        common: list[int] = []
+        for tokens in zip(*spans):
+            if any(t != tokens[0] for t in tokens):
+                break
+            common.append(tokens[0])
+        self._span = (self._pos, common)
+        return common
+
+    def _rollback(self, n: int) -> None:
+        target = self._pos - n
+        for m in self._live():
+            m.rollback(n)
+        while self._dropped and self._dropped[-1][0] >= target:
+            at, i = self._dropped.pop()
+            self._candidates[i].rollback(at - target)
+            self._alive.append(i)
+        self._alive.sort()
+        self._masks_pos = -1
+        self._span = (-1, [])
+
+    def _backend_error(self) -> str | None:
+        errors = [m.error() for m in self._live() if m.is_error()]
+        return errors[0] if errors and len(errors) == len(self._alive) else None
+
+
+class StyledGrammar(CompiledGrammar):
+    """One grammar compiled in several JSON styles; its matchers lock to the model's style.
+
+    Each style's grammar keeps its own backend, cache size and background upgrade.
+    """
+
+    def __init__(self, kind: str, styles: list[CompiledGrammar], vocab: VocabInfo,
+                 compile_s: float) -> None:
+        self.styles = styles
+        shared = SharedMasks()
+        super().__init__(backend=styles[0].backend, kind=kind,
+                         make_matcher=lambda: StyleLockMatcher(
+                             vocab, [g.matcher() for g in styles], shared),
+                         size_bytes=lambda: (sum(g.size_bytes for g in styles)
+                                             + shared.nbytes),
+                         compile_s=compile_s)
+
+    @property
+    def backend(self) -> str:
+        """The backend new matchers use (the first style's)."""
+        return self.styles[0].backend
+
+    def request_upgrade(self) -> Future[bool] | None:
+        """Start every style's planned upgrade; the future resolves when all are settled, to
+        True if any style upgraded."""
+        futures = [f for f in (g.request_upgrade() for g in self.styles) if f is not None]
+        if not futures:
+            return None
+        if self.upgrade_future is None:
+            self.upgrade_future = _all_settled(futures)
+        return self.upgrade_future
+
+    def set_upgrader(self, upgrader: Callable[[], Future[bool]]) -> None:
+        raise TypeError("a StyledGrammar upgrades through its styles' grammars")
+
+
+def _all_settled(futures: list[Future[bool]]) -> Future[bool]:
+    done: Future[bool] = Future()
+    results: list[bool] = []
+    lock = threading.Lock()
+
+    def settle(f: Future[bool]) -> None:
+        with lock:
+            results.append(bool(f.exception() is None and f.result()))
+            if len(results) < len(futures):
+                return
+        done.set_result(any(results))
+
+    for f in futures:
+        f.add_done_callback(settle)
+    return done

@@ -1,0 +1,156 @@
+"""JSON in the model's own style (``json_style="auto"``, ``style.py``): the candidate styles run
+in lock-step until the output shows one, which is then locked, on both backends."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from grammarserve.errors import GrammarError
+from grammarserve.fsm import GrammarCompiler
+from grammarserve.fsm.conformance import allowed_tokens, walk, walk_jump_forward
+from grammarserve.fsm.style import StyleLockMatcher
+
+SCHEMAS = sorted((Path(__file__).resolve().parents[1] / "schemas").glob("*.json"))
+EOS = 2
+PERSON = {"type": "object", "properties": {"name": {"type": "string"},
+                                           "tags": {"type": "array", "items": {"type": "string"}},
+                                           "age": {"type": "integer"}},
+          "required": ["name", "tags", "age"], "additionalProperties": False}
+INSTANCE = {"name": "Ann", "tags": ["a", "b"], "age": 41}
+#: Styles each backend offers under ``auto`` (xgrammar has no ``indented``; see its backend).
+FORMS = {"llguidance": {"compact": {"separators": (",", ":")}, "spaced": {},
+                        "indent2": {"indent": 2}, "indent4": {"indent": 4}},
+         "xgrammar": {"compact": {"separators": (",", ":")}, "spaced": {}}}
+#: Forms no candidate style takes. (``{"name": "Ann","tags": ...}`` is the ``indented`` style
+#: with no optional newline, so llguidance takes it.)
+MIXED = ['{"name":"Ann", "tags":["a", "b"], "age":41}',   # compact keys, spaced items
+         '{"name": "Ann", "tags": ["a","b"], "age": 41}',  # spaced, then compact items
+         '{\n  "name":"Ann",\n  "tags":["a"],\n  "age":41\n}']  # newlines, compact keys
+
+
+@pytest.fixture(scope="module", params=["llguidance", "xgrammar"])
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def compiler(backend: str, tokenizer: Any) -> GrammarCompiler:
+    return GrammarCompiler(tokenizer, backend=backend, open_schemas=True)  # json_style="auto"
+
+
+def _ids(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def test_every_style_of_every_corpus_instance_is_accepted(compiler: GrammarCompiler,
+                                                          backend: str, tokenizer: Any) -> None:
+    bitmask = compiler.allocate_bitmask(1)
+    compiled = 0
+    for path in SCHEMAS:
+        item = json.loads(path.read_text())
+        try:
+            grammar = compiler.compile_json_schema(item["schema"])
+        except GrammarError:  # refusals are covered by the conformance tests
+            continue
+        compiled += 1
+        for inst in item["valid"]:
+            for form, kwargs in FORMS[backend].items():
+                if form == "indent4":  # deep corpus instances exceed max_whitespace (24)
+                    continue
+                text = json.dumps(inst, ensure_ascii=False, **kwargs)
+                ok, why = walk(grammar.matcher(), _ids(tokenizer, text), EOS, bitmask)
+                assert ok, (path.name, form, text, why)
+    assert compiled >= 40
+
+
+@pytest.mark.parametrize("text", MIXED)
+def test_a_style_once_shown_is_locked(compiler: GrammarCompiler, tokenizer: Any,
+                                      text: str) -> None:
+    bitmask = compiler.allocate_bitmask(1)
+    grammar = compiler.compile_json_schema(PERSON)
+    ok, why = walk(grammar.matcher(), _ids(tokenizer, text), EOS, bitmask)
+    assert not ok, text
+
+
+def test_lock_point_and_rollback_revive_the_other_styles(compiler: GrammarCompiler,
+                                                         tokenizer: Any) -> None:
+    bitmask = compiler.allocate_bitmask(1)
+    matcher = compiler.compile_json_schema(PERSON).matcher()
+    assert isinstance(matcher, StyleLockMatcher)
+    start = matcher.styles_alive
+    assert start >= 2
+    ids = _ids(tokenizer, json.dumps(INSTANCE))  # spaced
+    for n, tok in enumerate(ids):
+        matcher.fill_bitmask(bitmask, 0)
+        assert tok in allowed_tokens(bitmask), n
+        assert matcher.accept_token(tok)
+        if matcher.styles_alive == 1:
+            break
+    locked_at = n + 1
+    assert locked_at < len(ids), "the spaced style should lock before the reply ends"
+    matcher.rollback(locked_at)
+    assert matcher.styles_alive == start
+    compact = _ids(tokenizer, json.dumps(INSTANCE, separators=(",", ":")))
+    ok, why = walk(matcher, compact, EOS, bitmask)
+    assert ok, why
+
+
+@pytest.mark.parametrize("form", ["compact", "spaced"])
+def test_jump_forward_after_the_lock_forces_keys(compiler: GrammarCompiler, backend: str,
+                                                 tokenizer: Any, form: str) -> None:
+    token_bytes = [tokenizer.decode([t]).encode() for t in range(len(tokenizer))]
+    bitmask = compiler.allocate_bitmask(1)
+    text = json.dumps(INSTANCE, **FORMS["xgrammar"][form])
+    fixed = GrammarCompiler(tokenizer, backend=backend, json_style=form)
+    counts = []
+    for c in (compiler, fixed):
+        ok, why, forced = walk_jump_forward(c.compile_json_schema(PERSON).matcher(), text,
+                                            tokenizer, bitmask, EOS, token_bytes)
+        assert ok, why
+        counts.append(forced)
+    # only the tokens before the lock (the first key) are not forced under ``auto``
+    assert counts[0] >= counts[1] - 3 and counts[0] >= 5, counts
+
+
+def test_indented_jump_forward(tokenizer: Any) -> None:
+    compiler = GrammarCompiler(tokenizer, backend="llguidance", open_schemas=True)
+    token_bytes = [tokenizer.decode([t]).encode() for t in range(len(tokenizer))]
+    text = json.dumps(INSTANCE, indent=2)
+    ok, why, forced = walk_jump_forward(compiler.compile_json_schema(PERSON).matcher(), text,
+                                        tokenizer, compiler.allocate_bitmask(1), EOS,
+                                        token_bytes)
+    assert ok, why
+    assert forced > 0
+
+
+def test_tool_calls_follow_the_style_too(tokenizer: Any) -> None:
+    compiler = GrammarCompiler(tokenizer)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    grammar = compiler.compile_tool_calls(tools, "required", parallel=False)
+    bitmask = compiler.allocate_bitmask(1)
+    for call in ('{"name": "get_weather", "arguments": {"city": "Paris"}}',
+                 '{"name":"get_weather","arguments":{"city":"Paris"}}'):
+        text = f"<tool_call>\n{call}\n</tool_call>"
+        ok, why = walk(grammar.matcher(), _ids(tokenizer, text), EOS, bitmask)
+        assert ok, (call, why)
+    mixed = '<tool_call>\n{"name":"get_weather", "arguments":{"city":"Paris"}}\n</tool_call>'
+    assert not walk(grammar.matcher(), _ids(tokenizer, mixed), EOS, bitmask)[0]
+
+
+@pytest.mark.parametrize("style", ["compact", "spaced", "indented", "flexible"])
+def test_a_fixed_style_takes_only_its_own_form(tokenizer: Any, style: str) -> None:
+    compiler = GrammarCompiler(tokenizer, backend="llguidance", json_style=style)
+    grammar = compiler.compile_json_schema(PERSON)
+    bitmask = compiler.allocate_bitmask(1)
+    accepted = {form: walk(grammar.matcher(),
+                           _ids(tokenizer, json.dumps(INSTANCE, **kwargs)), EOS, bitmask)[0]
+                for form, kwargs in FORMS["llguidance"].items()}
+    expected = {"compact": {"compact"}, "spaced": {"spaced"},
+                "indented": {"indent2", "indent4"},
+                "flexible": set(FORMS["llguidance"])}[style]
+    assert {f for f, ok in accepted.items() if ok} == expected
