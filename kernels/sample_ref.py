@@ -217,5 +217,8 @@ def sample_tokens_ref(logits: torch.Tensor, bitmask: torch.Tensor | None,
     if num_top is None:
         num_top = torch.zeros(b, dtype=torch.int64, device=y.device)
     rows = (num_top > 0).nonzero()[:, 0]
-    top = top_entries(y[rows, :v], torch.logsumexp(y[rows], dim=-1), num_top, rows, b)
+    lse = torch.logsumexp(y[rows], dim=-1)
+    top = top_entries(y[rows, :v], lse, num_top, rows, b)
+    if rows.numel():  # NOTE: the same formula as the top entries, so the two agree exactly
+        logprobs[rows] = y[rows, ids[rows]] - lse
     return Sampled(ids.masked_fill(empty, -1), logprobs.masked_fill(empty, float("-inf")), *top)
