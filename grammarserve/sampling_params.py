@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from grammarserve.constraints import Constraint
 from grammarserve.errors import InvalidRequestError
 
+#: The accepted range of ``repetition_penalty``.
+MIN_REPETITION, MAX_REPETITION = 0.01, 100.0
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -41,8 +44,9 @@ class SamplingParams:
         ``count(t) * frequency_penalty + (count(t) > 0) * presence_penalty``, ``count`` over
         the tokens generated so far for this request (tokens forced by jump-forward count).
     repetition_penalty:
-        vLLM's penalty (an extension, ``> 0``, 1 = off): the logit of every token seen in the
-        prompt or the output is divided by it when positive, multiplied when negative.
+        vLLM's penalty (an extension, in ``[0.01, 100]``, 1 = off): the logit of every token
+        seen in the prompt or the output is divided by it when positive, multiplied when
+        negative. (vLLM takes any value > 0; below 0.01 a logit could overflow to +inf.)
     logit_bias:
         Token id -> bias in ``[-100, 100]`` added to the logit (-100 effectively bans the
         token). Applied before the constraint's mask: a bias never re-allows a masked token.
@@ -98,9 +102,10 @@ class SamplingParams:
                 raise InvalidRequestError(f"{name} must be a number in [-2, 2], got {value!r}",
                                           param=name)
         rep = self.repetition_penalty
-        if not _is_number(rep) or not 0.0 < rep < math.inf:
-            raise InvalidRequestError(f"repetition_penalty must be a finite number > 0 (1 = off), "
-                                      f"got {rep!r}", param="repetition_penalty")
+        if not _is_number(rep) or not MIN_REPETITION <= rep <= MAX_REPETITION:
+            raise InvalidRequestError(f"repetition_penalty must be in [{MIN_REPETITION}, "
+                                      f"{MAX_REPETITION}] (1 = off), got {rep!r}",
+                                      param="repetition_penalty")
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, Mapping):
                 raise InvalidRequestError("logit_bias must map token ids to biases",

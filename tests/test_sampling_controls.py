@@ -112,6 +112,7 @@ def test_sampler_filtered_rows_list_top_logprobs_of_the_filtered_distribution() 
     ({"presence_penalty": float("nan")}, "presence_penalty"),
     ({"repetition_penalty": 0.0}, "repetition_penalty"),
     ({"repetition_penalty": float("inf")}, "repetition_penalty"),
+    ({"repetition_penalty": 1e-30}, "repetition_penalty"),  # would overflow a logit
     ({"logit_bias": {5: 101.0}}, "logit_bias"),
     ({"logit_bias": {-1: 1.0}}, "logit_bias"),
     ({"logit_bias": {"5": 1.0}}, "logit_bias"),

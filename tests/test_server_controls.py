@@ -46,6 +46,7 @@ def _body(url: str, **fields: Any) -> dict[str, Any]:
     (COMPLETIONS, {"presence_penalty": -2.01}, "presence_penalty"),
     (CHAT, {"repetition_penalty": 0}, "repetition_penalty"),
     (COMPLETIONS, {"repetition_penalty": -1.0}, "repetition_penalty"),
+    (CHAT, {"repetition_penalty": 101}, "repetition_penalty"),
     (CHAT, {"logit_bias": {"abc": 5}}, "logit_bias"),
     (CHAT, {"logit_bias": {"-3": 5}}, "logit_bias"),
     (CHAT, {"logit_bias": {"1.5": 5}}, "logit_bias"),

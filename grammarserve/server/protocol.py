@@ -155,7 +155,7 @@ class _Generation(RequestBody):
     top_k: int | None = Field(default=None, ge=0, le=2**63 - 1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     repetition_penalty: float | None = Field(
-        default=None, gt=0.0, allow_inf_nan=False,
+        default=None, ge=0.01, le=100.0, allow_inf_nan=False,
         description="vLLM's repetition penalty (1 = off): logits of tokens seen in the prompt "
         "or the output are divided by it when positive, multiplied when negative")
     ignore_eos: bool | None = None
