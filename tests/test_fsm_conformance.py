@@ -238,7 +238,8 @@ def test_auto_upgrades_exact_schemas_to_xgrammar(compilers: dict[str, GrammarCom
     assert grammar.backend == "llguidance" and grammar.upgrade_future is None
     grammar.matcher()
     grammar.matcher()  # reuse starts the upgrade
-    assert grammar.upgrade_future is not None and grammar.upgrade_future.result(timeout=30)
+    # NOTE: no wall-clock limit: on a busy machine the low-priority upgrade waits its turn
+    assert grammar.upgrade_future is not None and grammar.upgrade_future.result()
     assert grammar.backend == "xgrammar"
     bitmask = compilers["auto"].allocate_bitmask(1)
     ids = tokenizer.encode('{"city": "Oslo", "days": 0}', add_special_tokens=False)

@@ -25,6 +25,7 @@ from grammarserve.fsm.config import (
     JsonStyle,
     canonical_json,
 )
+from grammarserve.fsm.finite import check_finite
 from grammarserve.fsm.json_schema import prepare_schema
 from grammarserve.fsm.matcher import CompiledGrammar
 from grammarserve.fsm.normalize import normalize
@@ -209,6 +210,7 @@ class GrammarCompiler:
     def _check_schema(self, schema: Any, strict: bool, path: str = "$") -> dict[str, Any]:
         try:
             prepared = prepare_schema(schema)
+            check_finite(prepared)
             if strict:
                 check_strict(prepared)
             prepared = normalize(prepared)
