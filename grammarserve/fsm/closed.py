@@ -37,7 +37,7 @@ _OPEN_KEYS = ("additionalProperties", "patternProperties", "propertyNames")
 #: Keys of a subschema that is only a union (its members then stand alone).
 _BARE = frozenset({"anyOf", "oneOf", "allOf", "title", "description", "default", "examples",
                    "$comment", "$defs", "definitions", "$schema", "$id"})
-_LONG_NUMBER = re.compile(r"\d{%d,}" % (MAX_DIGITS + 1))
+_LONG_NUMBER = re.compile(rf"\d{{{MAX_DIGITS + 1},}}")
 
 
 def close_schema(schema: dict[str, Any]) -> dict[str, Any]:

@@ -108,11 +108,11 @@ def _own_value(root: dict[str, Any], sub: dict[str, Any], productive: _Productiv
 
 
 def _object_ok(root: dict[str, Any], sub: dict[str, Any], productive: _Productive) -> bool:
-    props = sub.get("properties") if isinstance(sub.get("properties"), dict) else {}
+    props = sub.get("properties")
+    props = props if isinstance(props, dict) else {}
     extra = sub.get("additionalProperties", True)
-    required = sub.get("required") if isinstance(sub.get("required"), list) else []
-    return all(_ok(root, props[k] if k in props else extra, productive)
-               for k in required if isinstance(k, str))
+    return all(_ok(root, props.get(k, extra), productive)
+               for k in _list(sub, "required") if isinstance(k, str))
 
 
 def _array_ok(root: dict[str, Any], sub: dict[str, Any], productive: _Productive) -> bool:
