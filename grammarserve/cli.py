@@ -48,6 +48,13 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jump-forward", default=EngineConfig.enable_jump_forward,
                    action=argparse.BooleanOptionalAction,
                    help="feed the tokens a constraint forces without decoding them one by one")
+    p.add_argument("--tool-call-format", default=EngineConfig.tool_call_format,
+                   choices=["hermes", "json_array"],
+                   help="tool calls for tool_choice required/named: <tool_call> blocks (hermes) "
+                        "or one JSON array of {name, parameters} (json_array)")
+    p.add_argument("--tool-call-dedupe", default=EngineConfig.tool_call_dedupe,
+                   action=argparse.BooleanOptionalAction,
+                   help="end a reply when a tool call repeats an earlier one byte for byte")
     p.add_argument("--gguf-blocks", default=EngineConfig.gguf_blocks,
                    action=argparse.BooleanOptionalAction,
                    help="CPU decode matmuls on the GGUF's own Q4_1/Q8_0 blocks (AVX2 kernel)")
@@ -104,7 +111,8 @@ def _config(args: argparse.Namespace) -> EngineConfig:
                                                 else args.grammar_max_whitespace),
                         grammar_open_schemas=args.open_schemas,
                         enable_jump_forward=args.jump_forward, num_threads=args.num_threads,
-                        gguf_blocks=args.gguf_blocks)
+                        tool_call_format=args.tool_call_format,
+                        tool_call_dedupe=args.tool_call_dedupe, gguf_blocks=args.gguf_blocks)
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -64,6 +64,15 @@ class EngineConfig:
         ``prefixItems`` (unless it says ``items``), integers within +-(2**53 - 1) and runs of
         at most 20 digits, so a small model cannot invent keys or write endless numbers; the
         reply is valid against the schema either way.
+    tool_call_format:
+        How tool calls are written when ``tool_choice`` is ``"required"`` or names a function:
+        ``"hermes"`` (``<tool_call>`` blocks) or ``"json_array"`` (one JSON array of
+        ``{"name", "parameters"}`` objects, like vLLM's required mode). ``"auto"`` always uses
+        ``hermes``. Chat templates without tool support get a tool description in the format.
+    tool_call_dedupe:
+        End a reply when a tool call repeats an earlier call of the same reply byte for byte;
+        the repeat is not returned (small models otherwise repeat their call until
+        ``max_tokens``).
     gguf_blocks:
         For a GGUF model in fp32 on an AVX2 CPU, run decode-sized matmuls (at most
         ``QUANT_ROWS`` rows) on the GGUF's own Q4_1/Q8_0 blocks with the C++ kernel in
@@ -93,6 +102,8 @@ class EngineConfig:
     grammar_max_whitespace: int | None = 24
     grammar_open_schemas: bool = False
     enable_jump_forward: bool = True
+    tool_call_format: Literal["hermes", "json_array"] = "hermes"
+    tool_call_dedupe: bool = True
     gguf_blocks: bool = True
 
     def __post_init__(self) -> None:
@@ -118,6 +129,9 @@ class EngineConfig:
             raise InvalidRequestError(f"grammar_json_style must be auto, compact, spaced, "
                                       f"indented or flexible, got {self.grammar_json_style!r}",
                                       param="grammar_json_style")
+        if self.tool_call_format not in ("hermes", "json_array"):
+            raise InvalidRequestError(f"tool_call_format must be hermes or json_array, got "
+                                      f"{self.tool_call_format!r}", param="tool_call_format")
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise InvalidRequestError(f"device must be auto, cpu or cuda[:N], got "
                                       f"{self.device!r}", param="device")

@@ -31,6 +31,7 @@ class Constraint:
     syntax: str = "lark"  # grammar: "lark" or "ebnf"
     tool_choice: Any = "required"  # tool_calls: "auto" | "required" | {"type": "function", ...}
     parallel_tool_calls: bool = True
+    tool_format: str = "hermes"  # tool_calls: "hermes" | "json_array" (grammarserve.fsm.tools)
 
     @classmethod
     def json_schema(cls, schema: dict[str, Any] | str, *, strict: bool = False) -> Constraint:
@@ -54,8 +55,16 @@ class Constraint:
 
     @classmethod
     def tool_calls(cls, tools: list[dict[str, Any]], tool_choice: Any = "required", *,
-                   parallel: bool = True) -> Constraint:
-        return cls("tool_calls", tools, tool_choice=tool_choice, parallel_tool_calls=parallel)
+                   parallel: bool = True, tool_format: str = "hermes") -> Constraint:
+        return cls("tool_calls", tools, tool_choice=tool_choice, parallel_tool_calls=parallel,
+                   tool_format=tool_format)
+
+    @property
+    def may_repeat_calls(self) -> bool:
+        """A tool-call constraint that allows more than one call (``required`` or ``auto`` with
+        parallel calls): the engine's repeated-call stop applies to it."""
+        return (self.kind == "tool_calls" and self.parallel_tool_calls
+                and self.tool_choice in ("auto", "required"))
 
     def compile_args(self) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
         """``(kind, args, kwargs)`` for :meth:`GrammarCompiler.compile_async`."""
@@ -65,5 +74,5 @@ class Constraint:
             return "grammar", (self.spec,), {"syntax": self.syntax}
         if self.kind == "tool_calls":
             return "tool_calls", (self.spec, self.tool_choice), {
-                "parallel": self.parallel_tool_calls}
+                "parallel": self.parallel_tool_calls, "call_format": self.tool_format}
         return self.kind, (self.spec,), {}

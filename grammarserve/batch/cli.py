@@ -61,7 +61,7 @@ def main(args: argparse.Namespace, config: EngineConfig) -> int:
     name = ServerConfig(engine=config).model_name(str(engine.loaded.folder))
     translator = Translator(engine.tokenizer, engine.grammar.compiler,
                             max_model_len=engine.max_model_len, max_n=args.max_n,
-                            model_name=name)
+                            model_name=name, tool_call_format=config.tool_call_format)
     print(f"grammarserve batch: loaded {config.model} in {time.perf_counter() - t0:.1f}s",
           file=sys.stderr)
     bar: Any = None

@@ -23,7 +23,8 @@ from grammarserve.sampling_params import SamplingParams
 from grammarserve.server import responses as R
 from grammarserve.server.protocol import ChatCompletionRequest, CompletionRequest
 from grammarserve.server.render import content_text, render_chat
-from grammarserve.server.toolparse import ParsedCall, parse_tool_calls
+from grammarserve.server.toolparse import ParsedCall
+from grammarserve.server.toolparse_array import parse_calls
 from grammarserve.server.translate import (
     ConstraintPlan,
     ToolsPlan,
@@ -118,10 +119,13 @@ class Translator:
         The context limit and the largest ``n``, as the server enforces them.
     model_name:
         The ``model`` reported in response bodies.
+    tool_call_format:
+        The engine's format for ``required`` and named tool calls (``EngineConfig``).
     """
 
     def __init__(self, tokenizer: Any, compiler: GrammarCompiler | None, *, max_model_len: int,
-                 max_n: int, model_name: str) -> None:
+                 max_n: int, model_name: str, tool_call_format: str = "hermes") -> None:
+        self.tool_call_format = tool_call_format
         self.tokenizer = tokenizer
         self.compiler = compiler
         self.max_model_len = max_model_len
@@ -146,11 +150,12 @@ class Translator:
     def _chat(self, req: ChatCompletionRequest) -> Prepared:
         check_common(req, max_n=self.max_n)
         check_chat_logprobs(req)
-        tools = tools_plan(req)
+        tools = tools_plan(req, self.tool_call_format)
         plan = constraint_plan(req, tools)
         text = render_chat(self.tokenizer, req.messages, tools=tools.tools if tools else None,
                            tool_choice=tools.choice if tools else "auto",
-                           parallel=tools.parallel if tools else True)
+                           parallel=tools.parallel if tools else True,
+                           tool_format=tools.format if tools else "hermes")
         prompt = list(self.tokenizer.encode(text, add_special_tokens=False))
         check_json_mode(req, [content_text(m.content, f"messages[{i}]")
                               for i, m in enumerate(req.messages)])
@@ -221,7 +226,7 @@ class Translator:
         content: str | None = out.text
         calls: list[ParsedCall] = []
         if prep.tools is not None:
-            content, calls = parse_tool_calls(out.text)
+            content, calls = parse_calls(out.text, prep.tools.format)
         lps = None
         if getattr(prep.req, "logprobs", None):
             lps = self.token_texts.chat_logprobs(out.token_ids, out.logprobs, out.top_logprobs)

@@ -100,7 +100,8 @@ class BatchWorker:
             await asyncio.sleep(_POLL_S)
         st = self.state
         translator = Translator(st.tokenizer, st.compiler, max_model_len=st.max_model_len,
-                                max_n=st.config.max_n, model_name=st.model_name)
+                                max_n=st.config.max_n, model_name=st.model_name,
+                                tool_call_format=st.config.engine.tool_call_format)
         while not self._stopping.is_set() and self.state.ready:
             active = self.store.active_batches()
             if not active:

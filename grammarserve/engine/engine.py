@@ -21,6 +21,7 @@ from grammarserve.engine.scheduler import ScheduledReq, Scheduler
 from grammarserve.engine.stats import EngineStats
 from grammarserve.engine.stopping import append_token
 from grammarserve.errors import InvalidRequestError
+from grammarserve.fsm.repeats import CallRepeatGuard
 from grammarserve.models.attention import TorchSDPABackend
 from grammarserve.models.loader import LoadedModel, load_model
 from grammarserve.sampling_params import SamplingParams
@@ -90,6 +91,9 @@ class Engine:
         req = Req(request_id, ids, params, IncrementalDetokenizer(
             self.tokenizer, skip_special_tokens=params.skip_special_tokens),
             arrival=next(self._arrivals), rng=rng, namespace=namespace)
+        if self.config.tool_call_dedupe and params.constraint is not None and \
+                params.constraint.may_repeat_calls:
+            req.repeat_guard = CallRepeatGuard(params.constraint.tool_format)
         self.requests[request_id] = req
         if params.constraint is None:
             self.scheduler.add(req)

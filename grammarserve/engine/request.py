@@ -14,6 +14,7 @@ from grammarserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     from grammarserve.fsm import CompiledGrammar, Matcher
+    from grammarserve.fsm.repeats import CallRepeatGuard
 
 
 class ReqStatus(enum.Enum):
@@ -73,6 +74,7 @@ class Req:
     grammar_future: Future[CompiledGrammar] | None = None  # set while the constraint compiles
     matcher: Matcher | None = None
     num_forced: int = 0  # output tokens that came from jump-forward
+    repeat_guard: CallRepeatGuard | None = None  # ends the reply at a repeated tool call
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt_ids)

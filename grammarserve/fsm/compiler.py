@@ -147,13 +147,16 @@ class GrammarCompiler:
         return self.compile_async("choice", options).result()
 
     def compile_tool_calls(self, tools: list[dict[str, Any]], mode: Any = "required", *,
-                           parallel: bool = True) -> CompiledGrammar:
-        """Compile the Hermes tool-call format for OpenAI ``tools`` and ``tool_choice`` ``mode``
+                           parallel: bool = True, call_format: str = "hermes"
+                           ) -> CompiledGrammar:
+        """Compile a tool-call format for OpenAI ``tools`` and ``tool_choice`` ``mode``
         (``"auto"``, ``"required"`` or ``{"type": "function", "function": {"name": ...}}``).
-        The grammar covers the whole output: for ``"auto"``, plain text without a call, or
-        free text then the calls from the first ``<tool_call>`` on; otherwise only calls. See
-        :mod:`grammarserve.fsm.tools`."""
-        return self.compile_async("tool_calls", tools, mode, parallel=parallel).result()
+        The grammar covers the whole output. ``call_format`` ``"hermes"``: for ``"auto"``,
+        plain text without a call, or free text then the calls from the first ``<tool_call>``
+        on; otherwise only calls. ``"json_array"``: one JSON array of ``{"name",
+        "parameters"}`` objects (no ``"auto"``). See :mod:`grammarserve.fsm.tools`."""
+        return self.compile_async("tool_calls", tools, mode, parallel=parallel,
+                                  call_format=call_format).result()
 
     def compile_async(self, kind: str, *args: Any, **kwargs: Any) -> Future[CompiledGrammar]:
         """Start compiling and return a future; identical in-flight requests share one future.
@@ -243,8 +246,9 @@ class GrammarCompiler:
         return GrammarSpec("choice", json.dumps(text_grammars.check_choice(options)))
 
     def _tools_spec(self, tools: list[dict[str, Any]], mode: Any = "required", *,
-                    parallel: bool = True) -> GrammarSpec:
-        spec = normalize_tools(tools, mode, parallel=parallel, check_schema=self._check_schema)
+                    parallel: bool = True, call_format: str = "hermes") -> GrammarSpec:
+        spec = normalize_tools(tools, mode, parallel=parallel, check_schema=self._check_schema,
+                               fmt=call_format)
         source = canonical_json(spec)
         return GrammarSpec("tool_calls", source, self._json_options(source))
 

@@ -1,8 +1,13 @@
-"""Tool calls in the Hermes format: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``.
+"""Tool-call grammars in two formats (``FORMATS``):
+
+- ``"hermes"``: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` blocks;
+- ``"json_array"``: one JSON array of calls, ``[{"name": ..., "parameters": {...}}, ...]``, like
+  vLLM's ``required`` mode for chat templates without tool support (no ``auto`` mode: plain text
+  and an array could not be told apart).
 
 ``normalize_tools`` validates OpenAI ``tools`` + ``tool_choice`` into a JSON description;
 ``tool_calls_lark`` renders it as an llguidance Lark grammar with embedded ``%json`` schemas
-(each call object ``{"name": <const>, "arguments": <that tool's parameters>}``).
+(each call object ``{"name": <const>, "arguments" | "parameters": <that tool's parameters>}``).
 
 Modes (every grammar covers the *whole* output)
 ------------------------------------------------
@@ -31,18 +36,26 @@ from grammarserve.fsm.json_schema import rebase_refs
 
 TRIGGER = "<tool_call>"
 END = "</tool_call>"
+FORMATS = ("hermes", "json_array")
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 SchemaCheck = Callable[[Any, bool, str], dict[str, Any]]
 
 
 def normalize_tools(tools: list[dict[str, Any]], mode: Any, *, parallel: bool,
-                    check_schema: SchemaCheck) -> dict[str, Any]:
-    """Validate OpenAI ``tools`` and ``tool_choice``.
+                    check_schema: SchemaCheck, fmt: str = "hermes") -> dict[str, Any]:
+    """Validate OpenAI ``tools``, ``tool_choice`` and the call format ``fmt``.
 
     ``check_schema(schema, strict, path)`` validates each tool's ``parameters`` (the JSON Schema
-    front end). Returns ``{"tools": [{"name", "parameters"}], "mode", "parallel"}``.
+    front end). Returns ``{"tools": [{"name", "parameters"}], "mode", "parallel", "format"}``.
     """
+    if fmt not in FORMATS:
+        raise GrammarError(f"tool call format must be one of {', '.join(FORMATS)}, got {fmt!r}",
+                           path="$.format")
+    if fmt == "json_array" and mode == "auto":
+        raise GrammarError("the json_array tool-call format has no 'auto' mode (text and calls "
+                           "could not be told apart); use the hermes format",
+                           path="$.tool_choice")
     if not isinstance(tools, list) or not tools:
         raise GrammarError("'tools' must be a non-empty list of function tools", path="$.tools")
     out: list[dict[str, Any]] = []
@@ -74,7 +87,7 @@ def normalize_tools(tools: list[dict[str, Any]], mode: Any, *, parallel: bool,
     else:
         raise GrammarError(f"tool_choice must be 'auto', 'required' or {{'type': 'function', "
                            f"'function': {{'name': ...}}}}, got {mode!r}", path="$.tool_choice")
-    return {"tools": out, "mode": kind, "parallel": bool(parallel)}
+    return {"tools": out, "mode": kind, "parallel": bool(parallel), "format": fmt}
 
 
 def call_schema(tool: dict[str, Any], json_options: dict[str, Any]) -> dict[str, Any]:
@@ -89,6 +102,26 @@ def call_schema(tool: dict[str, Any], json_options: dict[str, Any]) -> dict[str,
     }
 
 
+def calls_array_schema(spec: dict[str, Any], json_options: dict[str, Any]) -> dict[str, Any]:
+    """JSON Schema of the ``json_array`` format: ``[{"name": <const>, "parameters": ...}, ...]``,
+    one item unless ``parallel``. Separators come from ``json_options`` like any JSON value."""
+    defs: dict[str, Any] = {}
+    for i, tool in enumerate(spec["tools"]):
+        defs[f"call{i}"] = {
+            "type": "object",
+            "properties": {"name": {"const": tool["name"]},
+                           "parameters": {"$ref": f"#/$defs/args{i}"}},
+            "required": ["name", "parameters"], "additionalProperties": False}
+        defs[f"args{i}"] = rebase_refs(tool["parameters"], f"#/$defs/args{i}")
+    schema: dict[str, Any] = {
+        "type": "array", "minItems": 1,
+        "items": {"anyOf": [{"$ref": f"#/$defs/call{i}"} for i in range(len(spec["tools"]))]},
+        "$defs": defs, "x-guidance": json_options}
+    if not spec["parallel"]:
+        schema["maxItems"] = 1
+    return schema
+
+
 def _ws(max_ws: int | None) -> str:
     if max_ws == 0:  # compact JSON: calls are separated by at most one newline
         return r"\x0A?"
@@ -101,6 +134,11 @@ def tool_calls_lark(spec: dict[str, Any], json_options: dict[str, Any],
 
     ``max_ws`` bounds the whitespace between calls and after the last one (``None``: unbounded).
     """
+    if spec.get("format", "hermes") == "json_array":
+        return "\n".join([
+            "start: calls TAIL",
+            f"calls: %json {json.dumps(calls_array_schema(spec, json_options))}",
+            f"TAIL: /{_ws(max_ws)}/"]) + "\n"
     fns = [f"fn{i}: %json {json.dumps(call_schema(tool, json_options))}"
            for i, tool in enumerate(spec["tools"])]
     more = " (SEP call)*" if spec["parallel"] else ""

@@ -19,10 +19,9 @@ from grammarserve.server.toolparse import (
     Event,
     ParsedCall,
     ToolCallArgs,
-    ToolCallParser,
     ToolCallStart,
-    parse_tool_calls,
 )
+from grammarserve.server.toolparse_array import make_parser, parse_calls
 from grammarserve.server.translate import (
     ConstraintPlan,
     ToolsPlan,
@@ -53,7 +52,8 @@ def _prompt(state: ServerState, req: ChatCompletionRequest, tools: ToolsPlan | N
     text = render_chat(state.tokenizer, req.messages,
                        tools=tools.tools if tools else None,
                        tool_choice=tools.choice if tools else "auto",
-                       parallel=tools.parallel if tools else True)
+                       parallel=tools.parallel if tools else True,
+                       tool_format=tools.format if tools else "hermes")
     return list(state.tokenizer.encode(text, add_special_tokens=False))
 
 
@@ -63,7 +63,7 @@ async def prepare(state: ServerState, req: ChatCompletionRequest
     state.require_engine()
     check_common(req, max_n=state.config.max_n)
     check_chat_logprobs(req)
-    tools = tools_plan(req)
+    tools = tools_plan(req, state.config.engine.tool_call_format)
     plan = constraint_plan(req, tools)
     prompt = await asyncio.to_thread(_prompt, state, req, tools)
     check_json_mode(req, [content_text(m.content, f"messages[{i}]")
@@ -85,7 +85,7 @@ def _choice(state: ServerState, i: int, out: RequestOutput, tools: ToolsPlan | N
     content: str | None = out.text
     calls: list[ParsedCall] = []
     if tools is not None:
-        content, calls = parse_tool_calls(out.text)
+        content, calls = parse_calls(out.text, tools.format)
     lps = None
     if logprobs and state.token_texts is not None:
         lps = state.token_texts.chat_logprobs(out.token_ids, out.logprobs, out.top_logprobs)
@@ -121,7 +121,7 @@ async def stream(state: ServerState, req: ChatCompletionRequest, gen: Generation
     maker = R.ChunkMaker(gen.base_id, state.model_name, chat=True,
                          include_usage=include_usage)
     n = len(gen.ids)
-    parsers = [ToolCallParser() if tools is not None else None for _ in range(n)]
+    parsers = [make_parser(tools.format) if tools is not None else None for _ in range(n)]
     sent = [0] * n  # tokens whose logprobs were sent
     finals: dict[int, RequestOutput] = {}
     first = {"role": "assistant", "content": None if tools is not None else "", "refusal": None}

@@ -1,8 +1,9 @@
 """Chat messages (+ tools) to prompt text, through the model's chat template.
 
 A template that handles ``tools`` itself gets them as ``tools=``; otherwise the tools are described
-in a Hermes-style system block and past tool calls / results are written in the same
-``<tool_call>`` / ``<tool_response>`` format the model is asked (and constrained) to produce.
+in a Hermes-style system block and past tool calls / results are written in the same format the
+model is asked (and constrained) to produce: ``<tool_call>`` blocks, or one JSON array of
+``{"name", "parameters"}`` objects (the ``json_array`` format), and ``<tool_response>`` blocks.
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ TOOLS_FOOTER = (
     "\n</tools>\n\nFor each function call, return a json object with function name and "
     "arguments within <tool_call></tool_call> XML tags:\n"
     f"{TRIGGER}\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n{END}"
+)
+JSON_ARRAY_FOOTER = (
+    "\n</tools>\n\nReturn the function calls as one JSON array of objects, each with the "
+    "function name and its parameters:\n"
+    "[{\"name\": <function-name>, \"parameters\": <args-json-object>}]"
 )
 
 
@@ -54,7 +60,8 @@ def content_text(content: str | list[dict[str, Any]] | None, where: str) -> str:
     return "\n".join(texts)
 
 
-def tools_system_block(tools: list[dict[str, Any]], tool_choice: Any, parallel: bool) -> str:
+def tools_system_block(tools: list[dict[str, Any]], tool_choice: Any, parallel: bool,
+                       tool_format: str = "hermes") -> str:
     """The built-in (Hermes-style) description of ``tools`` and of the call format."""
     lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
     rules = []
@@ -64,17 +71,26 @@ def tools_system_block(tools: list[dict[str, Any]], tool_choice: Any, parallel: 
         rules.append(f"You must call the function {tool_choice['function']['name']!r}.")
     if not parallel:
         rules.append("Call at most one function.")
-    return TOOLS_HEADER + lines + TOOLS_FOOTER + ("\n\n" + " ".join(rules) if rules else "")
+    footer = JSON_ARRAY_FOOTER if tool_format == "json_array" else TOOLS_FOOTER
+    return TOOLS_HEADER + lines + footer + ("\n\n" + " ".join(rules) if rules else "")
 
 
-def _call_text(call: dict[str, Any]) -> str:
+def _call_args(call: dict[str, Any]) -> tuple[str, Any]:
     fn = call["function"]
     try:
         args: Any = json.loads(fn.get("arguments") or "{}")
     except json.JSONDecodeError:
         args = fn.get("arguments")
-    body = json.dumps({"name": fn["name"], "arguments": args}, ensure_ascii=False)
-    return f"{TRIGGER}\n{body}\n{END}"
+    return fn["name"], args
+
+
+def calls_text(calls: list[dict[str, Any]], tool_format: str = "hermes") -> str:
+    """Past OpenAI ``tool_calls`` as the model writes them in ``tool_format``."""
+    if tool_format == "json_array":
+        return json.dumps([{"name": n, "parameters": a} for n, a in map(_call_args, calls)],
+                          ensure_ascii=False)
+    return "\n".join(f"{TRIGGER}\n" + json.dumps({"name": n, "arguments": a}, ensure_ascii=False)
+                     + f"\n{END}" for n, a in map(_call_args, calls))
 
 
 def openai_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -102,14 +118,14 @@ def openai_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     return out
 
 
-def hermes_messages(messages: list[dict[str, Any]], tools_block: str | None
-                    ) -> list[dict[str, Any]]:
+def hermes_messages(messages: list[dict[str, Any]], tools_block: str | None,
+                    tool_format: str = "hermes") -> list[dict[str, Any]]:
     """Rewrite tool calls and results as text for a template without tool support, and put the
     tools description into the system message."""
     out: list[dict[str, Any]] = []
     for m in messages:
         if m["role"] == "assistant" and m.get("tool_calls"):
-            calls = "\n".join(_call_text(c) for c in m["tool_calls"])
+            calls = calls_text(m["tool_calls"], tool_format)
             text = f"{m['content']}\n{calls}" if m["content"] else calls
             out.append({"role": "assistant", "content": text})
         elif m["role"] == "tool":
@@ -130,9 +146,10 @@ def hermes_messages(messages: list[dict[str, Any]], tools_block: str | None
 
 def render_chat(tokenizer: Any, messages: list[ChatMessage], *,
                 tools: list[dict[str, Any]] | None = None, tool_choice: Any = "auto",
-                parallel: bool = True, add_generation_prompt: bool = True) -> str:
+                parallel: bool = True, add_generation_prompt: bool = True,
+                tool_format: str = "hermes") -> str:
     """Prompt text for ``messages``; ``tools`` (OpenAI format) are shown to the model unless
-    None."""
+    None, with the call format ``tool_format`` (``"hermes"`` or ``"json_array"``)."""
     if not getattr(tokenizer, "chat_template", None):
         raise InvalidRequestError("this model has no chat template; use /v1/completions with a "
                                   "formatted prompt", param="messages")
@@ -148,8 +165,8 @@ def render_chat(tokenizer: Any, messages: list[ChatMessage], *,
                 except json.JSONDecodeError:
                     pass
     else:
-        msgs = hermes_messages(msgs, tools_system_block(tools, tool_choice, parallel)
-                               if tools else None)
+        msgs = hermes_messages(msgs, tools_system_block(tools, tool_choice, parallel, tool_format)
+                               if tools else None, tool_format)
     try:
         text = tokenizer.apply_chat_template(msgs, tokenize=False,
                                              add_generation_prompt=add_generation_prompt,

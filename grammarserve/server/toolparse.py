@@ -56,7 +56,7 @@ class ParsedCall:
     arguments: str = ""
 
 
-class _JsonValueEnd:
+class JsonValueEnd:
     """Finds where a JSON object/array that starts at the first character fed ends."""
 
     def __init__(self) -> None:
@@ -96,7 +96,7 @@ class _Call:
     index: int = -1
     args_start: int = -1  # offset of the arguments value in ``text``
     args_sent: int = 0  # characters of the value already sent
-    scanner: _JsonValueEnd | None = None
+    scanner: JsonValueEnd | None = None
 
 
 @dataclass
@@ -194,7 +194,7 @@ class ToolCallParser:
         self.calls.append(call)
         events.append(ToolCallStart(cur.index, call.id, name))
         if cur.text[args_start:args_start + 1] in ("{", "["):
-            cur.scanner = _JsonValueEnd()
+            cur.scanner = JsonValueEnd()
         elif len(cur.text) > args_start:
             cur.scanner = None
         else:  # the value has not started: decide when its first character arrives

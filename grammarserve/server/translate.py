@@ -36,6 +36,7 @@ class ToolsPlan:
     tools: list[dict[str, Any]]
     choice: Any  # "auto" | "required" | {"type": "function", "function": {"name": ...}}
     parallel: bool
+    format: str = "hermes"  # how the calls are written: "hermes" | "json_array"
 
 
 @dataclass(frozen=True)
@@ -108,12 +109,13 @@ def constraint_plan(req: _Generation, tools: ToolsPlan | None) -> ConstraintPlan
         raise InvalidRequestError(f"'{found[0].param}' cannot be combined with tools and "
                                   "tool_choice 'auto'; use tool_choice 'required' or 'none'",
                                   param=found[0].param)
-    return ConstraintPlan(Constraint.tool_calls(tools.tools, tools.choice, parallel=tools.parallel),
-                          "tools")
+    return ConstraintPlan(Constraint.tool_calls(tools.tools, tools.choice, parallel=tools.parallel,
+                                                tool_format=tools.format), "tools")
 
 
-def tools_plan(req: ChatCompletionRequest) -> ToolsPlan | None:
-    """None when no tool may be called (no tools, or tool_choice 'none')."""
+def tools_plan(req: ChatCompletionRequest, tool_format: str = "hermes") -> ToolsPlan | None:
+    """None when no tool may be called (no tools, or tool_choice 'none'). ``tool_format`` is
+    the server's format for ``required`` and named calls; ``auto`` always uses ``hermes``."""
     choice = req.tool_choice
     if not req.tools:
         if choice not in (None, "none"):
@@ -131,12 +133,13 @@ def tools_plan(req: ChatCompletionRequest) -> ToolsPlan | None:
         allowed = [c.function.name for c in choice.allowed_tools.tools]
         _check_names(allowed, names, "tool_choice.allowed_tools.tools")
         tools = [t for t in tools if t["function"]["name"] in allowed]
-        return ToolsPlan(tools, choice.allowed_tools.mode, parallel)
+        mode = choice.allowed_tools.mode
+        return ToolsPlan(tools, mode, parallel, "hermes" if mode == "auto" else tool_format)
     if isinstance(choice, NamedToolChoice):
         _check_names([choice.function.name], names, "tool_choice")
         return ToolsPlan(tools, {"type": "function", "function": {"name": choice.function.name}},
-                         False)
-    return ToolsPlan(tools, choice, parallel)
+                         False, tool_format)
+    return ToolsPlan(tools, choice, parallel, "hermes" if choice == "auto" else tool_format)
 
 
 def _check_names(wanted: list[str], names: list[str], param: str) -> None:
