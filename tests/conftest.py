@@ -4,6 +4,8 @@ the model loads once per run)."""
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -59,3 +61,16 @@ def hf_tokenizer():  # type: ignore[no-untyped-def]
     from tiny_models import _tokenizer
 
     return _tokenizer()
+
+
+@pytest.fixture(scope="session")
+def e2e_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """The real server on the embedded model (``{"url", "health", "log"}``), started once per run
+    and shared by the end-to-end modules (tests/test_clients_e2e.py, tests/test_server_e2e.py)."""
+    if not _have_default_model():
+        pytest.skip("embedded model not installed")
+    from server_helpers import running_server
+
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    with running_server(log, "--kv-cache-tokens", "16384", "--max-n", "4") as server:
+        yield server

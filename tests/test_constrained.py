@@ -21,24 +21,21 @@ from grammarserve.llm import LLM
 from grammarserve.sampling_params import SamplingParams
 
 SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
-# 40 schemas from schemas/ (tool arguments, extraction records, nested arrays, enums, bounded
-# numbers, unions, recursion, pydantic-generated) whose greedy outputs on SmolLM2-135M complete
-# within MAX_TOKENS. Left out: 12 where this small model repeats array items or recursion levels
-# until the token limit (those replies end with finish_reason "length", which says they are
-# cut, as the design requires), 7 more for time, and the "hard_" schemas we refuse.
-NAMES = [
-    "address", "apparel_order", "arithmetic_expression", "book_flight", "content_moderation",
-    "control_smart_home", "create_calendar_event", "create_github_issue", "customer_profile",
-    "event", "geojson_point_feature", "get_stock_quote", "get_weather", "http_request",
-    "json_value", "loan_application", "medical_note", "patch_user", "payment_method", "person",
-    "playlist", "product", "product_search_filters", "pydantic_forecast_tool",
-    "pydantic_meeting_strict", "pydantic_pet_owner", "pydantic_user", "run_sql_query",
-    "search_web", "send_email", "sensor_reading", "sentiment_analysis", "seo_metadata",
-    "shape_drawing", "social_post", "survey_response", "ticket_triage", "translate_text",
-    "user_signup", "vehicle_registration",
-]
-MAX_TOKENS = 200
+#: Every schema of schemas/, none left out: a reply cut by max_tokens fails its test.
+NAMES = sorted(p.stem for p in SCHEMAS.glob("*.json"))
+#: Generous, not infinite: about twice the longest complete greedy reply (187 tokens).
+MAX_TOKENS = 384
 ALONE = ["person", "get_weather", "json_value", "arithmetic_expression"]
+#: Replies that still run into MAX_TOKENS today (greedy, SmolLM2-135M): the model repeats an
+#: array item or a made-up key until the limit. Strict: the mark goes once a reply completes.
+_REPEATS = "greedy reply repeats an array item until max_tokens"
+CUT: dict[str, str] = {
+    "create_calendar_event": _REPEATS, "meeting_minutes": _REPEATS,
+    "object_detections": _REPEATS, "order_shipments": _REPEATS,
+    "pydantic_meeting_strict": _REPEATS, "pydantic_order": _REPEATS,
+    "pydantic_service_config": "greedy reply invents labels keys until max_tokens",
+    "run_sql_query": _REPEATS, "shape_drawing": _REPEATS, "spreadsheet_cell": _REPEATS,
+}
 
 
 def _load(name: str) -> dict[str, Any]:
@@ -61,21 +58,21 @@ def _params(item: dict[str, Any], *, jump_forward: bool = True) -> SamplingParam
 
 @pytest.fixture(scope="module")
 def cllm(smollm) -> LLM:  # type: ignore[no-untyped-def]
-    """An engine large enough to run all 40 schemas in one batch (shares the loaded weights)."""
-    config = EngineConfig(device="cpu", kv_cache_tokens=32768, max_num_reqs=48,
+    """An engine large enough to run every schema in one batch (shares the loaded weights)."""
+    config = EngineConfig(device="cpu", kv_cache_tokens=32768, max_num_reqs=len(NAMES),
                           max_batch_tokens=4096)
     return LLM.from_engine(Engine(config, loaded=smollm))
 
 
 @pytest.fixture(scope="module")
 def items() -> list[dict[str, Any]]:
-    assert len(NAMES) == 40 and len(set(NAMES)) == 40
+    assert len(NAMES) >= 60
     return [_load(n) for n in NAMES]
 
 
 @pytest.fixture(scope="module")
 def batched(cllm: LLM, items: list[dict[str, Any]]) -> dict[bool, list[RequestOutput]]:
-    """Greedy outputs of all 40 schemas in one batch, with jump-forward on and off."""
+    """Greedy outputs of every schema in one batch, with jump-forward on and off."""
     prompts = [_prompt(cllm, it) for it in items]
     out: dict[bool, list[RequestOutput]] = {}
     for jf in (True, False):
@@ -89,12 +86,22 @@ def batched(cllm: LLM, items: list[dict[str, Any]]) -> dict[bool, list[RequestOu
     return out
 
 
-@pytest.mark.parametrize("jump_forward", [True, False])
-def test_every_output_validates(batched: dict[bool, list[RequestOutput]],
-                                items: list[dict[str, Any]], jump_forward: bool) -> None:
-    for item, out in zip(items, batched[jump_forward]):
-        assert out.finish_reason == "stop", (item["name"], out.finish_reason, out.error, out.text)
-        jsonschema.validate(json.loads(out.text), item["schema"])
+@pytest.mark.parametrize("jump_forward", [True, False], ids=["jf", "no_jf"])
+@pytest.mark.parametrize("name", [
+    pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=CUT[n])) if n in CUT else n
+    for n in NAMES])
+def test_reply_completes_and_validates(batched: dict[bool, list[RequestOutput]],
+                                       items: list[dict[str, Any]], name: str,
+                                       jump_forward: bool) -> None:
+    item, out = items[NAMES.index(name)], batched[jump_forward][NAMES.index(name)]
+    if item["category"] == "hard" and out.finish_reason == "error":
+        # keywords no grammar holds are refused by name, never dropped silently
+        assert out.error is not None and "unsupported keyword" in out.error, out.error
+        return
+    assert out.finish_reason == "stop", (out.finish_reason, out.error, out.text[:300])
+    validator = jsonschema.Draft202012Validator(
+        item["schema"], format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    validator.validate(json.loads(out.text))
 
 
 def test_jump_forward_gives_the_same_text(batched: dict[bool, list[RequestOutput]],
@@ -203,7 +210,7 @@ def test_constrained_with_prefix_cache_off_matches(smollm, cllm: LLM,  # type: i
                                                    items: list[dict[str, Any]]) -> None:
     plain = LLM.from_engine(Engine(EngineConfig(device="cpu", kv_cache_tokens=8192,
                                                 enable_prefix_cache=False), loaded=smollm))
-    for i in (0, 7):
+    for i in (NAMES.index("address"), NAMES.index("book_flight")):
         out = plain.generate(_prompt(plain, items[i]), _params(items[i]))[0]
         assert out.text == batched[True][i].text
     again = cllm.generate(_prompt(cllm, items[0]), _params(items[0]))[0]

@@ -12,15 +12,10 @@ import http.client
 import json
 import os
 import re
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, Literal
 
 import jsonschema
@@ -30,13 +25,22 @@ from conftest import requires_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, Field
+from server_helpers import ROOT, http_get, http_post
 
 pytestmark = [requires_model, pytest.mark.model]
 
-ROOT = Path(__file__).resolve().parent.parent
 #: Schemas of schemas/ checked end to end (half response_format, half tool calls); the
 #: acceptance run uses 20: GRAMMARSERVE_E2E_SCHEMAS=20 pytest tests/test_server_e2e.py
 NUM_SCHEMAS = int(os.environ.get("GRAMMARSERVE_E2E_SCHEMAS", "8"))
+#: Generous, not infinite: a schema reply cut by it fails the test.
+SCHEMA_MAX_TOKENS = 256
+#: Schema replies that still run into SCHEMA_MAX_TOKENS today (greedy, SmolLM2-135M).
+SCHEMA_CUT = {
+    "pydantic_tree": "the tool-call reply nests children until max_tokens",
+    "pydantic_pet_owner": "invents keys in the discriminated union's members until max_tokens",
+    "spreadsheet_cell": "the tool-call reply adds updates until max_tokens",
+    "shape_drawing": "the tool-call reply's text value runs until max_tokens",
+}
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city", "strict": True,
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
@@ -75,64 +79,9 @@ class Search(BaseModel):
 
 
 # -- server and client ------------------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _get(url: str) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(url, timeout=30) as r:
-            return r.status, r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read()
-
-
-def _post(url: str, body: Any, raw: bytes | None = None) -> tuple[int, Any]:
-    data = raw if raw is not None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=300) as r:
-            text = r.read().decode()
-            return r.status, json.loads(text) if r.headers.get_content_type() == (
-                "application/json") else text
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    port = _free_port()
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "grammarserve.cli", "serve", "--model", "default",
-             "--port", str(port), "--kv-cache-tokens", "16384", "--max-n", "4", "--num-threads", "1",
-             "--log-level", "warning"], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
-    statuses = []
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, log.read_text()
-            try:
-                status, _ = _get(url + "/health")
-                statuses.append(status)
-                if status == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.5)
-        else:
-            pytest.fail("the server did not become healthy:\n" + log.read_text())
-        yield {"url": url, "health": statuses, "log": log}
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+def server(e2e_server: dict[str, Any]) -> dict[str, Any]:
+    return e2e_server
 
 
 @pytest.fixture(scope="module")
@@ -260,11 +209,12 @@ def _schema_job(client: openai.OpenAI, item: dict[str, Any], i: int) -> Callable
                                                       "schema": item["schema"], "strict": strict}}
         return lambda: client.chat.completions.create(model="m", messages=prompt,
                                                       response_format=fmt,  # type: ignore[arg-type]
-                                                      max_tokens=100, temperature=0)
+                                                      max_tokens=SCHEMA_MAX_TOKENS, temperature=0)
     tool = {"type": "function", "function": {"name": "emit", "parameters": item["schema"],
                                              "strict": strict}}
     return lambda: client.chat.completions.create(model="m", messages=prompt, tools=[tool],
-                                                  tool_choice="required", max_tokens=100,
+                                                  tool_choice="required",
+                                                  max_tokens=SCHEMA_MAX_TOKENS,
                                                   temperature=0, parallel_tool_calls=False)
 
 
@@ -277,7 +227,7 @@ def _finish_chunks(events: list[Any]) -> list[dict[str, Any]]:
 def test_health_was_503_while_loading_then_200(server: dict[str, Any]) -> None:
     assert server["health"][-1] == 200
     assert set(server["health"]) <= {503, 200}
-    assert _get(server["url"] + "/health") == (200, b'{"status":"ok"}')
+    assert http_get(server["url"] + "/health") == (200, b'{"status":"ok"}')
 
 
 def test_streamed_text_equals_non_streamed(fired: dict[str, Future[Any]]) -> None:
@@ -359,29 +309,25 @@ def test_choice_and_regex_extensions(fired: dict[str, Future[Any]]) -> None:
     assert re.fullmatch(r" [0-9]{3}-[0-9]{4}", text), text
 
 
-def test_schema_replies_all_validate(fired: dict[str, Future[Any]]) -> None:
-    complete = 0
-    for i, item in enumerate(_schemas(NUM_SCHEMAS)):
-        choice = fired[f"schema_{i}"].result().choices[0]
-        validator = jsonschema.Draft202012Validator(
-            item["schema"], format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
-        if i % 2 == 0:
-            if choice.finish_reason == "length":
-                continue
-            assert choice.finish_reason == "stop"
-            validator.validate(json.loads(choice.message.content))
-        else:
-            if choice.finish_reason == "length":
-                continue
-            assert choice.finish_reason == "tool_calls", choice
-            (call,) = choice.message.tool_calls
-            assert call.function.name == "emit" and call.id.startswith("call_")
-            validator.validate(json.loads(call.function.arguments))
-            assert choice.message.content is None
-        complete += 1
-    # the rest ran out of tokens and say so (finish_reason "length")
-    print(f"{complete}/{NUM_SCHEMAS} schema replies complete, all valid")
-    assert complete >= NUM_SCHEMAS // 2
+@pytest.mark.parametrize("i", [
+    pytest.param(i, id=item["name"], marks=pytest.mark.xfail(strict=True, reason=SCHEMA_CUT[
+        item["name"]])) if item["name"] in SCHEMA_CUT else pytest.param(i, id=item["name"])
+    for i, item in enumerate(_schemas(NUM_SCHEMAS))])
+def test_schema_reply_completes_and_validates(fired: dict[str, Future[Any]], i: int) -> None:
+    """Even: response_format, odd: a required tool call. A reply cut by max_tokens fails."""
+    item = _schemas(NUM_SCHEMAS)[i]
+    choice = fired[f"schema_{i}"].result().choices[0]
+    validator = jsonschema.Draft202012Validator(
+        item["schema"], format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+    if i % 2 == 0:
+        assert choice.finish_reason == "stop", choice
+        validator.validate(json.loads(choice.message.content))
+    else:
+        assert choice.finish_reason == "tool_calls", choice
+        (call,) = choice.message.tool_calls
+        assert call.function.name == "emit" and call.id.startswith("call_")
+        validator.validate(json.loads(call.function.arguments))
+        assert choice.message.content is None
 
 
 # -- tool calls -----------------------------------------------------------------------------------
@@ -510,7 +456,7 @@ BAD_REQUESTS: list[tuple[str, dict[str, Any], str | None, str]] = [
         {"type": "image_url", "image_url": {"url": "http://x"}}]}]}, "messages[0].content[0].type",
      "not supported"),
     ("context too long", {"max_tokens": 10**6}, "messages", "maximum context length"),
-    ("top_logprobs", {"logprobs": True, "top_logprobs": 5}, "top_logprobs", "top_logprobs"),
+    ("top_logprobs", {"logprobs": True, "top_logprobs": 21}, "top_logprobs", "top_logprobs"),
     ("json mode without json", {"response_format": {"type": "json_object"}}, "messages", "json"),
     ("two constraints", {"regex": "a", "choice": ["a"]}, "choice", "only one"),
     ("foreign constraint field", {"guided_json": {"type": "object"}}, "guided_json",
@@ -525,7 +471,7 @@ def test_bad_requests_get_400_envelope(server: dict[str, Any], name: str, patch:
                                        param: str | None, message: str) -> None:
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     body.update(patch)
-    status, reply = _post(server["url"] + "/v1/chat/completions", body)
+    status, reply = http_post(server["url"] + "/v1/chat/completions", body)
     assert status == 400, reply
     err = reply["error"]
     assert set(err) == {"message", "type", "param", "code"}
@@ -538,16 +484,16 @@ def test_sdk_raises_bad_request_and_server_keeps_serving(client: openai.OpenAI,
     with pytest.raises(openai.BadRequestError, match="strin"):
         client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}],
                                        response_format=_fmt({"type": "strin"}))  # type: ignore
-    status, reply = _post(server["url"] + "/v1/chat/completions", None, raw=b"{not json")
+    status, reply = http_post(server["url"] + "/v1/chat/completions", None, raw=b"{not json")
     assert status == 400 and reply["error"]["type"] == "invalid_request_error"
-    status, reply = _post(server["url"] + "/v1/completions", {"model": "m", "prompt": []})
+    status, reply = http_post(server["url"] + "/v1/completions", {"model": "m", "prompt": []})
     assert status == 400 and reply["error"]["param"] == "prompt"
-    status, reply = _post(server["url"] + "/v1/completions", {
+    status, reply = http_post(server["url"] + "/v1/completions", {
         "model": "m", "prompt": "x", "grammar": 'start: ("a"', "max_tokens": 2})
     assert status == 400 and reply["error"]["param"] == "grammar"
-    status, body = _get(server["url"] + "/v1/nothing")
+    status, body = http_get(server["url"] + "/v1/nothing")
     assert status == 404 and "error" in json.loads(body)
-    assert _get(server["url"] + "/health")[0] == 200
+    assert http_get(server["url"] + "/health")[0] == 200
 
 
 # -- other routes ------------------------------------------------------------------------------------
@@ -555,21 +501,21 @@ def test_models_tokenize_detokenize(client: openai.OpenAI, server: dict[str, Any
     models = client.models.list()
     assert [m.id for m in models.data] == ["SmolLM2-135M-Instruct"]
     assert client.models.retrieve("SmolLM2-135M-Instruct").object == "model"
-    status, out = _post(server["url"] + "/tokenize", {"prompt": "Hello world"})
+    status, out = http_post(server["url"] + "/tokenize", {"prompt": "Hello world"})
     assert status == 200 and out["count"] == len(out["tokens"]) == 2
     assert out["max_model_len"] == 8192
-    status, chat = _post(server["url"] + "/tokenize", {"messages": GREETING})
+    status, chat = http_post(server["url"] + "/tokenize", {"messages": GREETING})
     assert status == 200 and chat["count"] > 50 and chat["tokens"][0] == 1  # <|im_start|>
-    status, back = _post(server["url"] + "/detokenize", {"tokens": out["tokens"]})
+    status, back = http_post(server["url"] + "/detokenize", {"tokens": out["tokens"]})
     assert status == 200 and back["prompt"] == "Hello world"
-    status, err = _post(server["url"] + "/tokenize", {"prompt": "x", "messages": GREETING})
+    status, err = http_post(server["url"] + "/tokenize", {"prompt": "x", "messages": GREETING})
     assert status == 400 and err["error"]["param"] == "prompt"
 
 
 def test_metrics(server: dict[str, Any], fired: dict[str, Future[Any]]) -> None:
     for f in fired.values():
         f.result()
-    status, body = _get(server["url"] + "/metrics")
+    status, body = http_get(server["url"] + "/metrics")
     text = body.decode()
     assert status == 200
 
@@ -594,7 +540,7 @@ def test_metrics(server: dict[str, Any], fired: dict[str, Future[Any]]) -> None:
 
 
 def _metric(server: dict[str, Any], name: str) -> float:
-    text = _get(server["url"] + "/metrics")[1].decode()
+    text = http_get(server["url"] + "/metrics")[1].decode()
     m = re.search(rf"^{name} ([0-9.e+-]+)$", text, re.MULTILINE)
     assert m, name
     return float(m.group(1))
@@ -658,7 +604,7 @@ def fuzz_request(url: str, route: str, data: st.DataObject) -> None:
         body[key] = data.draw(_JSON)
     for key in ("max_tokens", "max_completion_tokens", "n"):
         body[key] = 1  # keep each generation short
-    status, reply = _post(url + route, body)
+    status, reply = http_post(url + route, body)
     assert status in (200, 400), (route, body, status, reply)
     if status == 400:
         assert set(reply["error"]) == {"message", "type", "param", "code"}
@@ -673,7 +619,7 @@ def test_fuzzed_bodies_never_get_5xx(server: dict[str, Any],
     run = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))(
         given(route=st.sampled_from(sorted(_ROUTES)), data=st.data())(fuzz_request))
     run(server["url"])
-    assert _get(server["url"] + "/health")[0] == 200
+    assert http_get(server["url"] + "/health")[0] == 200
 
 
 def test_constraint_the_vocabulary_cannot_complete_is_a_400(client: openai.OpenAI) -> None:
