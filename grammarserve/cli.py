@@ -35,12 +35,12 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    choices=["auto", "llguidance", "xgrammar"])
     p.add_argument("--json-style", default=EngineConfig.grammar_json_style,
                    choices=["auto", "compact", "spaced", "indented", "flexible"],
-                   help="JSON separators of constrained output (auto: the model picks compact, "
-                        "spaced or indented where its output first shows one; then locked)")
+                   help="JSON separators of constrained output (auto: the model picks compact or "
+                        "spaced where its output first shows one; then locked)")
     p.add_argument("--grammar-max-whitespace", type=int,
                    default=EngineConfig.grammar_max_whitespace,
-                   help="longest whitespace run between JSON tokens in the indented and "
-                        "flexible styles (-1: unbounded)")
+                   help="longest whitespace run between JSON tokens in the flexible style "
+                        "(-1: unbounded)")
     p.add_argument("--open-schemas", default=EngineConfig.grammar_open_schemas,
                    action=argparse.BooleanOptionalAction,
                    help="generate anything a schema allows (default: only named properties, "

@@ -50,13 +50,14 @@ class EngineConfig:
         A constraint that takes longer to compile fails its request (others keep running).
     grammar_json_style:
         JSON separators of constrained outputs. ``"auto"`` (default) follows the model: it
-        picks compact (``{"a":1}``), spaced (``{"a": 1}``) or indented JSON where its output
-        first shows one, and that style is then locked, so keys and punctuation stay forced
-        (jump-forward skips them). ``"compact"``, ``"spaced"`` and ``"indented"`` impose one;
+        picks compact (``{"a":1}``) or spaced (``{"a": 1}``) JSON where its output first
+        shows one, and that style is then locked, so keys and punctuation stay forced
+        (jump-forward skips them). ``"compact"``, ``"spaced"`` and ``"indented"``
+        (``json.dumps(indent=2)`` exactly) impose one;
         ``"flexible"`` allows any whitespace up to ``grammar_max_whitespace``. A style the
         model does not write pushed SmolLM2 into loops (more replies cut by ``max_tokens``).
     grammar_max_whitespace:
-        Longest whitespace run between JSON tokens in the indented and flexible styles
+        Longest whitespace run between JSON tokens in the flexible style
         (``None``: unbounded).
     grammar_open_schemas:
         Generate anything a schema allows. By default (False) only the properties a schema

@@ -49,6 +49,21 @@ def test_allof_members_and_their_refs_left_open() -> None:
     assert close_schema(copy.deepcopy(schema)) == schema
 
 
+def test_pydantic_discriminated_union_members_are_closed() -> None:
+    cat = {"type": "object", "properties": {"pet_type": {"const": "cat"}, "meows": {
+        "type": "integer"}}, "required": ["pet_type", "meows"]}
+    dog = {"type": "object", "properties": {"pet_type": {"const": "dog"}},
+           "required": ["pet_type"]}
+    schema = {"$defs": {"Cat": cat, "Dog": dog}, "type": "object", "required": ["pet"],
+              "properties": {"pet": {"oneOf": [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],
+                                     "discriminator": {"propertyName": "pet_type"},
+                                     "title": "Pet"}}}
+    out = close_schema(copy.deepcopy(schema))
+    assert out["$defs"]["Cat"]["additionalProperties"] is False
+    assert out["$defs"]["Dog"]["additionalProperties"] is False
+    assert out["additionalProperties"] is False
+
+
 def test_negations_and_conditions_left_alone() -> None:
     schema = {"type": "object", "properties": {"a": {}},
               "if": {"properties": {"a": {"const": 1}}}, "then": {"properties": {"b": {}}}}

@@ -21,13 +21,13 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"},
                                            "age": {"type": "integer"}},
           "required": ["name", "tags", "age"], "additionalProperties": False}
 INSTANCE = {"name": "Ann", "tags": ["a", "b"], "age": 41}
-#: Styles each backend offers under ``auto`` (xgrammar has no ``indented``; see its backend).
-FORMS = {"llguidance": {"compact": {"separators": (",", ":")}, "spaced": {},
-                        "indent2": {"indent": 2}, "indent4": {"indent": 4}},
-         "xgrammar": {"compact": {"separators": (",", ":")}, "spaced": {}}}
-#: Forms no candidate style takes. (``{"name": "Ann","tags": ...}`` is the ``indented`` style
-#: with no optional newline, so llguidance takes it.)
-MIXED = ['{"name":"Ann", "tags":["a", "b"], "age":41}',   # compact keys, spaced items
+#: The styles ``auto`` offers, and the indented forms it refuses.
+FORMS = {"compact": {"separators": (",", ":")}, "spaced": {}}
+INDENTED = {"indent2": {"indent": 2}, "indent4": {"indent": 4}}
+#: Forms no candidate style takes.
+MIXED = ['{"name": "Ann","tags": ["a","b"],"age": 41}',   # spaced keys, compact items
+         json.dumps(INSTANCE, indent=2),
+         '{"name":"Ann", "tags":["a", "b"], "age":41}',   # compact keys, spaced items
          '{"name": "Ann", "tags": ["a","b"], "age": 41}',  # spaced, then compact items
          '{\n  "name":"Ann",\n  "tags":["a"],\n  "age":41\n}']  # newlines, compact keys
 
@@ -58,9 +58,7 @@ def test_every_style_of_every_corpus_instance_is_accepted(compiler: GrammarCompi
             continue
         compiled += 1
         for inst in item["valid"]:
-            for form, kwargs in FORMS[backend].items():
-                if form == "indent4":  # deep corpus instances exceed max_whitespace (24)
-                    continue
+            for form, kwargs in FORMS.items():
                 text = json.dumps(inst, ensure_ascii=False, **kwargs)
                 ok, why = walk(grammar.matcher(), _ids(tokenizer, text), EOS, bitmask)
                 assert ok, (path.name, form, text, why)
@@ -72,7 +70,7 @@ def test_a_style_once_shown_is_locked(compiler: GrammarCompiler, tokenizer: Any,
                                       text: str) -> None:
     bitmask = compiler.allocate_bitmask(1)
     grammar = compiler.compile_json_schema(PERSON)
-    ok, why = walk(grammar.matcher(), _ids(tokenizer, text), EOS, bitmask)
+    ok, _ = walk(grammar.matcher(), _ids(tokenizer, text), EOS, bitmask)
     assert not ok, text
 
 
@@ -104,7 +102,7 @@ def test_jump_forward_after_the_lock_forces_keys(compiler: GrammarCompiler, back
                                                  tokenizer: Any, form: str) -> None:
     token_bytes = [tokenizer.decode([t]).encode() for t in range(len(tokenizer))]
     bitmask = compiler.allocate_bitmask(1)
-    text = json.dumps(INSTANCE, **FORMS["xgrammar"][form])
+    text = json.dumps(INSTANCE, **FORMS[form])
     fixed = GrammarCompiler(tokenizer, backend=backend, json_style=form)
     counts = []
     for c in (compiler, fixed):
@@ -116,15 +114,15 @@ def test_jump_forward_after_the_lock_forces_keys(compiler: GrammarCompiler, back
     assert counts[0] >= counts[1] - 3 and counts[0] >= 5, counts
 
 
-def test_indented_jump_forward(tokenizer: Any) -> None:
-    compiler = GrammarCompiler(tokenizer, backend="llguidance", open_schemas=True)
+def test_indented_jump_forward_forces_the_indentation(tokenizer: Any) -> None:
+    compiler = GrammarCompiler(tokenizer, json_style="indented", open_schemas=True)
     token_bytes = [tokenizer.decode([t]).encode() for t in range(len(tokenizer))]
     text = json.dumps(INSTANCE, indent=2)
     ok, why, forced = walk_jump_forward(compiler.compile_json_schema(PERSON).matcher(), text,
                                         tokenizer, compiler.allocate_bitmask(1), EOS,
                                         token_bytes)
     assert ok, why
-    assert forced > 0
+    assert forced >= len(_ids(tokenizer, text)) // 3, forced  # keys, punctuation, indents
 
 
 def test_tool_calls_follow_the_style_too(tokenizer: Any) -> None:
@@ -144,13 +142,13 @@ def test_tool_calls_follow_the_style_too(tokenizer: Any) -> None:
 
 @pytest.mark.parametrize("style", ["compact", "spaced", "indented", "flexible"])
 def test_a_fixed_style_takes_only_its_own_form(tokenizer: Any, style: str) -> None:
-    compiler = GrammarCompiler(tokenizer, backend="llguidance", json_style=style)
+    compiler = GrammarCompiler(tokenizer, json_style=style)
     grammar = compiler.compile_json_schema(PERSON)
     bitmask = compiler.allocate_bitmask(1)
+    forms = {**FORMS, **INDENTED}
     accepted = {form: walk(grammar.matcher(),
                            _ids(tokenizer, json.dumps(INSTANCE, **kwargs)), EOS, bitmask)[0]
-                for form, kwargs in FORMS["llguidance"].items()}
-    expected = {"compact": {"compact"}, "spaced": {"spaced"},
-                "indented": {"indent2", "indent4"},
-                "flexible": set(FORMS["llguidance"])}[style]
+                for form, kwargs in forms.items()}
+    expected = {"compact": {"compact"}, "spaced": {"spaced"}, "indented": {"indent2"},
+                "flexible": set(forms)}[style]
     assert {f for f, ok in accepted.items() if ok} == expected

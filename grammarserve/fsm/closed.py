@@ -36,7 +36,8 @@ _CONDITIONS = frozenset({"not", "if", "then", "else", "propertyNames", "contains
 _OPEN_KEYS = ("additionalProperties", "patternProperties", "propertyNames")
 #: Keys of a subschema that is only a union (its members then stand alone).
 _BARE = frozenset({"anyOf", "oneOf", "allOf", "title", "description", "default", "examples",
-                   "$comment", "$defs", "definitions", "$schema", "$id"})
+                   "$comment", "$defs", "definitions", "$schema", "$id",
+                   "discriminator"})  # an OpenAPI annotation Pydantic puts beside oneOf
 _LONG_NUMBER = re.compile(rf"\d{{{MAX_DIGITS + 1},}}")
 
 

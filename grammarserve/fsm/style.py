@@ -3,7 +3,7 @@
 A fixed separator style the model does not write (compact JSON after few-shot answers in
 ``json.dumps``' default style, say) pushes a small model off its habits, and it loops until
 ``max_tokens``. With ``json_style="auto"`` a grammar is compiled once per candidate style
-(compact, spaced, indented; see ``GrammarConfig``), and a :class:`StyleLockMatcher` runs their
+(compact, spaced; see ``GrammarConfig``), and a :class:`StyleLockMatcher` runs their
 matchers side by side:
 
 - its mask is the union of the live candidates' masks, so the model picks the style;
@@ -14,8 +14,8 @@ matchers side by side:
   style accepts), so jump-forward never decides the style for the model;
 - ``rollback`` brings back candidates dropped at the positions undone.
 
-The candidates usually part within the first few tokens (``{`` then ``\\n`` or ``"``; ``":"``
-or ``": "``), so the extra masks cost only the first steps of a reply.
+The candidates part at the first key separator (``":"`` or ``": "``), so the extra masks cost
+only the first few steps of a reply.
 """
 
 from __future__ import annotations

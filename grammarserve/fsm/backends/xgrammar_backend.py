@@ -88,7 +88,7 @@ class XGrammarBackend(GrammarBackend):
     def accepts(self, spec: GrammarSpec) -> bool:
         if spec.kind != "json_schema":
             return spec.kind != "tool_calls"
-        if spec.option("json_style") not in _SEPARATORS and spec.option("json_style") != "flexible":
+        if spec.option("json_style") not in (*_SEPARATORS, "indented", "flexible"):
             return False
         try:
             xgrammar_schema(json.loads(spec.source))
@@ -102,11 +102,11 @@ class XGrammarBackend(GrammarBackend):
         if style in _SEPARATORS:  # fixed separators: keys and punctuation are forced
             return compiler.compile_json_schema(schema, any_whitespace=False,
                                                 separators=_SEPARATORS[style], strict_mode=False)
+        if style == "indented":  # exactly json.dumps(indent=2): indentation is forced too
+            return compiler.compile_json_schema(schema, any_whitespace=False, indent=2,
+                                                separators=(",", ": "), strict_mode=False)
         if style != "flexible":
-            # NOTE: xgrammar's ``indent`` fixes the indent width; the ``indented`` style allows
-            # any newline-led indentation (llguidance), so xgrammar would be a different language.
-            raise GrammarBackendError(f"xgrammar does not compile the {style!r} JSON style",
-                                      backend=self.name)
+            raise GrammarBackendError(f"unknown JSON style {style!r}", backend=self.name)
         # NOTE: whitespace is left unbounded here and bounded by a RunTracker instead:
         # xgrammar's max_whitespace_cnt makes masks ~4x slower.
         return compiler.compile_json_schema(schema, any_whitespace=True, strict_mode=False)
