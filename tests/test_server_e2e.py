@@ -37,7 +37,6 @@ SCHEMA_MAX_TOKENS = 256
 #: Schema replies that still run into SCHEMA_MAX_TOKENS today (greedy, SmolLM2-135M).
 SCHEMA_CUT = {
     "pydantic_tree": "the tool-call reply nests children until max_tokens",
-    "pydantic_pet_owner": "invents keys in the discriminated union's members until max_tokens",
     "spreadsheet_cell": "the tool-call reply adds updates until max_tokens",
     "shape_drawing": "the tool-call reply's text value runs until max_tokens",
 }
