@@ -109,7 +109,8 @@ def test_json_schema_test_suite(backend: str, compilers: dict[str, GrammarCompil
     assert counts["failures"] == [], "\n".join(counts["failures"][:20])
     assert counts["schemas_ok"] + counts["schemas_refused"] == 383
     if backend != "xgrammar":
-        assert counts["schemas_ok"] >= 160 and counts["valid_ok"] >= 550
+        # valid_ok counts walks of the two forms of instance_texts (compact, spaced)
+        assert counts["schemas_ok"] >= 160 and counts["valid_ok"] >= 470
     assert counts["invalid_refused"] >= 100
 
 
@@ -223,7 +224,8 @@ def test_pydantic_models_accept_their_own_dump(compilers: dict[str, GrammarCompi
     bitmask = compiler.allocate_bitmask(1)
     for model in _pydantic_models():
         grammar = compiler.compile_json_schema(type(model).model_json_schema())
-        for text in (model.model_dump_json(), model.model_dump_json(indent=2)):
+        spaced = json.dumps(json.loads(model.model_dump_json()))
+        for text in (model.model_dump_json(), spaced):  # the two forms of json_style="auto"
             ids = tokenizer.encode(text, add_special_tokens=False)
             ok, why = walk(grammar.matcher(), ids, compiler.stop_token_ids[0], bitmask)
             assert ok, (type(model).__name__, text, why)

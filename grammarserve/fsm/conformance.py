@@ -35,10 +35,9 @@ def load_suite(folder: str | Path) -> Iterator[SuiteCase]:
 
 
 def instance_texts(instance: Any) -> list[str]:
-    """The forms a model may write: compact, ``json.dumps`` default, and ``indent=2``."""
+    """The forms the default JSON style (``auto``) takes: compact and ``json.dumps`` default."""
     forms = [json.dumps(instance, ensure_ascii=False, separators=(",", ":")),
-             json.dumps(instance, ensure_ascii=False),
-             json.dumps(instance, ensure_ascii=False, indent=2)]
+             json.dumps(instance, ensure_ascii=False)]
     return list(dict.fromkeys(forms))
 
 
