@@ -10,10 +10,11 @@ one JSON line:
 - ``valid_pct``: replies not cut, with at least one call, every call to a known tool with
   arguments that validate against its parameters
 - ``goodput_valid_per_s``: valid replies per second of wall time (and the other headline
-  figures of ``figures.py``); ``dup_replies``: replies holding two identical calls
+  figures of ``figures.py``); ``dup_replies``: replies holding two identical calls;
+  ``prompt_tokens`` / ``completion_tokens``: sums over the replies
 
     .venv/bin/python benchmarks/bench_tool_eval.py --serve ""            # grammarserve, defaults
-    .venv/bin/python benchmarks/bench_tool_eval.py --serve "--tool-call-format json_array"
+    .venv/bin/python benchmarks/bench_tool_eval.py --serve "--tool-call-format hermes"
     .venv/bin/python benchmarks/bench_tool_eval.py --base-url http://127.0.0.1:8000/v1 --label vllm
 
 ``--serve ARGS`` starts ``grammarserve serve --model default`` with ARGS on a free port and stops
@@ -60,20 +61,22 @@ def request(row: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
 
 async def ask(client: openai.AsyncOpenAI, model: str, kw: dict[str, Any], stream: bool
               ) -> dict[str, Any]:
-    """``{"finish", "content", "tool_calls": [{"name", "arguments"}], "tokens"}``."""
+    """``{"finish", "content", "tool_calls": [{"name", "arguments"}], "tokens",
+    "prompt_tokens"}``."""
     if not stream:
         r = await client.chat.completions.create(model=model, **kw)
         ch = r.choices[0]
         calls = [{"name": c.function.name, "arguments": c.function.arguments}
                  for c in ch.message.tool_calls or []]
         return {"finish": ch.finish_reason, "content": ch.message.content, "tool_calls": calls,
-                "tokens": r.usage.completion_tokens if r.usage else None}
-    content, finish, tokens = "", None, None
+                "tokens": r.usage.completion_tokens if r.usage else None,
+                "prompt_tokens": r.usage.prompt_tokens if r.usage else None}
+    content, finish, tokens, prompt_tokens = "", None, None, None
     calls_by_index: dict[int, dict[str, str]] = {}
     async for chunk in await client.chat.completions.create(
             model=model, stream=True, stream_options={"include_usage": True}, **kw):
         if chunk.usage is not None:
-            tokens = chunk.usage.completion_tokens
+            tokens, prompt_tokens = chunk.usage.completion_tokens, chunk.usage.prompt_tokens
         for ch in chunk.choices:
             content += ch.delta.content or ""
             for d in ch.delta.tool_calls or []:
@@ -83,7 +86,8 @@ async def ask(client: openai.AsyncOpenAI, model: str, kw: dict[str, Any], stream
                     call["arguments"] += d.function.arguments or ""
             finish = ch.finish_reason or finish
     calls = [calls_by_index[i] for i in sorted(calls_by_index)]
-    return {"finish": finish, "content": content or None, "tool_calls": calls, "tokens": tokens}
+    return {"finish": finish, "content": content or None, "tool_calls": calls, "tokens": tokens,
+            "prompt_tokens": prompt_tokens}
 
 
 def judge(row: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
@@ -114,7 +118,7 @@ async def run(base_url: str, model: str | None, rows: list[dict[str, Any]],
                 reply = await ask(client, model, request(row, args), args.stream)
             except Exception as e:  # noqa: BLE001 - a failed request is a failed question
                 reply = {"finish": "error", "content": f"{type(e).__name__}: {e}",
-                         "tool_calls": [], "tokens": None}
+                         "tool_calls": [], "tokens": None, "prompt_tokens": None}
         return {"id": row["id"], "category": row["category"], **reply, **judge(row, reply)}
 
     t0 = time.perf_counter()
@@ -134,6 +138,7 @@ def summarize(results: list[dict[str, Any]], wall: float) -> dict[str, Any]:
     for r in results:
         cats.setdefault(r["category"], []).append(r["exact"])
     tokens = [r["tokens"] for r in results if r["tokens"] is not None]
+    prompt_tokens = [r["prompt_tokens"] for r in results if r["prompt_tokens"] is not None]
 
     def pct(k: int) -> float:
         return round(100.0 * k / n, 1) if n else 0.0
@@ -143,7 +148,8 @@ def summarize(results: list[dict[str, Any]], wall: float) -> dict[str, Any]:
             "exact_per_s": round(exact / wall, 4),
             "by_category": {c: f"{sum(v)}/{len(v)}" for c, v in cats.items()},
             "dup_replies": sum(r["dup"] for r in results), "errors": errors,
-            "completion_tokens": sum(tokens), "wall_s": round(wall, 2),
+            "completion_tokens": sum(tokens), "prompt_tokens": sum(prompt_tokens),
+            "wall_s": round(wall, 2),
             **success_figures(n, valid, n - cut - errors, cut, wall)}
 
 

@@ -49,9 +49,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    action=argparse.BooleanOptionalAction,
                    help="feed the tokens a constraint forces without decoding them one by one")
     p.add_argument("--tool-call-format", default=EngineConfig.tool_call_format,
-                   choices=["hermes", "json_array"],
-                   help="tool calls for tool_choice required/named: <tool_call> blocks (hermes) "
-                        "or one JSON array of {name, parameters} (json_array)")
+                   choices=["json_array", "hermes"],
+                   help="tool calls for tool_choice required/named: one JSON array of "
+                        "{name, parameters} (json_array) or <tool_call> blocks (hermes)")
     p.add_argument("--tool-call-dedupe", default=EngineConfig.tool_call_dedupe,
                    action=argparse.BooleanOptionalAction,
                    help="end a reply when a tool call repeats an earlier one byte for byte")

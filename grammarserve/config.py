@@ -67,13 +67,14 @@ class EngineConfig:
         reply is valid against the schema either way.
     tool_call_format:
         How tool calls are written when ``tool_choice`` is ``"required"`` or names a function:
-        ``"hermes"`` (``<tool_call>`` blocks) or ``"json_array"`` (one JSON array of
-        ``{"name", "parameters"}`` objects, like vLLM's required mode). ``"auto"`` always uses
+        ``"json_array"`` (default: one JSON array of ``{"name", "parameters"}`` objects, like
+        vLLM's required mode) or ``"hermes"`` (``<tool_call>`` blocks). ``"auto"`` always uses
         ``hermes``. Chat templates without tool support get a tool description in the format.
     tool_call_dedupe:
         End a reply when a tool call repeats an earlier call of the same reply byte for byte;
         the repeat is not returned (small models otherwise repeat their call until
-        ``max_tokens``).
+        ``max_tokens``). The defaults of both were chosen on a function-calling set
+        (``grammarserve/fsm/README.md``, "Tool calls").
     gguf_blocks:
         For a GGUF model in fp32 on an AVX2 CPU, run decode-sized matmuls (at most
         ``QUANT_ROWS`` rows) on the GGUF's own Q4_1/Q8_0 blocks with the C++ kernel in
@@ -103,7 +104,7 @@ class EngineConfig:
     grammar_max_whitespace: int | None = 24
     grammar_open_schemas: bool = False
     enable_jump_forward: bool = True
-    tool_call_format: Literal["hermes", "json_array"] = "hermes"
+    tool_call_format: Literal["hermes", "json_array"] = "json_array"
     tool_call_dedupe: bool = True
     gguf_blocks: bool = True
 

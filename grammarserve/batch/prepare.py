@@ -16,6 +16,7 @@ from typing import Any
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
+from grammarserve.config import EngineConfig
 from grammarserve.engine.request import RequestOutput
 from grammarserve.errors import GrammarError, InvalidRequestError
 from grammarserve.fsm import CompiledGrammar, GrammarCompiler
@@ -124,7 +125,8 @@ class Translator:
     """
 
     def __init__(self, tokenizer: Any, compiler: GrammarCompiler | None, *, max_model_len: int,
-                 max_n: int, model_name: str, tool_call_format: str = "hermes") -> None:
+                 max_n: int, model_name: str,
+                 tool_call_format: str = EngineConfig.tool_call_format) -> None:
         self.tool_call_format = tool_call_format
         self.tokenizer = tokenizer
         self.compiler = compiler
