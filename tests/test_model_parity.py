@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grammarserve.engine.kv_pool import KVPool, ReqToTokenPool
+from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
 from grammarserve.engine.model_runner import BatchEntry, ModelRunner
 from grammarserve.sampling_params import SamplingParams
 
@@ -122,7 +122,7 @@ def test_mixed_prefill_and_decode_in_one_forward(smollm) -> None:  # type: ignor
 
 def _mirror_runner(smollm, mirror_tokens: int, *, max_context: int):  # type: ignore[no-untyped-def]
     """A 4-row runner over a fresh 1,200-slot pool, with the decode mirror on or off (0)."""
-    from grammarserve.models.attention import TorchSDPABackend
+    from grammarserve.attention.backend import TorchSDPABackend
 
     mc = smollm.config
     pool = KVPool(capacity=1200, num_layers=mc.num_layers, num_kv_heads=mc.num_kv_heads,

@@ -7,7 +7,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from grammarserve.engine.kv_pool import KVPool
+from grammarserve.attention.kv_pool import KVPool
 from grammarserve.engine.radix_cache import RadixCache
 
 CAPACITY = 64

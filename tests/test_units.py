@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
 from grammarserve.config import EngineConfig
-from grammarserve.engine.kv_pool import KVPool, ReqToTokenPool
 from grammarserve.engine.sampler import RowRng, process_logits, sample
 from grammarserve.errors import InvalidRequestError, OutOfMemoryError
 from grammarserve.sampling_params import SamplingParams

@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 tokenizers = pytest.importorskip("tokenizers")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-from grammarserve.engine.kv_pool import KVPool, ReqToTokenPool
+from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
 from grammarserve.engine.model_runner import BatchEntry, ModelRunner
 from grammarserve.models.loader import LoadedModel
 

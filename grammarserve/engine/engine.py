@@ -8,10 +8,11 @@ from concurrent.futures import FIRST_COMPLETED, wait
 
 import torch
 
+from grammarserve.attention.backend import TorchSDPABackend
+from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
 from grammarserve.config import EngineConfig
 from grammarserve.engine.detokenizer import IncrementalDetokenizer
 from grammarserve.engine.grammar import GrammarRunner
-from grammarserve.engine.kv_pool import KVPool, ReqToTokenPool
 from grammarserve.engine.memory import kv_tokens_for_budget, process_rss_bytes
 from grammarserve.engine.model_runner import BatchEntry, ModelRunner
 from grammarserve.engine.radix_cache import DEFAULT_NAMESPACE, RadixCache
@@ -22,7 +23,6 @@ from grammarserve.engine.stats import EngineStats
 from grammarserve.engine.stopping import append_token
 from grammarserve.errors import InvalidRequestError
 from grammarserve.fsm.repeats import CallRepeatGuard
-from grammarserve.models.attention import TorchSDPABackend
 from grammarserve.models.loader import LoadedModel, load_model
 from grammarserve.sampling_params import SamplingParams
 

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from grammarserve.engine.forward_batch import ForwardBatch
-from grammarserve.engine.kv_pool import KVPool, ReqToTokenPool
-from grammarserve.models.attention import AttentionBackend, TorchSDPABackend
+from grammarserve.attention.backend import AttentionBackend, TorchSDPABackend
+from grammarserve.attention.forward_batch import ForwardBatch
+from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
 from grammarserve.models.llama import LlamaModel
 
 

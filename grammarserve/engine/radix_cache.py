@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from grammarserve.engine.kv_pool import KVPool
+from grammarserve.attention.kv_pool import KVPool
 
 DEFAULT_NAMESPACE = ""
 

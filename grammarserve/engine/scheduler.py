@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from grammarserve.engine.kv_pool import KVPool, ReqToTokenPool
+from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
 from grammarserve.engine.radix_cache import RadixCache
 from grammarserve.engine.request import Req, ReqStatus
 

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from grammarserve.engine.forward_batch import ForwardBatch
-from grammarserve.models.attention import AttentionBackend
+from grammarserve.attention.backend import AttentionBackend
+from grammarserve.attention.forward_batch import ForwardBatch
 from grammarserve.models.config import ModelConfig
 from grammarserve.models.linear import Linear
 from grammarserve.models.rope import apply_rope, rope_cos_sin, rope_inv_freq

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from grammarserve.engine.kv_pool import KVPool
+from grammarserve.attention.kv_pool import KVPool
 
 MIN_SHARED = 64  # shorter common prefixes are attended per row (not worth a separate part)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from grammarserve.engine.kv_pool import KVPool
+from grammarserve.attention.kv_pool import KVPool
 
 HEADROOM = 64  # extra positions per row so that steady decoding rarely forces a rebuild
 

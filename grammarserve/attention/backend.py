@@ -13,15 +13,15 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from grammarserve.engine.forward_batch import ForwardBatch
-from grammarserve.engine.kv_pool import KVPool, ReqToTokenPool
-from grammarserve.models.cascade import (
+from grammarserve.attention.cascade import (
     SharedPrefixKV,
     additive_mask,
     cascade_attention,
     matmul_attention,
 )
-from grammarserve.models.kv_mirror import KVMirror
+from grammarserve.attention.forward_batch import ForwardBatch
+from grammarserve.attention.kv_mirror import KVMirror
+from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
 
 # Requests with at most this many new tokens (decode steps, jump-forward spans) are attended
 # together in one padded call; longer extends run one call each so no query padding is wasted.
@@ -154,43 +154,85 @@ class TorchSDPABackend(AttentionBackend):
         if self._batch is None:
             raise RuntimeError("AttentionBackend.prepare(batch) must be called before forward()")
         self.pool.write(layer, self._batch.out_cache_loc, k, v)
-        k_buf, v_buf = self.pool.k[layer], self.pool.v[layer]
         out = torch.empty_like(q)
         for g in self._groups:
             if isinstance(g, _CausalGroup):
-                qg = q[g.rows].transpose(0, 1)[None]  # [1, H, n, d]
-                kg = k_buf.index_select(0, g.slots).to(q.dtype).transpose(0, 1)[None]
-                vg = v_buf.index_select(0, g.slots).to(q.dtype).transpose(0, 1)[None]
-                o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, enable_gqa=True)
-                out[g.rows] = o[0].transpose(0, 1)
+                self._causal(layer, q, g, out)
+            elif g.mirror_b is None or self.mirror is None:
+                self._padded_sdpa(layer, q, g, out)
+            elif g.cap_mask is None:
+                self._mirrored_sdpa(layer, q, g, out)
+            elif g.base:
+                self._cascade(layer, q, g, out)
             else:
-                qg = q[g.q_rows].transpose(1, 2)  # [B, H, Lq, d]
-                if g.mirror_b is not None and g.mirror_pos is not None and self.mirror is not None:
-                    s = g.mask.shape[-1]
-                    km, vm = self.mirror.update(layer, g.kv_slots, g.mirror_b, g.mirror_pos,
-                                                self._batch.out_cache_loc[g.out_rows])
-                    if g.cap_mask is not None:
-                        if g.add_mask is None:
-                            g.add_mask = additive_mask(g.cap_mask, km.shape[1], q.shape[1],
-                                                       q.dtype)
-                        km, vm = km.to(q.dtype), vm.to(q.dtype)
-                        if g.base:
-                            ks, vs = self.shared.kv(layer)
-                            out[g.out_rows] = cascade_attention(
-                                qg, g.valid, km, vm, g.add_mask, (ks.to(q.dtype), vs.to(q.dtype)))
-                        else:
-                            o = matmul_attention(qg, km, vm, g.add_mask)
-                            out[g.out_rows] = o.transpose(1, 2).flatten(0, 1)[g.valid]
-                        continue
-                    kg, vg = km[:, :, :s].to(q.dtype), vm[:, :, :s].to(q.dtype)
-                else:
-                    kg = _gather(k_buf, g.kv_slots).to(q.dtype).transpose(1, 2)  # [B,Hkv,S,d]
-                    vg = _gather(v_buf, g.kv_slots).to(q.dtype).transpose(1, 2)
-                o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, enable_gqa=True)
-                o = o.transpose(1, 2).flatten(0, 1)  # [B*Lq, H, d]
-                out[g.out_rows] = o[g.valid]
+                self._mirrored_matmul(layer, q, g, out)
         return out
 
+    def _causal(self, layer: int, q: torch.Tensor, g: _CausalGroup, out: torch.Tensor) -> None:
+        """A request with no cached prefix: causal SDPA over its own new tokens."""
+        k_buf, v_buf = self.pool.k[layer], self.pool.v[layer]
+        qg = q[g.rows].transpose(0, 1)[None]  # [1, H, n, d]
+        kg = k_buf.index_select(0, g.slots).to(q.dtype).transpose(0, 1)[None]
+        vg = v_buf.index_select(0, g.slots).to(q.dtype).transpose(0, 1)[None]
+        o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, enable_gqa=True)
+        out[g.rows] = o[0].transpose(0, 1)
+
+    def _padded_sdpa(self, layer: int, q: torch.Tensor, g: _PaddedGroup,
+                     out: torch.Tensor) -> None:
+        """Padded SDPA over K/V gathered from the pool by slot (no mirror)."""
+        k_buf, v_buf = self.pool.k[layer], self.pool.v[layer]
+        kg = _gather(k_buf, g.kv_slots).to(q.dtype).transpose(1, 2)  # [B, Hkv, S, d]
+        vg = _gather(v_buf, g.kv_slots).to(q.dtype).transpose(1, 2)
+        self._sdpa(q, g, kg, vg, out)
+
+    def _mirror_kv(self, layer: int, g: _PaddedGroup) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append the group's new K/V to the mirror; its ``[B, Hkv, S_cap, d]`` K and V."""
+        assert self._batch is not None and self.mirror is not None
+        assert g.mirror_b is not None and g.mirror_pos is not None
+        return self.mirror.update(layer, g.kv_slots, g.mirror_b, g.mirror_pos,
+                                  self._batch.out_cache_loc[g.out_rows])
+
+    def _mirrored_sdpa(self, layer: int, q: torch.Tensor, g: _PaddedGroup,
+                       out: torch.Tensor) -> None:
+        """Padded SDPA reading K/V from the decode mirror (longer query spans)."""
+        km, vm = self._mirror_kv(layer, g)
+        s = g.mask.shape[-1]
+        self._sdpa(q, g, km[:, :, :s].to(q.dtype), vm[:, :, :s].to(q.dtype), out)
+
+    def _mirrored_matmul(self, layer: int, q: torch.Tensor, g: _PaddedGroup,
+                         out: torch.Tensor) -> None:
+        """Short decode group: two batched matmuls over the whole mirror capacity."""
+        km, vm = self._mirror_kv(layer, g)
+        add_mask = self._add_mask(g, km, q)
+        o = matmul_attention(q[g.q_rows].transpose(1, 2), km.to(q.dtype), vm.to(q.dtype),
+                             add_mask)
+        out[g.out_rows] = o.transpose(1, 2).flatten(0, 1)[g.valid]
+
+    def _cascade(self, layer: int, q: torch.Tensor, g: _PaddedGroup, out: torch.Tensor) -> None:
+        """Decode group behind a shared prefix: the prefix scored once, each row's suffix apart
+        (cascade.py)."""
+        km, vm = self._mirror_kv(layer, g)
+        add_mask = self._add_mask(g, km, q)
+        ks, vs = self.shared.kv(layer)
+        out[g.out_rows] = cascade_attention(
+            q[g.q_rows].transpose(1, 2), g.valid, km.to(q.dtype), vm.to(q.dtype), add_mask,
+            (ks.to(q.dtype), vs.to(q.dtype)))
+
+    @staticmethod
+    def _add_mask(g: _PaddedGroup, km: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+        """The group's additive mask for the matmul paths, built on the first layer only."""
+        if g.add_mask is None:
+            assert g.cap_mask is not None
+            g.add_mask = additive_mask(g.cap_mask, km.shape[1], q.shape[1], q.dtype)
+        return g.add_mask
+
+    @staticmethod
+    def _sdpa(q: torch.Tensor, g: _PaddedGroup, kg: torch.Tensor, vg: torch.Tensor,
+              out: torch.Tensor) -> None:
+        """Masked SDPA of the group's padded queries; real query rows are written to ``out``."""
+        qg = q[g.q_rows].transpose(1, 2)  # [B, H, Lq, d]
+        o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, enable_gqa=True)
+        out[g.out_rows] = o.transpose(1, 2).flatten(0, 1)[g.valid]  # [B*Lq, H, d] -> real rows
 
 def _gather(buf: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """``buf[slots]`` for 2-D ``slots``; index_select is several times faster than indexing."""
