@@ -1,10 +1,11 @@
-# Two commands: `make serve` and `make test`. Both create/reuse .venv and install everything.
+# Two commands: `make serve` and `make test` (CI also runs `make lint`, the import layers).
+# Each creates/reuses .venv and installs everything.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.grammarserve-installed
 
-.PHONY: setup serve test bench
+.PHONY: setup serve test lint bench
 
 setup: $(STAMP)
 
@@ -21,6 +22,9 @@ serve: setup
 
 test: setup
 	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/lint-imports --no-cache
 
 bench: setup
 	$(PY) benchmarks/bench_decode.py
