@@ -18,19 +18,21 @@ from openai.types.chat import ChatCompletionChunk
 from grammarserve.engine.request import RequestOutput
 from grammarserve.engine.stats import EngineStats
 from grammarserve.errors import GrammarError, InvalidRequestError, StrictSchemaError
-from grammarserve.server import chat
+from grammarserve.openai import ModelContext, Prepared, stream_chunks
+from grammarserve.sampling_params import SamplingParams
 from grammarserve.server.metrics import ServerMetrics
-from grammarserve.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
-from grammarserve.server.render import hermes_messages, openai_messages, render_chat
-from grammarserve.server.responses import TokenTexts, final_usage
-from grammarserve.server.toolparse import (
+from grammarserve.openai.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from grammarserve.openai.render import hermes_messages, openai_messages, render_chat
+from grammarserve.openai.bodies import final_usage
+from grammarserve.openai.logprobs import TokenTexts
+from grammarserve.openai.toolparse import (
     ContentDelta,
     ToolCallArgs,
     ToolCallParser,
     ToolCallStart,
     parse_tool_calls,
 )
-from grammarserve.server.translate import (
+from grammarserve.openai.translate import (
     ToolsPlan,
     check_chat_logprobs,
     check_common,
@@ -311,24 +313,10 @@ def test_token_texts_give_exact_bytes(tokenizer) -> None:  # type: ignore[no-unt
 
 
 # -- stream assembly -------------------------------------------------------------------------
-class _FakeGeneration:
+async def _replay(outputs: list[tuple[int, RequestOutput]]):  # type: ignore[no-untyped-def]
     """Stands in for the engine side of one request: replays outputs in a given order."""
-
-    def __init__(self, outputs: list[tuple[int, RequestOutput]], n: int) -> None:
-        self.base_id = "chatcmpl-test"
-        self.ids = [f"chatcmpl-test-{i}" for i in range(n)]
-        self.outputs = outputs
-
-    async def stream(self):  # type: ignore[no-untyped-def]
-        for item in self.outputs:
-            yield item
-
-
-class _FakeState:
-    def __init__(self) -> None:
-        self.model_name = "m"
-        self.token_texts = None
-        self.metrics = ServerMetrics()
+    for item in outputs:
+        yield item
 
 
 def _outputs(text: str, pieces: list[str], finish: str) -> list[RequestOutput]:
@@ -361,11 +349,12 @@ def test_stream_assembles_like_the_sdk(n: int) -> None:
         per_choice.append(_outputs(text, pieces, "stop"))
     order = [(i, o) for k in range(13) for i in range(n) for o in per_choice[i][k:k + 1]]
     req = chat_req(tools=[WEATHER], stream=True, stream_options={"include_usage": True}, n=n)
-    gen = _FakeGeneration(order, n)
+    ctx = ModelContext.create(None, None, max_model_len=512, max_n=4, model_name="m")
+    prep = Prepared("chatcmpl-test", req, [[1, 2, 3]] * n, [SamplingParams()] * n, None,
+                    ToolsPlan([WEATHER], "auto", True), [], None)
 
     async def collect() -> list[dict[str, Any]]:
-        return [c async for c in chat.stream(_FakeState(), req, gen,  # type: ignore[arg-type]
-                                             ToolsPlan([WEATHER], "auto", True))]
+        return [c async for c in stream_chunks(ctx, prep, _replay(order))]
 
     chunks = asyncio.run(collect())
     finishes = [ch for c in chunks for ch in c["choices"] if ch["finish_reason"]]
@@ -429,23 +418,23 @@ def test_exception_and_validation_envelopes() -> None:
     from fastapi.exceptions import RequestValidationError
 
     from grammarserve.errors import EngineDeadError, GrammarserveError
-    from grammarserve.server.app import _exception_response, _validation_response
+    from grammarserve.server.app import exception_response, validation_response
 
     def body(resp: Any) -> tuple[int, dict[str, Any]]:
         return resp.status_code, json.loads(bytes(resp.body))["error"]
 
-    status, err = body(_exception_response(InvalidRequestError("bad n", param="n")))
+    status, err = body(exception_response(InvalidRequestError("bad n", param="n")))
     assert (status, err) == (400, {"message": "bad n", "type": "invalid_request_error",
                                    "param": "n", "code": None})
-    assert body(_exception_response(GrammarError("g", path="$.a")))[0] == 400
-    assert body(_exception_response(EngineDeadError("gone")))[0] == 503
-    assert body(_exception_response(GrammarserveError("bug")))[0] == 500
-    status, err = body(_validation_response(RequestValidationError([
+    assert body(exception_response(GrammarError("g", path="$.a")))[0] == 400
+    assert body(exception_response(EngineDeadError("gone")))[0] == 503
+    assert body(exception_response(GrammarserveError("bug")))[0] == 500
+    status, err = body(validation_response(RequestValidationError([
         {"loc": ("body", "messages", 0, "role"), "msg": "Input should be 'user'",
          "type": "literal_error"}])))
     assert status == 400 and err["param"] == "messages[0].role"
     assert err["message"] == "messages[0].role: Input should be 'user'"
-    status, err = body(_validation_response(RequestValidationError([
+    status, err = body(validation_response(RequestValidationError([
         {"loc": ("body", "prompt", "str"), "msg": "a", "type": "x"},
         {"loc": ("body", "prompt", "list[int]"), "msg": "b", "type": "x"}])))
     assert err["param"] == "prompt" and err["message"] == "prompt: a; or b"
@@ -497,16 +486,16 @@ def test_lone_surrogates_are_a_400_naming_the_field(model: str, body: dict[str, 
     from fastapi.exceptions import RequestValidationError
     from pydantic import ValidationError
 
-    from grammarserve.server.app import _validation_response
+    from grammarserve.server.app import validation_response
     from grammarserve.server.batches import CreateBatchRequest
-    from grammarserve.server.protocol import TokenizeRequest, has_lone_surrogate
+    from grammarserve.openai.protocol import TokenizeRequest, has_lone_surrogate
 
     cls = {"chat": ChatCompletionRequest, "completion": CompletionRequest,
            "batch": CreateBatchRequest}[model]
     with pytest.raises(ValidationError) as info:
         cls.model_validate({"model": "m", **body})
     errors = [{**e, "loc": ("body", *e["loc"])} for e in info.value.errors()]
-    resp = _validation_response(RequestValidationError(errors))
+    resp = validation_response(RequestValidationError(errors))
     err = json.loads(bytes(resp.body))["error"]
     assert resp.status_code == 400 and err["param"] == param, err
     assert "surrogate" in err["message"] and err["type"] == "invalid_request_error"

@@ -12,10 +12,10 @@ from test_fsm_tools import EOS, TOOLS, needs_smollm
 from grammarserve.errors import GrammarError
 from grammarserve.fsm import GrammarCompiler
 from grammarserve.fsm.conformance import walk, walk_jump_forward
-from grammarserve.server.protocol import ChatCompletionRequest, ChatMessage
-from grammarserve.server.render import render_chat
-from grammarserve.server.toolparse_array import JsonArrayParser, make_parser, parse_calls
-from grammarserve.server.translate import constraint_plan, tools_plan
+from grammarserve.openai.protocol import ChatCompletionRequest, ChatMessage
+from grammarserve.openai.render import render_chat
+from grammarserve.openai.toolparse_array import JsonArrayParser, make_parser, parse_calls
+from grammarserve.openai.translate import constraint_plan, tools_plan
 
 W = '{"name": "get_weather", "parameters": {"city": "Rome", "unit": "c"}}'
 S = '{"name": "search", "parameters": {"q": "pizza", "n": 3}}'
@@ -38,6 +38,7 @@ def walks(compiler: GrammarCompiler, tokenizer: Any, grammar: Any, text: str) ->
     f'[{W.replace("Rome", "日本")}]',
     '[{"name": "search", "parameters": {"q": "a]}"}}]',  # brackets inside a string
 ])
+@pytest.mark.model
 def test_array_grammar_accepts(compiler: GrammarCompiler, tokenizer: Any, text: str) -> None:
     """Generated as the engine does (forced spans in their canonical tokens: inside a forced
     stretch such as ``"}},{"`` llguidance offers only those)."""
@@ -62,6 +63,7 @@ def test_array_grammar_accepts(compiler: GrammarCompiler, tokenizer: Any, text: 
     f"<tool_call>\n{W}\n</tool_call>",
     f"[{W}",  # the stop token before the array closed
 ])
+@pytest.mark.model
 def test_array_grammar_refuses(compiler: GrammarCompiler, tokenizer: Any, text: str) -> None:
     grammar = compiler.compile_tool_calls(TOOLS, "required", call_format="json_array")
     ok, reason = walks(compiler, tokenizer, grammar, text)
@@ -69,6 +71,7 @@ def test_array_grammar_refuses(compiler: GrammarCompiler, tokenizer: Any, text: 
 
 
 @needs_smollm
+@pytest.mark.model
 def test_array_single_and_named(compiler: GrammarCompiler, tokenizer: Any) -> None:
     single = compiler.compile_tool_calls(TOOLS, "required", parallel=False,
                                          call_format="json_array")
@@ -80,6 +83,7 @@ def test_array_single_and_named(compiler: GrammarCompiler, tokenizer: Any) -> No
     assert not walks(compiler, tokenizer, named, f"[{W}]")[0]
 
 
+@pytest.mark.model
 def test_array_format_errors(tokenizer: Any) -> None:
     compiler = GrammarCompiler(tokenizer)
     with pytest.raises(GrammarError, match="no 'auto' mode"):
@@ -143,6 +147,7 @@ def test_format_is_chosen_per_tool_choice() -> None:
 
 
 @needs_smollm
+@pytest.mark.model
 def test_render_describes_and_replays_the_array_format(tokenizer: Any) -> None:
     history = [ChatMessage.model_validate(m) for m in [
         {"role": "user", "content": "Weather in Rome?"},

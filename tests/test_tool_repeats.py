@@ -150,15 +150,16 @@ def engine(smollm: Any) -> Any:
 @pytest.mark.model
 @pytest.mark.parametrize("fmt", ["hermes", "json_array"])
 def test_required_parallel_request_ends_without_duplicates(engine: Any, fmt: str) -> None:
-    """The batch runner's request path (the server's translate/render/parse): the reply ends
+    """The request path of every route (the protocol layer's prepare/render/parse): the reply ends
     within 200 tokens with finish_reason tool_calls and no call twice; the engine's streamed
     deltas parse to the same calls."""
-    from grammarserve.batch.prepare import Translator
-    from grammarserve.server.toolparse_array import make_parser
+    from grammarserve.openai import ModelContext, prepare_body, reply_body
+    from grammarserve.openai.toolparse_array import make_parser
 
-    tr = Translator(engine.tokenizer, engine.grammar.compiler, max_model_len=engine.max_model_len,
-                    max_n=1, model_name="m", tool_call_format=fmt)
-    prep = tr.prepare("/v1/chat/completions", QUESTION)
+    ctx = ModelContext.create(engine.tokenizer, engine.grammar.compiler,
+                              max_model_len=engine.max_model_len, max_n=1, model_name="m",
+                              tool_call_format=fmt)
+    prep = prepare_body(ctx, "/v1/chat/completions", QUESTION)
     engine.add_request(f"e2e-{fmt}", prep.prompts[0], prep.params[0])
     parser, final = make_parser(fmt), None
     while engine.has_unfinished():
@@ -167,7 +168,7 @@ def test_required_parallel_request_ends_without_duplicates(engine: Any, fmt: str
             final = out
     parser.finish()
     assert final is not None and final.finished
-    body = tr.response(prep, [final])
+    body = reply_body(ctx, prep, [final])
     choice = body["choices"][0]
     calls = [(c["function"]["name"], c["function"]["arguments"])
              for c in choice["message"]["tool_calls"]]

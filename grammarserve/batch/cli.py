@@ -46,11 +46,10 @@ def main(args: argparse.Namespace, config: EngineConfig) -> int:
     """Run the ``batch`` subcommand; exit code 0, or 130 when interrupted (resumable)."""
     from tqdm import tqdm
 
-    from grammarserve.batch.prepare import Translator
     from grammarserve.batch.runner import BatchRunner, BatchSummary
     from grammarserve.engine.engine import Engine
     from grammarserve.errors import InvalidRequestError
-    from grammarserve.server.config import ServerConfig
+    from grammarserve.openai.context import ModelContext, model_name
 
     if not args.input.is_file():
         raise InvalidRequestError(f"input file {args.input} does not exist", param="input")
@@ -58,10 +57,10 @@ def main(args: argparse.Namespace, config: EngineConfig) -> int:
     signal.signal(signal.SIGTERM, _raise_interrupt)  # a plain kill ends like Ctrl-C
     t0 = time.perf_counter()
     engine = Engine(config)
-    name = ServerConfig(engine=config).model_name(str(engine.loaded.folder))
-    translator = Translator(engine.tokenizer, engine.grammar.compiler,
-                            max_model_len=engine.max_model_len, max_n=args.max_n,
-                            model_name=name, tool_call_format=config.tool_call_format)
+    ctx = ModelContext.create(engine.tokenizer, engine.grammar.compiler,
+                              max_model_len=engine.max_model_len, max_n=args.max_n,
+                              model_name=model_name(config, str(engine.loaded.folder)),
+                              tool_call_format=config.tool_call_format)
     print(f"grammarserve batch: loaded {config.model} in {time.perf_counter() - t0:.1f}s",
           file=sys.stderr)
     bar: Any = None
@@ -78,7 +77,7 @@ def main(args: argparse.Namespace, config: EngineConfig) -> int:
         bar.set_postfix(tok_s=f"{s.completion_tokens / dt:.1f}", failed=s.failed, refresh=False)
         bar.update(lines)
 
-    runner = BatchRunner(engine, translator, max_in_flight=args.max_in_flight)
+    runner = BatchRunner(engine, ctx, max_in_flight=args.max_in_flight)
     try:
         summary = runner.run(args.input, args.output, errors, progress=progress,
                              on_start=on_start)

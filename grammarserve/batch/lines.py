@@ -14,15 +14,18 @@ from __future__ import annotations
 
 import json
 import sys
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from typing_extensions import Self
 
+from grammarserve.openai.bodies import new_id
+from grammarserve.openai.errors import error_response
+from grammarserve.openai.prepare import CHAT_URL, COMPLETIONS_URL
+
 #: Endpoints a batch line may target.
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
+ENDPOINTS = (CHAT_URL, COMPLETIONS_URL)
 #: OpenAI's limits on one input file.
 MAX_LINES = 50_000
 MAX_BYTES = 200 * 2**20
@@ -131,7 +134,7 @@ def sort_key(url: str, body: dict[str, Any]) -> SortKey:
     Strings are interned: 10,000 lines behind one system prompt hold it once.
     """
     parts = [url]
-    if url == "/v1/chat/completions":
+    if url == CHAT_URL:
         if body.get("tools"):
             parts.append(_text(body["tools"]))
         for m in body.get("messages") or []:
@@ -171,26 +174,28 @@ class InputReader:
 
 
 # -- output lines -------------------------------------------------------------------------------
-def new_id(prefix: str, *, sep: str = "_") -> str:
-    """OpenAI-style ids: ``batch_...``, ``batch_req_...``, ``file-...``."""
-    return f"{prefix}{sep}{uuid.uuid4().hex}"
-
-
 def response_line(custom_id: str, status: int, body: dict[str, Any], *,
                   line: int | None = None) -> dict[str, Any]:
     """A line of the output file (200) or of the error file (4xx/5xx, with the input line)."""
-    out: dict[str, Any] = {"id": new_id("batch_req"), "custom_id": custom_id,
-                           "response": {"status_code": status, "request_id": new_id("req"),
-                                        "body": body},
+    out: dict[str, Any] = {"id": new_id("batch_req", sep="_"), "custom_id": custom_id,
+                           "response": {"status_code": status,
+                                        "request_id": new_id("req", sep="_"), "body": body},
                            "error": None}
     if line is not None:
         out["line"] = line
     return out
 
 
+def failure_line(custom_id: str, e: BaseException, line: int) -> dict[str, Any]:
+    """A line of the error file for a request that failed with ``e`` (the status and body the
+    HTTP server answers it with)."""
+    status, body = error_response(e)
+    return response_line(custom_id, status, body, line=line)
+
+
 def error_line(err: LineError) -> dict[str, Any]:
     """A line of the error file for an input line that could not be read as a request."""
-    return {"id": new_id("batch_req"), "custom_id": err.custom_id, "response": None,
+    return {"id": new_id("batch_req", sep="_"), "custom_id": err.custom_id, "response": None,
             "error": {"code": err.code, "message": err.message, "param": err.param,
                       "line": err.line},
             "line": err.line}

@@ -20,14 +20,16 @@ from grammarserve.batch.lines import (
     InputLine,
     InputReader,
     error_line,
+    failure_line,
     index_input,
     response_line,
 )
-from grammarserve.batch.prepare import LineFailed, Prepared, Translator
 from grammarserve.batch.results import ResultFile, scan, todo_lines
 from grammarserve.engine.engine import Engine
 from grammarserve.engine.request import RequestOutput
-from grammarserve.errors import InvalidRequestError
+from grammarserve.openai.context import ModelContext
+from grammarserve.openai.prepare import Prepared, prepare_body
+from grammarserve.openai.replies import reply_body
 
 
 @dataclass
@@ -71,12 +73,13 @@ class _Job:
 
 
 class BatchRunner:
-    """Runs batch files through one in-process engine (see :func:`run_file`)."""
+    """Runs batch files through one in-process engine; lines are prepared and answered by the
+    protocol layer (:mod:`grammarserve.openai`) with ``ctx``, as the server answers them."""
 
-    def __init__(self, engine: Engine, translator: Translator, *,
+    def __init__(self, engine: Engine, ctx: ModelContext, *,
                  max_in_flight: int | None = None) -> None:
         self.engine = engine
-        self.translator = translator
+        self.ctx = ctx
         self.max_in_flight = max_in_flight or 2 * engine.config.max_num_reqs
 
     def run(self, input_path: Path, output_path: Path, error_path: Path, *,
@@ -138,11 +141,9 @@ class BatchRunner:
             while todo and queued < self.max_in_flight:  # keep the engine fed
                 line = todo.popleft()
                 try:
-                    prep = self.translator.prepare(line.url, reader.body(line))
+                    prep = prepare_body(self.ctx, line.url, reader.body(line))
                 except Exception as e:  # noqa: BLE001 - the line fails, the job goes on
-                    fail = _as_failure(e)
-                    failures.append(response_line(line.custom_id, fail.status, fail.body,
-                                                  line=line.line))
+                    failures.append(failure_line(line.custom_id, e, line.line))
                     continue
                 staged.append(_Job(line, prep))
                 queued += len(prep.prompts)
@@ -157,13 +158,11 @@ class BatchRunner:
                         job.ids.append(rid)
                         jobs[rid] = job
                 except Exception as e:  # noqa: BLE001 - the line fails, the job goes on
-                    fail = _as_failure(e)
                     for rid in job.ids:
                         engine.abort(rid)
                         del jobs[rid]
                     queued -= len(job.prep.prompts)
-                    failures.append(response_line(job.line.custom_id, fail.status, fail.body,
-                                                  line=job.line.line))
+                    failures.append(failure_line(job.line.custom_id, e, job.line.line))
             err.write(failures)
             summary.failed += len(failures)
             written = len(failures)
@@ -196,10 +195,9 @@ class BatchRunner:
             for rid in job.ids:
                 del jobs[rid]
             try:
-                body = self.translator.response(job.prep, outs)
-            except LineFailed as e:
-                failures.append(response_line(job.line.custom_id, e.status, e.body,
-                                              line=job.line.line))
+                body = reply_body(self.ctx, job.prep, outs)
+            except Exception as e:  # noqa: BLE001 - the line fails, the job goes on
+                failures.append(failure_line(job.line.custom_id, e, job.line.line))
                 continue
             results.append(response_line(job.line.custom_id, 200, body))
             usage = body["usage"]
@@ -212,10 +210,3 @@ class BatchRunner:
         summary.failed += len(failures)
         return finished, len(results) + len(failures)
 
-
-def _as_failure(e: Exception) -> LineFailed:
-    if isinstance(e, LineFailed):
-        return e
-    if isinstance(e, InvalidRequestError):
-        return LineFailed.bad_request(e)
-    return LineFailed.server_error(f"internal error: {type(e).__name__}: {e}")

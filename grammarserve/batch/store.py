@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from grammarserve.batch.lines import new_id
+from grammarserve.openai.bodies import new_id
 
 #: Batch statuses the worker still has to act on.
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
@@ -134,7 +134,7 @@ class BatchStore:
     # -- batches ---------------------------------------------------------------------------
     def create_batch(self, input_file_id: str, endpoint: str, completion_window: str,
                      metadata: dict[str, str] | None) -> dict[str, Any]:
-        batch_id = new_id("batch")
+        batch_id = new_id("batch", sep="_")
         now = int(time.time())
         self._exec("INSERT INTO batches (id, endpoint, input_file_id, completion_window, "
                    "status, created_at, expires_at, metadata) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",

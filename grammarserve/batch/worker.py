@@ -17,7 +17,7 @@ import asyncio
 import logging
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from grammarserve.batch.lines import (
     MAX_LINES,
@@ -25,17 +25,18 @@ from grammarserve.batch.lines import (
     InputReader,
     error_entry,
     error_line,
+    failure_line,
     index_input,
-    new_id,
     response_line,
 )
-from grammarserve.batch.prepare import LineFailed, Translator
 from grammarserve.batch.results import Done, ResultFile, scan, todo_lines
 from grammarserve.batch.store import BatchStore
-from grammarserve.errors import EngineDeadError, GrammarserveError, InvalidRequestError
-
-if TYPE_CHECKING:
-    from grammarserve.server.state import ServerState
+from grammarserve.errors import EngineDeadError
+from grammarserve.openai.bodies import new_id
+from grammarserve.openai.context import ModelContext
+from grammarserve.openai.generation import EngineClient, Generation, Timings
+from grammarserve.openai.prepare import prepare_body
+from grammarserve.openai.replies import reply_body
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.25
@@ -46,12 +47,29 @@ class _Stop(Exception):
     """The engine died or the server is stopping: leave the batch in_progress for later."""
 
 
-class BatchWorker:
-    """Runs the store's active batches through the server's engine."""
+class BatchEngine(EngineClient, Protocol):
+    """What the worker needs of the server: submit / abort engine requests, whether the engine
+    is ready (or failed to load), and the model context once it is."""
 
-    def __init__(self, store: BatchStore, state: ServerState, *, max_in_flight: int) -> None:
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def failed(self) -> bool: ...
+
+    @property
+    def context(self) -> ModelContext | None: ...
+
+    @property
+    def timings(self) -> Timings | None: ...
+
+
+class BatchWorker:
+    """Runs the store's active batches through ``engine`` (the server's)."""
+
+    def __init__(self, store: BatchStore, engine: BatchEngine, *, max_in_flight: int) -> None:
         self.store = store
-        self.state = state
+        self.engine = engine
         self.max_in_flight = max(1, max_in_flight)
         self.current: str | None = None  # id of the batch being run
         self._thread: threading.Thread | None = None
@@ -94,15 +112,13 @@ class BatchWorker:
     async def _run(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        while not self.state.ready:  # wait for the model
-            if self._stopping.is_set() or self.state.status == "failed":
+        while not self.engine.ready:  # wait for the model
+            if self._stopping.is_set() or self.engine.failed:
                 return
             await asyncio.sleep(_POLL_S)
-        st = self.state
-        translator = Translator(st.tokenizer, st.compiler, max_model_len=st.max_model_len,
-                                max_n=st.config.max_n, model_name=st.model_name,
-                                tool_call_format=st.config.engine.tool_call_format)
-        while not self._stopping.is_set() and self.state.ready:
+        ctx = self.engine.context
+        assert ctx is not None  # set once ready
+        while not self._stopping.is_set() and self.engine.ready:
             active = self.store.active_batches()
             if not active:
                 self._wake.clear()
@@ -112,14 +128,14 @@ class BatchWorker:
                     pass
                 continue
             try:
-                await self._advance(active[0], translator)
+                await self._advance(active[0], ctx)
             except _Stop:
                 return
             except Exception as e:  # a bug: fail this batch (its files stay), keep serving
                 log.exception("batch %s failed", active[0]["id"])
                 self._fail(active[0]["id"], "internal_error", f"{type(e).__name__}: {e}")
 
-    async def _advance(self, batch: dict[str, Any], translator: Translator) -> None:
+    async def _advance(self, batch: dict[str, Any], ctx: ModelContext) -> None:
         bid, status = batch["id"], batch["status"]
         if status == "cancelling":
             await asyncio.to_thread(self.finalize, bid, "cancelled")
@@ -128,7 +144,7 @@ class BatchWorker:
         else:
             self.current = bid
             try:
-                await self._execute(batch, translator)
+                await self._execute(batch, ctx)
             finally:
                 self.current = None
 
@@ -156,7 +172,7 @@ class BatchWorker:
         data = errors or [{"code": code, "line": None, "message": message, "param": None}]
         self.store.set_status(bid, "failed", errors=data)
 
-    async def _execute(self, batch: dict[str, Any], translator: Translator) -> None:
+    async def _execute(self, batch: dict[str, Any], ctx: ModelContext) -> None:
         """Validate (first time) and run a batch's remaining lines, then finalize it."""
         bid = batch["id"]
         row = self.store.get_file(batch["input_file_id"])
@@ -186,7 +202,7 @@ class BatchWorker:
                 InputReader(Path(row["path"])) as reader:
             await asyncio.to_thread(err.write, [error_line(e) for e in bad])
             done.failed += len(bad)
-            run = _BatchRun(self, bid, translator, reader, out, err, done)
+            run = _BatchRun(self, bid, ctx, reader, out, err, done)
             cancelled = await run.run(todo)
         if cancelled:
             await asyncio.to_thread(self.finalize, bid, "cancelled")
@@ -197,11 +213,11 @@ class BatchWorker:
 class _BatchRun:
     """The in-progress part of one batch: its lines as concurrent tasks, bounded."""
 
-    def __init__(self, worker: BatchWorker, bid: str, translator: Translator,
+    def __init__(self, worker: BatchWorker, bid: str, ctx: ModelContext,
                  reader: InputReader, out: ResultFile, err: ResultFile, done: Done) -> None:
         self.worker = worker
         self.bid = bid
-        self.translator = translator
+        self.ctx = ctx
         self.reader = reader
         self.out = out
         self.err = err
@@ -256,7 +272,7 @@ class _BatchRun:
         while True:
             await asyncio.sleep(_POLL_S)
             self._save_counts()
-            if self.worker.stopping or not self.worker.state.ready:
+            if self.worker.stopping or not self.worker.engine.ready:
                 self._halt(False)
                 return
             for b in store.active_batches():
@@ -268,37 +284,20 @@ class _BatchRun:
                 await asyncio.to_thread(self.worker.finalize, b["id"], "cancelled")
 
     async def _line(self, line: InputLine) -> None:
-        from grammarserve.server.generate import Generation
-
+        engine = self.worker.engine
         try:
-            prep = self.translator.prepare(line.url, self.reader.body(line))
-            if prep.compiled is not None:
-                try:
-                    await asyncio.wrap_future(prep.compiled)
-                except Exception:  # noqa: BLE001, S110 - check_compiled reports it
-                    pass
-                prep.check_compiled()
-            gen = Generation(self.worker.state, new_id("batchreq"), prep.prompts, prep.params,
-                             namespace=prep.namespace, constraint_param=prep.constraint_param)
+            prep = prepare_body(self.ctx, line.url, self.reader.body(line))
+            await prep.wait_compiled()
+            gen = Generation(engine, prep, base_id=new_id("batchreq"), timings=engine.timings)
             gen.start()
             outs = await gen.results(None)
             assert outs is not None  # no disconnect watcher
-            record = response_line(line.custom_id, 200, self.translator.response(prep, outs))
+            record = response_line(line.custom_id, 200, reply_body(self.ctx, prep, outs))
         except EngineDeadError as e:
             self._halt(False, e)
             return
-        except LineFailed as e:
-            record = response_line(line.custom_id, e.status, e.body, line=line.line)
-        except InvalidRequestError as e:
-            fail = LineFailed.bad_request(e)
-            record = response_line(line.custom_id, fail.status, fail.body, line=line.line)
-        except GrammarserveError as e:
-            fail = LineFailed.server_error(str(e))
-            record = response_line(line.custom_id, fail.status, fail.body, line=line.line)
-        except Exception as e:  # a bug must fail this line only, never lose it
-            log.exception("batch line failed")
-            fail = LineFailed.server_error(f"internal error: {type(e).__name__}: {e}")
-            record = response_line(line.custom_id, fail.status, fail.body, line=line.line)
+        except Exception as e:  # noqa: BLE001 - the line fails (a bug too), never lost
+            record = failure_line(line.custom_id, e, line.line)
         ok = record["response"]["status_code"] == 200
         await asyncio.to_thread((self.out if ok else self.err).write, [record])
         self.done.add(record, error_file=not ok)

@@ -21,7 +21,7 @@ from grammarserve.engine.sampler import History, TopEntry, make_rng, sample
 from grammarserve.engine.scheduler import ScheduledReq, Scheduler
 from grammarserve.engine.stats import EngineStats
 from grammarserve.engine.stopping import append_token
-from grammarserve.errors import InvalidRequestError
+from grammarserve.errors import ErrorKind, InvalidRequestError
 from grammarserve.fsm.repeats import CallRepeatGuard
 from grammarserve.models.loader import LoadedModel, load_model
 from grammarserve.sampling_params import SamplingParams
@@ -39,7 +39,8 @@ class Engine:
         device = config.torch_device
         self.loaded = loaded or load_model(config.model, dtype=config.torch_dtype, device=device,
                                            cache_dir=config.cache_dir,
-                                           gguf_blocks=config.gguf_blocks)
+                                           gguf_blocks=config.gguf_blocks,
+                                           quant_activations=config.quant_activations)
         mc = self.loaded.config
         self.tokenizer = self.loaded.tokenizer
         self.kv_bytes_per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads,
@@ -111,7 +112,8 @@ class Engine:
         if len(ids) >= self.max_model_len:
             raise InvalidRequestError(
                 f"the prompt has {len(ids)} tokens; the limit is {self.max_model_len - 1} "
-                f"(model context and KV pool size)", param="prompt")
+                f"(model context and KV pool size)", param="prompt",
+                kind=ErrorKind.PROMPT_TOO_LONG)
 
     def _check_bias(self, params: SamplingParams) -> None:
         vocab = self.loaded.config.vocab_size
@@ -163,7 +165,7 @@ class Engine:
                  top: list[TopEntry]) -> None:
         """Append a sampled token (and the jump-forward span it unlocks) to ``req``."""
         if dead:
-            req.error = "the constraint cannot be completed: it allows no token here (dead end)"
+            self.grammar.dead_end(req)
         if req.error is None and self.grammar.accept(req, token):
             self._append(req, token, logprob, top)
             m = req.matcher

@@ -14,7 +14,7 @@ import torch
 
 from grammarserve.config import EngineConfig
 from grammarserve.engine.request import Req
-from grammarserve.errors import GrammarError
+from grammarserve.errors import ErrorKind, GrammarError
 from grammarserve.fsm import GrammarCompiler
 
 
@@ -63,10 +63,10 @@ class GrammarRunner:
         try:
             req.matcher = fut.result().matcher()
         except GrammarError as e:
-            req.error = f"invalid constraint: {e}"
+            req.fail(ErrorKind.CONSTRAINT_INVALID, f"invalid constraint: {e}")
             self.counters.grammar_errors += 1
         except Exception as e:  # noqa: BLE001 - a backend bug must only fail this request
-            req.error = f"the constraint could not be compiled: {e}"
+            req.fail(ErrorKind.ENGINE_FAILURE, f"the constraint could not be compiled: {e}")
             self.counters.grammar_errors += 1
         return True
 
@@ -102,9 +102,15 @@ class GrammarRunner:
         m = req.matcher
         if m is None or m.accept_token(token):
             return True
-        req.error = f"the constraint cannot be completed: it reached a dead end: {m.error()}"
+        req.fail(ErrorKind.CONSTRAINT_DEAD_END,
+                 f"the constraint cannot be completed: it reached a dead end: {m.error()}")
         self.counters.grammar_errors += 1
         return False
+
+    def dead_end(self, req: Req) -> None:
+        """Fail ``req``: its constraint allowed no token at all (the sampler found none)."""
+        req.fail(ErrorKind.CONSTRAINT_DEAD_END,
+                 "the constraint cannot be completed: it allows no token here (dead end)")
 
     def forced(self, req: Req) -> list[int]:
         """The jump-forward span after the last accepted token (already accepted by the
@@ -117,8 +123,8 @@ class GrammarRunner:
         span = m.forced_tokens()
         for i, tok in enumerate(span):
             if not m.accept_token(tok):  # cannot happen for a sound backend; stay consistent
-                req.error = ("the constraint cannot be completed: a token it forces was rejected: "
-                             f"{m.error()}")
+                req.fail(ErrorKind.CONSTRAINT_DEAD_END, "the constraint cannot be completed: a "
+                         f"token it forces was rejected: {m.error()}")
                 return span[:i]
         stop = self._only_stop(req)
         if stop is not None and m.accept_token(stop):

@@ -26,7 +26,13 @@ from typing import Any, TypeVar
 from grammarserve.config import EngineConfig
 from grammarserve.engine.request import RequestOutput
 from grammarserve.engine.stats import EngineStats
-from grammarserve.errors import EngineDeadError, GrammarserveError, InvalidRequestError
+from grammarserve.errors import (
+    EngineDeadError,
+    ErrorKind,
+    GrammarserveError,
+    InvalidRequestError,
+    RequestFailedError,
+)
 from grammarserve.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -77,7 +83,7 @@ class RequestFailed:
     request_id: str
     message: str
     param: str | None = None
-    internal: bool = False  # an engine bug, not a bad request
+    kind: ErrorKind = ErrorKind.INVALID_REQUEST  # ENGINE_FAILURE: an engine bug
 
 
 @dataclass(frozen=True)
@@ -292,8 +298,9 @@ class EngineProcess:
             elif isinstance(msg, RequestFailed):
                 stream = self._streams.pop(msg.request_id, None)
                 if stream is not None:
-                    stream.put(GrammarserveError(msg.message) if msg.internal else
-                               InvalidRequestError(msg.message, param=msg.param))
+                    stream.put(RequestFailedError(msg.message, kind=msg.kind, param=msg.param)
+                               if msg.kind is ErrorKind.ENGINE_FAILURE else
+                               InvalidRequestError(msg.message, param=msg.param, kind=msg.kind))
             elif isinstance(msg, Stats) and self._stats_waiters:
                 self._stats_waiters.pop(0).set_result(msg.stats)
             elif isinstance(msg, StatsFailed) and self._stats_waiters:
@@ -339,12 +346,12 @@ def _engine_main(config: EngineConfig, conn: Connection) -> None:
                     engine.add_request(msg.request_id, msg.prompt, msg.params,
                                        namespace=msg.namespace)
                 except InvalidRequestError as e:
-                    conn.send(RequestFailed(msg.request_id, str(e), e.param))
+                    conn.send(RequestFailed(msg.request_id, str(e), e.param, e.kind))
                 except Exception as e:  # a bug must fail this request only
                     log.exception("add_request failed")
                     engine.abort(msg.request_id)
                     conn.send(RequestFailed(msg.request_id, f"internal engine error: {e}",
-                                            internal=True))
+                                            kind=ErrorKind.ENGINE_FAILURE))
             elif isinstance(msg, Abort):
                 engine.abort(msg.request_id)
             elif isinstance(msg, GetStats):
@@ -360,7 +367,8 @@ def _engine_main(config: EngineConfig, conn: Connection) -> None:
                 log.exception("engine step failed; failing the requests in flight")
                 for rid in list(engine.requests):
                     engine.abort(rid)
-                    conn.send(RequestFailed(rid, f"internal engine error: {e}", internal=True))
+                    conn.send(RequestFailed(rid, f"internal engine error: {e}",
+                                            kind=ErrorKind.ENGINE_FAILURE))
                 engine.step()  # collect the aborts
                 continue
             if outs:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from grammarserve.engine.detokenizer import IncrementalDetokenizer
 from grammarserve.engine.radix_cache import TreeNode
 from grammarserve.engine.sampler import RowRng, TopEntry
+from grammarserve.errors import ErrorKind
 from grammarserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     error: str | None = None
+    error_kind: ErrorKind | None = None  # set with ``error`` (the API maps it to a status)
     logprobs: list[float] = field(default_factory=list)
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     # per output token, when params.top_logprobs > 0: the most likely allowed tokens, best first
@@ -70,6 +72,7 @@ class Req:
     top_logprobs: list[list[TopEntry]] = field(default_factory=list)  # params.top_logprobs > 0
     finish_reason: str | None = None
     error: str | None = None
+    error_kind: ErrorKind | None = None
     rng: RowRng | None = None
     grammar_future: Future[CompiledGrammar] | None = None  # set while the constraint compiles
     matcher: Matcher | None = None
@@ -92,12 +95,16 @@ class Req:
     def finished(self) -> bool:
         return self.status is ReqStatus.FINISHED
 
+    def fail(self, kind: ErrorKind, message: str) -> None:
+        """Record the request's error (it finishes with ``finish_reason`` ``"error"``)."""
+        self.error, self.error_kind = message, kind
+
     def snapshot(self) -> RequestOutput:
         delta, self.pending_text = self.pending_text, ""
         return RequestOutput(
             request_id=self.request_id, prompt_token_ids=self.prompt_ids,
             token_ids=self.output_ids, text=self.text, delta_text=delta,
             finished=self.finished, finish_reason=self.finish_reason, error=self.error,
-            logprobs=list(self.logprobs), num_cached_tokens=self.num_cached_prompt or 0,
+            error_kind=self.error_kind, logprobs=list(self.logprobs), num_cached_tokens=self.num_cached_prompt or 0,
             top_logprobs=list(self.top_logprobs),
         )

@@ -2,83 +2,40 @@
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import aclosing, asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from grammarserve.errors import (
-    EngineDeadError,
-    GrammarError,
-    GrammarserveError,
-    InvalidRequestError,
-)
-from grammarserve.server import batches, chat, completions
+from grammarserve.errors import ErrorKind, GrammarserveError, InvalidRequestError
+from grammarserve.openai.errors import error_response, kind_response, validation_error
+from grammarserve.openai.protocol import DetokenizeRequest, TokenizeRequest
+from grammarserve.openai.render import render_chat
+from grammarserve.server import batches, inference
 from grammarserve.server.config import ServerConfig
-from grammarserve.server.generate import Generation
 from grammarserve.server.metrics import ServerMetrics
-from grammarserve.server.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    DetokenizeRequest,
-    TokenizeRequest,
-)
-from grammarserve.server.render import render_chat
-from grammarserve.server.responses import error_body
 from grammarserve.server.state import ServerState
-from grammarserve.server.translate import dumps
 
 log = logging.getLogger(__name__)
 
 
-def _error(status: int, message: str, type_: str, param: str | None = None,
-           code: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, type_=type_, param=param, code=code),
-                        status_code=status)
+def exception_response(e: BaseException) -> JSONResponse:
+    """Any exception as the OpenAI error envelope, with the status of its error kind."""
+    status, body = error_response(e)
+    return JSONResponse(body, status_code=status)
 
 
-def _exception_response(e: BaseException) -> JSONResponse:
-    """Map an exception to the OpenAI error envelope (400 for client mistakes)."""
-    if isinstance(e, InvalidRequestError):
-        return _error(400, str(e), "invalid_request_error", e.param)
-    if isinstance(e, GrammarError):
-        return _error(400, str(e), "invalid_request_error", None)
-    if isinstance(e, EngineDeadError):
-        return _error(503, str(e), "unavailable_error", None, "engine_unavailable")
-    if isinstance(e, GrammarserveError):
-        return _error(500, str(e), "server_error")
-    log.exception("unhandled error", exc_info=e)
-    return _error(500, f"internal server error: {type(e).__name__}", "server_error")
-
-
-def _validation_response(e: RequestValidationError) -> JSONResponse:
+def validation_response(e: RequestValidationError) -> JSONResponse:
     """FastAPI's 422 as an OpenAI 400 naming the param (``messages[0].role``)."""
-    errors = list(e.errors())
-    if any(err.get("type") == "json_invalid" for err in errors):
-        return _error(400, "the request body is not valid JSON", "invalid_request_error")
-    locs = [tuple(x for x in err.get("loc", ()) if x != "body") for err in errors]
-    common = tuple(os.path.commonprefix(locs)) if len(locs) > 1 else (locs[0] if locs else ())
-    param = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in common).lstrip(".")
-    msgs = list(dict.fromkeys(str(err.get("msg", "invalid value")) for err in errors))
-    detail = msgs[0] if len(msgs) == 1 else "; or ".join(msgs[:4])
-    return _error(400, f"{param or 'body'}: {detail}", "invalid_request_error", param or None)
-
-
-def _overloaded() -> JSONResponse:
-    resp = _error(503, "the server is overloaded; retry later", "unavailable_error", None,
-                  "server_overloaded")
-    resp.headers["Retry-After"] = "1"
-    return resp
+    return exception_response(validation_error(e.errors()))
 
 
 def create_app(config: ServerConfig, *, on_failure: Callable[[str], None] | None = None
@@ -96,66 +53,29 @@ def create_app(config: ServerConfig, *, on_failure: Callable[[str], None] | None
     app = FastAPI(title="grammarserve", version="0.1.0", lifespan=lifespan)
     app.state.gs = state
     app.add_middleware(_CountRequests, metrics=state.metrics)
+    app.include_router(inference.router(state))  # chat, completions, responses
     app.include_router(batches.router(state))  # /v1/files, /v1/batches and the batch worker
 
     @app.exception_handler(RequestValidationError)
     async def _on_validation(_: Request, e: RequestValidationError) -> JSONResponse:
-        return _validation_response(e)
+        return validation_response(e)
 
     @app.exception_handler(HTTPException)
     async def _on_http(_: Request, e: HTTPException) -> JSONResponse:
-        type_ = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-        return _error(e.status_code, str(e.detail), type_)
+        if e.status_code == 404:
+            status, body = kind_response(ErrorKind.NOT_FOUND, str(e.detail))
+        else:  # 405 and the like: the route exists, the request is wrong
+            status, body = kind_response(ErrorKind.INVALID_REQUEST, str(e.detail))
+            status = e.status_code
+        return JSONResponse(body, status_code=status)
 
     @app.exception_handler(Exception)
     async def _on_error(_: Request, e: Exception) -> JSONResponse:
-        return _exception_response(e)
+        return exception_response(e)
 
     @app.exception_handler(GrammarserveError)
     async def _on_grammarserve_error(_: Request, e: GrammarserveError) -> JSONResponse:
-        return _exception_response(e)
-
-    async def run(prepared: Generation, n: int,
-                  body: Callable[[], Awaitable[dict[str, Any] | None]] | None,
-                  events: Callable[[], AsyncIterator[dict[str, Any]]] | None) -> Response:
-        """Start the engine requests and answer with JSON or an SSE stream."""
-        if not state.try_reserve(n):
-            return _overloaded()
-        try:
-            prepared.start()
-        except BaseException:
-            state.release(n)
-            raise
-        if events is not None:
-            return StreamingResponse(_sse(events(), lambda: state.release(n)),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
-        assert body is not None
-        try:
-            result = await body()
-        finally:
-            state.release(n)
-        if result is None:  # the client went away; nobody reads this
-            return Response(status_code=499)
-        return JSONResponse(result)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(req: ChatCompletionRequest, request: Request) -> Response:
-        gen, tools = await chat.prepare(state, req)
-        if req.stream:
-            return await run(gen, len(gen.ids), None, lambda: chat.stream(state, req, gen, tools))
-        return await run(gen, len(gen.ids),
-                         lambda: chat.complete(state, req, gen, tools, request.receive), None)
-
-    @app.post("/v1/completions")
-    async def text_completions(req: CompletionRequest, request: Request) -> Response:
-        gen, echo = await completions.prepare(state, req)
-        if req.stream:
-            return await run(gen, len(gen.ids), None,
-                             lambda: completions.stream(state, req, gen, echo))
-        return await run(gen, len(gen.ids),
-                         lambda: completions.complete(state, req, gen, echo, request.receive),
-                         None)
+        return exception_response(e)
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
@@ -164,8 +84,10 @@ def create_app(config: ServerConfig, *, on_failure: Callable[[str], None] | None
     @app.get("/v1/models/{model_id:path}")
     async def get_model(model_id: str) -> Response:
         if model_id != state.model_name:
-            return _error(404, f"The model '{model_id}' does not exist", "not_found_error",
-                          "model", "model_not_found")
+            status, body = kind_response(ErrorKind.NOT_FOUND,
+                                         f"The model '{model_id}' does not exist", "model",
+                                         "model_not_found")
+            return JSONResponse(body, status_code=status)
         return JSONResponse(_model_card(state))
 
     @app.get("/health")
@@ -271,17 +193,3 @@ def _model_card(state: ServerState) -> dict[str, Any]:
     return {"id": state.model_name, "object": "model", "created": state.created,
             "owned_by": "grammarserve", "max_model_len": state.max_model_len or None}
 
-
-async def _sse(events: AsyncIterator[dict[str, Any]], done: Callable[[], None]
-               ) -> AsyncIterator[str]:
-    """SSE framing; an error after the stream started is sent as ``data: {"error": ...}``."""
-    try:
-        async with aclosing(events) as it:  # type: ignore[type-var]
-            async for event in it:
-                yield f"data: {dumps(event)}\n\n"
-        yield "data: [DONE]\n\n"
-    except Exception as e:  # noqa: BLE001 - the status line is already sent
-        body = json.loads(bytes(_exception_response(e).body))
-        yield f"data: {dumps(body)}\n\n"
-    finally:
-        done()

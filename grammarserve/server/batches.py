@@ -14,7 +14,7 @@ import email.policy
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import FileResponse
@@ -23,12 +23,10 @@ from starlette.exceptions import HTTPException
 
 from grammarserve.batch.lines import ENDPOINTS, MAX_BYTES
 from grammarserve.batch.store import BatchStore, batch_object, default_data_dir, file_object
+from grammarserve.batch.worker import BatchWorker
 from grammarserve.errors import InvalidRequestError
-from grammarserve.server.protocol import RequestBody
+from grammarserve.openai.protocol import RequestBody
 from grammarserve.server.state import ServerState
-
-if TYPE_CHECKING:  # the worker imports the server's translation code, which imports this
-    from grammarserve.batch.worker import BatchWorker
 
 #: Purposes an upload may have (``batch_output`` is what the server itself produces).
 PURPOSES = ("batch", "user_data", "assistants", "fine-tune", "vision", "evals")
@@ -66,8 +64,6 @@ class BatchService:
     @property
     def store(self) -> BatchStore:
         if self._store is None:
-            from grammarserve.batch.worker import BatchWorker
-
             self._store = BatchStore(self.data_dir)
             rows = self.state.config.engine.max_num_reqs
             self.worker = BatchWorker(self._store, self.state, max_in_flight=max(1, rows // 2))

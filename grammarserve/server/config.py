@@ -7,6 +7,7 @@ from pathlib import Path
 
 from grammarserve.config import EngineConfig
 from grammarserve.errors import InvalidRequestError
+from grammarserve.openai.context import model_name
 
 
 @dataclass(frozen=True)
@@ -45,8 +46,5 @@ class ServerConfig:
                 raise InvalidRequestError(f"{name} must be >= 1", param=name)
 
     def model_name(self, folder: str | None = None) -> str:
-        if self.served_model_name:
-            return self.served_model_name
-        if self.engine.model == "default":
-            return "SmolLM2-135M-Instruct"
-        return Path(folder or self.engine.model).name or self.engine.model
+        """The ``model`` replies report (``folder``: the loaded model's folder)."""
+        return model_name(self.engine, folder, self.served_model_name)

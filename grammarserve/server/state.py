@@ -12,16 +12,19 @@ from typing import Any
 from grammarserve.engine.process import AsyncRequestStream, EngineProcess
 from grammarserve.errors import EngineDeadError
 from grammarserve.fsm import GrammarCompiler
+from grammarserve.openai.context import ModelContext
 from grammarserve.sampling_params import SamplingParams
 from grammarserve.server.config import ServerConfig
 from grammarserve.server.metrics import ServerMetrics
-from grammarserve.server.responses import TokenTexts
 
 log = logging.getLogger(__name__)
 
 
 class ServerState:
-    """Loads the engine in the background so ``/health`` can answer 503 while it loads."""
+    """Loads the engine in the background so ``/health`` can answer 503 while it loads.
+
+    It is the :class:`~grammarserve.openai.generation.EngineClient` of the routes and of the
+    batch worker (``submit`` / ``abort``), and gives them the model's :attr:`context`."""
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
@@ -31,7 +34,7 @@ class ServerState:
         self.engine: EngineProcess | None = None
         self.tokenizer: Any = None
         self.compiler: GrammarCompiler | None = None
-        self.token_texts: TokenTexts | None = None
+        self.context: ModelContext | None = None  # set when ready
         self.max_model_len = 0
         self.model_name = config.model_name()
         self.created = int(time.time())
@@ -66,9 +69,11 @@ class ServerState:
             self.engine = engine
             info = engine.info
             self.tokenizer, self.compiler = tokenizer, compiler
-            self.token_texts = TokenTexts(tokenizer)
             self.max_model_len = int(info["max_model_len"])
             self.model_name = self.config.model_name(info["model_folder"])
+            self.context = ModelContext.create(
+                tokenizer, compiler, max_model_len=self.max_model_len, max_n=self.config.max_n,
+                model_name=self.model_name, tool_call_format=self.config.engine.tool_call_format)
             self.status = "ready"
             log.info("grammarserve ready: %s (KV %d tokens, context %d) in %.1fs",
                      self.model_name, info["kv_capacity"], self.max_model_len,
@@ -112,6 +117,23 @@ class ServerState:
     @property
     def ready(self) -> bool:
         return self.status == "ready" and self.engine is not None and self.engine.alive
+
+    @property
+    def failed(self) -> bool:
+        """The engine failed to load (it will not become ready)."""
+        return self.status == "failed"
+
+    @property
+    def timings(self) -> ServerMetrics:
+        """The latency histograms engine requests are timed into."""
+        return self.metrics
+
+    def require_context(self) -> ModelContext:
+        """The model context, or :class:`EngineDeadError` (503) while loading or after a
+        crash."""
+        self.require_engine()
+        assert self.context is not None  # set before status is "ready"
+        return self.context
 
     def health(self) -> tuple[int, dict[str, Any]]:
         if self.ready:

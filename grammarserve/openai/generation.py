@@ -1,41 +1,71 @@
 """The engine requests behind one API request: submit them, collect or stream their outputs,
-time them, and abort whatever is left when the client goes away."""
+time them, and abort whatever is left when the client goes away.
+
+It talks to the engine through :class:`EngineClient` (submit / abort), which the HTTP server's
+state and the batch worker's engine both provide; it knows no HTTP.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator
-from typing import Any
-
-from starlette.types import Receive
+from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
+from typing import Any, Protocol
 
 from grammarserve.engine.process import AsyncRequestStream
 from grammarserve.engine.request import RequestOutput
-from grammarserve.errors import GrammarserveError, InvalidRequestError
+from grammarserve.errors import GrammarserveError
+from grammarserve.openai.prepare import Prepared
 from grammarserve.sampling_params import SamplingParams
-from grammarserve.server.state import ServerState
 
-#: Engine error texts that mean the request's constraint was at fault (400, not 500). A
-#: constraint "cannot be completed" when it requires text the model's tokenizer cannot produce
-#: (e.g. a character whose bytes have no token): every mask is sound, yet nothing can follow.
-_CLIENT_ERRORS = ("invalid constraint", "the constraint cannot be completed")
+#: An ASGI ``receive`` (the disconnect watcher reads it); typed here so no HTTP import is needed.
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+
+
+class EngineClient(Protocol):
+    """Where engine requests go: the server's engine process, as the routes and the batch worker
+    see it."""
+
+    def submit(self, request_id: str, prompt: list[int], params: SamplingParams,
+               namespace: str) -> AsyncRequestStream:
+        """Start one engine request; its outputs arrive on the returned stream."""
+        ...
+
+    def abort(self, request_id: str) -> None:
+        """Stop an engine request (no-op if it already finished)."""
+        ...
+
+
+class _Histogram(Protocol):
+    def observe(self, amount: float) -> None: ...
+
+
+class Timings(Protocol):
+    """Latency histograms (the server's metrics): time to first token, between tokens, and
+    end to end."""
+
+    @property
+    def ttft(self) -> _Histogram: ...
+
+    @property
+    def itl(self) -> _Histogram: ...
+
+    @property
+    def e2e(self) -> _Histogram: ...
 
 
 class Generation:
-    """``len(prompts)`` engine requests (one per choice) of one API request."""
+    """``len(prep.prompts)`` engine requests (one per choice) of one API request; the engine
+    request ids are ``{base_id}-{i}`` (``base_id``: the reply's id unless given)."""
 
-    def __init__(self, state: ServerState, base_id: str, prompts: list[list[int]],
-                 params: list[SamplingParams], *, namespace: str,
-                 constraint_param: str | None) -> None:
-        self.state = state
-        self.base_id = base_id
-        self.ids = [f"{base_id}-{i}" for i in range(len(prompts))]
-        self.prompts = prompts
-        self.params = params
-        self.namespace = namespace
-        self.constraint_param = constraint_param
+    def __init__(self, client: EngineClient, prep: Prepared, *, base_id: str | None = None,
+                 timings: Timings | None = None) -> None:
+        self.client = client
+        self.prep = prep
+        self.base_id = base_id or prep.id
+        self.ids = [f"{self.base_id}-{i}" for i in range(len(prep.prompts))]
+        self.timings = timings
         self.streams: list[AsyncRequestStream] = []
         self.finished: set[int] = set()
         self.t0 = time.perf_counter()
@@ -43,8 +73,8 @@ class Generation:
     def start(self) -> None:
         """Submit every choice (aborting the ones already submitted if one fails)."""
         try:
-            for rid, prompt, params in zip(self.ids, self.prompts, self.params):
-                self.streams.append(self.state.submit(rid, prompt, params, self.namespace))
+            for rid, prompt, params in zip(self.ids, self.prep.prompts, self.prep.params):
+                self.streams.append(self.client.submit(rid, prompt, params, self.prep.namespace))
         except BaseException:
             self.abort()
             raise
@@ -52,16 +82,11 @@ class Generation:
     def abort(self) -> None:
         for i, stream in enumerate(self.streams):
             if i not in self.finished:
-                self.state.abort(stream.request_id)
+                self.client.abort(stream.request_id)
 
-    def check(self, out: RequestOutput) -> None:
-        """Raise for an engine-side failure of one choice."""
-        if out.finish_reason != "error":
-            return
-        message = out.error or "generation failed"
-        if message.startswith(_CLIENT_ERRORS):
-            raise InvalidRequestError(message, param=self.constraint_param)
-        raise GrammarserveError(message)
+    def _observe(self, name: str, seconds: float) -> None:
+        if self.timings is not None:
+            getattr(self.timings, name).observe(seconds)
 
     async def results(self, receive: Receive | None = None) -> list[RequestOutput] | None:
         """Final outputs of every choice; None (and every choice aborted) if the client
@@ -71,11 +96,11 @@ class Generation:
             first = True
             async for out in self.streams[i]:
                 if first and out.token_ids:
-                    self.state.metrics.ttft.observe(time.perf_counter() - self.t0)
+                    self._observe("ttft", time.perf_counter() - self.t0)
                     first = False
                 if out.finished:
                     self.finished.add(i)
-                    self.check(out)
+                    self.prep.check_output(out)
                     return out
             raise GrammarserveError("the engine stream ended without a final output")
 
@@ -97,7 +122,7 @@ class Generation:
             if watcher is not None:
                 watcher.cancel()
             self.abort()
-        self.state.metrics.e2e.observe(time.perf_counter() - self.t0)
+        self._observe("e2e", time.perf_counter() - self.t0)
         return list(outs)
 
     async def stream(self) -> AsyncGenerator[tuple[int, RequestOutput], None]:
@@ -122,15 +147,15 @@ class Generation:
                 now = time.perf_counter()
                 if item.token_ids:
                     if i in last:
-                        self.state.metrics.itl.observe(now - last[i])
+                        self._observe("itl", now - last[i])
                     else:
-                        self.state.metrics.ttft.observe(now - self.t0)
+                        self._observe("ttft", now - self.t0)
                     last[i] = now
                 if item.finished:
                     self.finished.add(i)
-                    self.check(item)
+                    self.prep.check_output(item)
                 yield i, item
-            self.state.metrics.e2e.observe(time.perf_counter() - self.t0)
+            self._observe("e2e", time.perf_counter() - self.t0)
         finally:
             for t in tasks:
                 t.cancel()

@@ -2,7 +2,7 @@
 
 Unknown fields are accepted and ignored (``extra="allow"``), as real clients send many; fields
 that would change the output but cannot be honoured are refused in
-:mod:`grammarserve.server.translate`, never dropped silently.
+:mod:`grammarserve.openai.translate`, never dropped silently.
 """
 
 from __future__ import annotations

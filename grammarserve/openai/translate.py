@@ -3,22 +3,21 @@
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
 from grammarserve.constraints import Constraint
-from grammarserve.errors import GrammarError, InvalidRequestError
+from grammarserve.errors import ErrorKind, GrammarError, InvalidRequestError
 from grammarserve.fsm.tools import END
-from grammarserve.sampling_params import SamplingParams
-from grammarserve.server.protocol import (
+from grammarserve.openai.protocol import (
     AllowedToolsChoice,
     ChatCompletionRequest,
     CompletionRequest,
     NamedToolChoice,
     _Generation,
 )
+from grammarserve.sampling_params import SamplingParams
 
 #: Fields other servers use for constraints; refused with a pointer instead of ignored.
 _FOREIGN_CONSTRAINTS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
@@ -167,7 +166,8 @@ def max_new_tokens(requested: int | None, prompt_len: int, max_model_len: int,
         raise InvalidRequestError(
             f"This model's maximum context length is {max_model_len} tokens. However, you "
             f"requested {asked} tokens ({prompt_len} in the {where}, {requested or 1} in the "
-            f"completion). Please reduce the length of the {where} or completion.", param=where)
+            f"completion). Please reduce the length of the {where} or completion.", param=where,
+            kind=ErrorKind.PROMPT_TOO_LONG)
     return requested if requested is not None else room
 
 
@@ -282,6 +282,3 @@ def check_chat_logprobs(req: ChatCompletionRequest) -> None:
     if req.top_logprobs is not None and not req.logprobs:
         raise InvalidRequestError("top_logprobs requires logprobs=true", param="top_logprobs")
 
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))

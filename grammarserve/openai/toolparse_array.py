@@ -1,7 +1,7 @@
 """Incremental parser of the ``json_array`` tool-call format, and the parser of each format.
 
 ``[{"name": "f", "parameters": {...}}, ...]`` becomes tool calls, with the same events as the
-Hermes parser (:mod:`grammarserve.server.toolparse`): a call starts when its name is known and its
+Hermes parser (:mod:`grammarserve.openai.toolparse`): a call starts when its name is known and its
 arguments (the raw JSON text of ``parameters``) stream as they are generated, so streamed and
 non-streamed replies agree. An array whose ``]`` never came (the reply ended at a repeated call,
 or at ``max_tokens``) still yields its complete calls. Text that is no array is content.
@@ -13,7 +13,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from grammarserve.server.toolparse import (
+from grammarserve.openai.toolparse import (
     ContentDelta,
     Event,
     JsonValueEnd,

@@ -13,7 +13,7 @@ from typing import Any
 
 from grammarserve.errors import InvalidRequestError
 from grammarserve.fsm.tools import END, TRIGGER
-from grammarserve.server.protocol import ChatMessage
+from grammarserve.openai.protocol import ChatMessage
 
 TOOLS_HEADER = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"

@@ -1,0 +1,66 @@
+"""What translating a request needs to know of the model and of the server's limits."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grammarserve.config import EngineConfig
+from grammarserve.fsm import GrammarCompiler
+from grammarserve.openai.logprobs import TokenTexts
+
+
+@dataclass(frozen=True)
+class ModelContext:
+    """The model side of the protocol layer; build it with :meth:`create`.
+
+    Parameters
+    ----------
+    tokenizer:
+        The model's Hugging Face tokenizer (chat template, prompt encoding).
+    compiler:
+        Validates constraints up front, so a bad one is a 400 before it is queued (the engine's
+        own compiler in-process, so the engine's compile is then a cache hit; the server's own
+        in the server). ``None`` skips the up-front check (the engine still refuses it).
+    max_model_len, max_n:
+        The context limit and the largest ``n``.
+    model_name:
+        The ``model`` reported in replies.
+    tool_call_format:
+        The engine's format for ``required`` and named tool calls (``EngineConfig``).
+    token_texts:
+        Token texts for logprobs (built from ``tokenizer`` by :meth:`create`).
+    """
+
+    tokenizer: Any
+    compiler: GrammarCompiler | None
+    max_model_len: int
+    max_n: int
+    model_name: str
+    tool_call_format: str
+    token_texts: TokenTexts
+
+    @classmethod
+    def create(cls, tokenizer: Any, compiler: GrammarCompiler | None, *, max_model_len: int,
+               max_n: int, model_name: str,
+               tool_call_format: str = EngineConfig.tool_call_format) -> ModelContext:
+        """A context for ``tokenizer`` (its token texts built once)."""
+        return cls(tokenizer, compiler, max_model_len, max_n, model_name, tool_call_format,
+                   TokenTexts(tokenizer))
+
+    @property
+    def vocab_size(self) -> int:
+        """Tokens of the tokenizer (bounds ``logit_bias`` keys and prompt token ids)."""
+        return len(self.tokenizer)
+
+
+def model_name(config: EngineConfig, folder: str | None = None, served: str | None = None
+               ) -> str:
+    """The ``model`` replies report: ``served`` if given, else the model folder's name
+    (``SmolLM2-135M-Instruct`` for ``default``)."""
+    if served:
+        return served
+    if config.model == "default":
+        return "SmolLM2-135M-Instruct"
+    return Path(folder or config.model).name or config.model

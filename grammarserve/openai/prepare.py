@@ -1,0 +1,190 @@
+"""An API request to engine requests: the one pipeline behind the HTTP routes, the ``/v1/batches``
+worker and the offline ``grammarserve batch`` runner.
+
+:func:`prepare_chat` / :func:`prepare_completion` validate and translate a request into a
+:class:`Prepared` (prompts, one :class:`SamplingParams` per choice, the constraint compiling);
+:meth:`Prepared.check_compiled` and :meth:`Prepared.check_output` turn a bad constraint and an
+engine-side failure into typed errors, which :func:`grammarserve.openai.errors.error_response`
+maps to a status and a body. Every client mistake raises :class:`InvalidRequestError` naming the
+param.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from grammarserve.engine.request import RequestOutput
+from grammarserve.errors import ErrorKind, GrammarError, InvalidRequestError, RequestFailedError
+from grammarserve.fsm import CompiledGrammar
+from grammarserve.openai.bodies import new_id
+from grammarserve.openai.context import ModelContext
+from grammarserve.openai.errors import validation_error
+from grammarserve.openai.protocol import ChatCompletionRequest, CompletionRequest
+from grammarserve.openai.render import content_text, render_chat
+from grammarserve.openai.translate import (
+    ConstraintPlan,
+    ToolsPlan,
+    check_chat_logprobs,
+    check_common,
+    check_completion,
+    check_json_mode,
+    completion_prompts,
+    constraint_plan,
+    grammar_error,
+    max_new_tokens,
+    sampling_params,
+    tools_plan,
+)
+from grammarserve.sampling_params import SamplingParams
+
+#: The routes a request body may be prepared for (``/v1/responses`` translates to chat).
+CHAT_URL = "/v1/chat/completions"
+COMPLETIONS_URL = "/v1/completions"
+
+#: Engine error kinds caused by the request's constraint (their error names its param).
+_CONSTRAINT_KINDS = (ErrorKind.CONSTRAINT_INVALID, ErrorKind.CONSTRAINT_DEAD_END)
+
+
+@dataclass
+class Prepared:
+    """The engine requests of one API request (``n`` choices per prompt, in prompt order) and
+    what answering it needs."""
+
+    id: str  # the reply's id (chatcmpl-..., cmpl-...)
+    req: ChatCompletionRequest | CompletionRequest
+    prompts: list[list[int]]
+    params: list[SamplingParams]
+    plan: ConstraintPlan | None
+    tools: ToolsPlan | None
+    echo: list[str]  # completions with echo: the text of each prompt
+    compiled: Future[CompiledGrammar] | None  # the constraint compiling (validation)
+    #: Renames the params errors name (the Responses API names ``text.format``, not
+    #: ``response_format``); None: the request's own names.
+    rename: Callable[[str | None], str | None] | None = None
+
+    @property
+    def chat(self) -> bool:
+        return isinstance(self.req, ChatCompletionRequest)
+
+    @property
+    def n(self) -> int:
+        """Choices per prompt."""
+        return self.req.n or 1
+
+    @property
+    def namespace(self) -> str:
+        return self.req.cache_namespace or ""
+
+    @property
+    def constraint_param(self) -> str | None:
+        return self.plan.param if self.plan is not None else None
+
+    def check_compiled(self) -> None:
+        """Raise the 400 of a constraint that did not compile; call once ``compiled`` is
+        done."""
+        if self.compiled is None or self.plan is None:
+            return
+        try:
+            self.compiled.result()
+        except GrammarError as e:
+            err = grammar_error(e, self.plan)
+            if self.rename is not None:
+                err.param = self.rename(err.param)
+            raise err from None
+
+    async def wait_compiled(self) -> None:
+        """:meth:`check_compiled` once the constraint has compiled, without blocking the loop."""
+        if self.compiled is not None:
+            try:
+                await asyncio.wrap_future(self.compiled)
+            except Exception:  # noqa: BLE001, S110 - check_compiled reports it
+                pass
+        self.check_compiled()
+
+    def check_output(self, out: RequestOutput) -> None:
+        """Raise :class:`RequestFailedError` (with the engine's error kind) if a choice ended
+        with an error; the one output check of every path."""
+        if out.finish_reason != "error":
+            return
+        kind = out.error_kind or ErrorKind.ENGINE_FAILURE
+        param = self.constraint_param if kind in _CONSTRAINT_KINDS else None
+        if self.rename is not None:
+            param = self.rename(param)
+        raise RequestFailedError(out.error or "generation failed", kind=kind, param=param)
+
+
+def _compile(ctx: ModelContext, plan: ConstraintPlan | None) -> Future[CompiledGrammar] | None:
+    if plan is None or ctx.compiler is None:
+        return None
+    kind, args, kwargs = plan.constraint.compile_args()
+    return ctx.compiler.compile_async(kind, *args, **kwargs)
+
+
+def chat_prompt(ctx: ModelContext, req: ChatCompletionRequest, tools: ToolsPlan | None
+                ) -> list[int]:
+    """The token ids of a chat request's prompt (messages and tools through the template)."""
+    text = render_chat(ctx.tokenizer, req.messages,
+                       tools=tools.tools if tools else None,
+                       tool_choice=tools.choice if tools else "auto",
+                       parallel=tools.parallel if tools else True,
+                       tool_format=tools.format if tools else "hermes")
+    return list(ctx.tokenizer.encode(text, add_special_tokens=False))
+
+
+def prepare_chat(ctx: ModelContext, req: ChatCompletionRequest) -> Prepared:
+    """Validate and translate a chat request; its constraint starts compiling."""
+    check_common(req, max_n=ctx.max_n)
+    check_chat_logprobs(req)
+    tools = tools_plan(req, ctx.tool_call_format)
+    plan = constraint_plan(req, tools)
+    prompt = chat_prompt(ctx, req, tools)
+    check_json_mode(req, [content_text(m.content, f"messages[{i}]")
+                          for i, m in enumerate(req.messages)])
+    requested = req.max_completion_tokens or req.max_tokens
+    max_tokens = max_new_tokens(requested, len(prompt), ctx.max_model_len)
+    n = req.n or 1
+    params = sampling_params(req, max_tokens=max_tokens, plan=plan, n=n,
+                             vocab_size=ctx.vocab_size)
+    return Prepared(new_id("chatcmpl"), req, [prompt] * n, params, plan, tools, [],
+                    _compile(ctx, plan))
+
+
+def prepare_completion(ctx: ModelContext, req: CompletionRequest) -> Prepared:
+    """Validate and translate a text completion request (``n`` engine requests per prompt)."""
+    check_common(req, max_n=ctx.max_n)
+    check_completion(req)
+    if req.echo and req.logprobs is not None:
+        raise InvalidRequestError("echo together with logprobs is not supported", param="echo")
+    plan = constraint_plan(req, None)
+    prompts = completion_prompts(req, ctx.tokenizer)
+    n = req.n or 1
+    all_prompts: list[list[int]] = []
+    params: list[SamplingParams] = []
+    for ids in prompts:
+        max_tokens = max_new_tokens(req.max_tokens, len(ids), ctx.max_model_len, "prompt")
+        params += sampling_params(req, max_tokens=max_tokens, plan=plan, n=n,
+                                  vocab_size=ctx.vocab_size)
+        all_prompts += [ids] * n
+    echo = [ctx.tokenizer.decode(ids) for ids in prompts] if req.echo else []
+    return Prepared(new_id("cmpl"), req, all_prompts, params, plan, None, echo,
+                    _compile(ctx, plan))
+
+
+def prepare_body(ctx: ModelContext, url: str, body: dict[str, Any]) -> Prepared:
+    """A raw body (a batch line's) for ``url`` (:data:`CHAT_URL` or :data:`COMPLETIONS_URL`);
+    a body that does not match the request model is the 400 the server gives for it."""
+    try:
+        if url == CHAT_URL:
+            return prepare_chat(ctx, ChatCompletionRequest.model_validate(body))
+        if url == COMPLETIONS_URL:
+            return prepare_completion(ctx, CompletionRequest.model_validate(body))
+    except ValidationError as e:
+        raise validation_error(e.errors()) from None
+    raise InvalidRequestError(f"url must be {CHAT_URL} or {COMPLETIONS_URL}, got {url!r}",
+                              param="url")
