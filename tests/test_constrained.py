@@ -20,6 +20,9 @@ from grammarserve.fsm import CompiledGrammar, Matcher
 from grammarserve.llm import LLM
 from grammarserve.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.model  # every test here uses the embedded model
+
+
 SCHEMAS = Path(__file__).resolve().parents[1] / "schemas"
 #: Every schema of schemas/, none left out: a reply cut by max_tokens fails its test.
 NAMES = sorted(p.stem for p in SCHEMAS.glob("*.json"))

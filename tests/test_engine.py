@@ -11,6 +11,9 @@ from grammarserve.errors import InvalidRequestError
 from grammarserve.llm import LLM
 from grammarserve.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.model  # every test here uses the embedded model
+
+
 GREEDY = SamplingParams(max_tokens=40, temperature=0)
 
 

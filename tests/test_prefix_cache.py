@@ -10,6 +10,9 @@ from grammarserve.engine.engine import Engine
 from grammarserve.llm import LLM
 from grammarserve.sampling_params import SamplingParams
 
+pytestmark = pytest.mark.model  # every test here uses the embedded model
+
+
 PREAMBLE = ("You are an extraction assistant. Read the document and answer briefly with the "
             "requested facts. Be precise and do not invent anything. ") * 3
 QUESTIONS = ["Who wrote it?", "When was it written?", "Where does it happen?", "What is it about?",

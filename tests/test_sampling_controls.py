@@ -129,13 +129,13 @@ def test_sampling_params_refuse_out_of_range_controls(kwargs: dict[str, object],
 # -- the engine, on a tiny random-weight model (byte tokenizer: token id == byte) --------------
 @pytest.fixture(scope="module")
 def tiny_llm(tmp_path_factory: pytest.TempPathFactory) -> LLM:
-    from tiny_models import _build, _tokenizer
+    from tiny_models import build_tiny, tiny_tokenizer
 
     from grammarserve.config import EngineConfig
     from grammarserve.engine.engine import Engine
 
     folder: Path = tmp_path_factory.mktemp("tiny") / "model"
-    _build("llama", {}, folder, _tokenizer())
+    build_tiny("llama", {}, folder, tiny_tokenizer())
     return LLM.from_engine(Engine(EngineConfig(model=str(folder), device="cpu",
                                                kv_cache_tokens=1024, max_num_reqs=4)))
 

@@ -25,9 +25,9 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 def byte_tokenizer() -> Any:
     """The tiny byte-level tokenizer (token id == byte, 256 tokens) with a plain chat
     template."""
-    from tiny_models import _tokenizer
+    from tiny_models import tiny_tokenizer
 
-    tok = _tokenizer()
+    tok = tiny_tokenizer()
     tok.chat_template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
     return tok
 

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 import pytest
-from test_fsm_tools import EOS, TOOLS, needs_smollm
+from test_fsm_tools import EOS, TOOLS
 
 from grammarserve.errors import GrammarError
 from grammarserve.fsm import GrammarCompiler
@@ -31,7 +31,6 @@ def walks(compiler: GrammarCompiler, tokenizer: Any, grammar: Any, text: str) ->
     return walk(grammar.matcher(), ids, EOS, compiler.allocate_bitmask(1))
 
 
-@needs_smollm
 @pytest.mark.parametrize("text", [
     f"[{W}]", f"[{W}]\n", f"[{S}, {W}]",
     json.dumps([json.loads(S), json.loads(W), json.loads(S)], separators=(",", ":")),
@@ -51,7 +50,6 @@ def test_array_grammar_accepts(compiler: GrammarCompiler, tokenizer: Any, text: 
     assert ok, reason
 
 
-@needs_smollm
 @pytest.mark.parametrize("text", [
     "[]",  # at least one call
     W,  # not in an array
@@ -70,7 +68,6 @@ def test_array_grammar_refuses(compiler: GrammarCompiler, tokenizer: Any, text: 
     assert not ok and "masked out" in reason, reason
 
 
-@needs_smollm
 @pytest.mark.model
 def test_array_single_and_named(compiler: GrammarCompiler, tokenizer: Any) -> None:
     single = compiler.compile_tool_calls(TOOLS, "required", parallel=False,
@@ -146,7 +143,6 @@ def test_format_is_chosen_per_tool_choice() -> None:
     assert tools_plan(_req(tool_choice="required")).format == "hermes"  # type: ignore[union-attr]
 
 
-@needs_smollm
 @pytest.mark.model
 def test_render_describes_and_replays_the_array_format(tokenizer: Any) -> None:
     history = [ChatMessage.model_validate(m) for m in [

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from sampling_helpers import filtered_logprobs
 
 from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
 from grammarserve.config import EngineConfig
-from grammarserve.engine.sampler import RowRng, process_logits, sample
+from grammarserve.engine.sampler import RowRng, sample
 from grammarserve.errors import InvalidRequestError, OutOfMemoryError
 from grammarserve.sampling_params import SamplingParams
 
@@ -62,16 +63,16 @@ def test_req_to_token_rows() -> None:
     assert table.alloc() == r0
 
 
-def test_process_logits_filters() -> None:
+def test_filters_keep_top_k_top_p_min_p() -> None:
     logits = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0])
-    lp = process_logits(logits, SamplingParams(temperature=1.0, top_k=2))
+    lp = filtered_logprobs(logits, SamplingParams(temperature=1.0, top_k=2))
     assert torch.isfinite(lp).tolist() == [True, True, False, False, False]
     assert torch.allclose(lp.exp().sum(), torch.tensor(1.0))
-    lp = process_logits(logits, SamplingParams(temperature=1.0, top_p=0.5))
+    lp = filtered_logprobs(logits, SamplingParams(temperature=1.0, top_p=0.5))
     assert torch.isfinite(lp).tolist() == [True, False, False, False, False]  # p(top)=0.64
-    lp = process_logits(logits, SamplingParams(temperature=1.0, top_p=0.7))
+    lp = filtered_logprobs(logits, SamplingParams(temperature=1.0, top_p=0.7))
     assert torch.isfinite(lp).tolist() == [True, True, False, False, False]
-    lp = process_logits(logits, SamplingParams(temperature=1.0, min_p=0.3))
+    lp = filtered_logprobs(logits, SamplingParams(temperature=1.0, min_p=0.3))
     assert torch.isfinite(lp).tolist() == [True, True, False, False, False]  # e^-1 > 0.3 > e^-2
 
 

@@ -41,13 +41,13 @@ LLAMA3_SCALING = {
     "original_max_position_embeddings": 64,
 }
 ATOL = 1e-4
-_DELETE = object()  # marker for _edit_config: remove the key
+DELETE = object()  # marker for edit_config: remove the key
 
 # --------------------------------------------------------------------------------------------
 # helpers
 
 
-def _tokenizer() -> Any:
+def tiny_tokenizer() -> Any:
     """A byte-level BPE tokenizer with no merges: token id == byte value (vocab 256).
 
     Byte-level is what transformers 5 accepts for every family: AutoTokenizer picks the class from
@@ -66,7 +66,7 @@ def _tokenizer() -> Any:
 
 
 
-def _to_legacy_config(folder: Path) -> None:
+def to_legacy_config(folder: Path) -> None:
     """Rewrite config.json the way transformers 4.x (and most Hub checkpoints) store RoPE:
     top-level ``rope_theta`` and ``rope_scaling`` instead of ``rope_parameters``."""
     path = folder / "config.json"
@@ -78,7 +78,7 @@ def _to_legacy_config(folder: Path) -> None:
     path.write_text(json.dumps(cfg, indent=2))
 
 
-def _build(family: str, overrides: dict[str, Any], folder: Path, tokenizer: Any, *,
+def build_tiny(family: str, overrides: dict[str, Any], folder: Path, tokenizer: Any, *,
            legacy: bool = False, seed: int = 0) -> torch.nn.Module:
     """Save a random-weight transformers model (+ tokenizer) to ``folder``; return it (eval)."""
     from transformers import (
@@ -114,33 +114,33 @@ def _build(family: str, overrides: dict[str, Any], folder: Path, tokenizer: Any,
     model.save_pretrained(str(folder), safe_serialization=True)
     tokenizer.save_pretrained(str(folder))
     if legacy:
-        _to_legacy_config(folder)
+        to_legacy_config(folder)
     return model
 
 
-def _edit_config(folder: Path, **changes: Any) -> None:
+def edit_config(folder: Path, **changes: Any) -> None:
     path = folder / "config.json"
     cfg = json.loads(path.read_text())
     for key, value in changes.items():
-        if value is _DELETE:
+        if value is DELETE:
             cfg.pop(key)
         else:
             cfg[key] = value
     path.write_text(json.dumps(cfg))
 
 
-def _prompt_ids(n: int, seed: int) -> list[int]:
+def prompt_ids(n: int, seed: int) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(3, VOCAB, (n,), generator=g).tolist()
 
 
-def _prompt_text(n: int, seed: int) -> str:
+def prompt_text(n: int, seed: int) -> str:
     """``n`` random printable ASCII characters (``n`` tokens for the byte-level tokenizer)."""
     g = torch.Generator().manual_seed(seed)
     return "".join(chr(c) for c in torch.randint(32, 127, (n,), generator=g).tolist())
 
 
-def _runner(lm: LoadedModel, capacity: int = 256, max_reqs: int = 4) -> ModelRunner:
+def tiny_runner(lm: LoadedModel, capacity: int = 256, max_reqs: int = 4) -> ModelRunner:
     mc = lm.config
     pool = KVPool(capacity=capacity, num_layers=mc.num_layers, num_kv_heads=mc.num_kv_heads,
                   head_dim=mc.head_dim, dtype=torch.float32)
@@ -148,21 +148,21 @@ def _runner(lm: LoadedModel, capacity: int = 256, max_reqs: int = 4) -> ModelRun
     return ModelRunner(lm.model, pool, table)
 
 
-def _all_logits(lm: LoadedModel, ids: list[int]) -> torch.Tensor:
+def all_logits(lm: LoadedModel, ids: list[int]) -> torch.Tensor:
     """Our logits for every position of ``ids``, run as one fresh prefill."""
-    runner = _runner(lm)
+    runner = tiny_runner(lm)
     runner.req_to_token.write(0, 0, runner.pool.alloc(len(ids)))
     batch = runner.build_batch([BatchEntry(0, 0, ids)])
     batch.logit_rows = torch.arange(len(ids))
     return runner.model(batch, runner.attn)
 
 
-def _hf_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
+def hf_logits(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0].float()
 
 
-def _assert_human_message(exc: BaseException) -> str:
+def assert_human_message(exc: BaseException) -> str:
     msg = str(exc)
     assert msg.strip(), "empty error message"
     assert "Traceback" not in msg

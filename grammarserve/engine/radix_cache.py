@@ -59,10 +59,6 @@ class RadixCache:
         self.locked_tokens = 0  # of those, on a path locked by a running request
         self.evicted_tokens = 0  # counter
 
-    @property
-    def evictable_tokens(self) -> int:
-        return self.total_tokens - self.locked_tokens
-
     def root(self, namespace: str = DEFAULT_NAMESPACE) -> TreeNode:
         node = self.roots.get(namespace)
         if node is None:

@@ -24,7 +24,6 @@ from grammarserve_kernels import (
     sample_tokens,
     stream_keys,
 )
-from grammarserve_kernels.sample_ref import disallowed_mask
 
 from grammarserve.sampling_params import SamplingParams
 
@@ -65,11 +64,6 @@ class SampleOutput:
     top: list[list[TopEntry]] = field(default_factory=list)
 
 
-def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
-    """int32 ``[B, ceil(V/32)]`` (bit set = allowed) -> bool ``[B, V]``."""
-    return ~disallowed_mask(bitmask, vocab)
-
-
 def _filtered(p: SamplingParams, vocab: int) -> bool:
     return not p.greedy and (0 < p.top_k < vocab or p.top_p < 1.0 or p.min_p > 0.0)
 
@@ -79,13 +73,6 @@ def _filter_args(params: list[SamplingParams],
     return (torch.tensor([p.top_k for p in params], dtype=torch.int64, device=device),
             torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
             torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device))
-
-
-def process_logits(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
-    """Apply temperature, top-k, top-p and min-p to one row ``[V]``; returns log-probs."""
-    temperature = torch.tensor([p.temperature], dtype=torch.float32, device=logits.device)
-    y = masked_scaled_logits(logits[None], None, temperature)
-    return torch.log_softmax(filter_logits(y, *_filter_args([p], logits.device))[0], dim=-1)
 
 
 def _controls(params: list[SamplingParams], history: Sequence[History] | None, vocab: int,

@@ -29,7 +29,3 @@ class EngineStats:
     grammar_cache_hits: int = 0
     grammar_cache_misses: int = 0
     grammar_compile_s: float = 0.0
-
-    @property
-    def kv_used(self) -> int:
-        return self.kv_capacity - self.kv_free

@@ -128,12 +128,3 @@ def _write_cache(file: Path, packed: dict[str, QuantWeight]) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
 
-
-def quant_summary(model: LlamaModel) -> dict[str, Any]:
-    """How many linears carry blocks, and the bytes a skinny product streams with and without."""
-    linears = [m for m in model.modules() if isinstance(m, Linear)]
-    blocks = [m.quant for m in linears if m.quant is not None]
-    return {"linears": len(linears), "quantized": len(blocks),
-            "fp32_bytes": sum(m.weight.numel() * 4 for m in linears),
-            "quant_bytes": sum(q.nbytes() for q in blocks)
-            + sum(m.weight.numel() * 4 for m in linears if m.quant is None)}
