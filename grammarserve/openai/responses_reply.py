@@ -1,0 +1,228 @@
+"""``POST /v1/responses`` replies: the ``response`` object of a finished request, and the typed
+events of a streamed one (``response.created``, ``response.output_item.added``,
+``response.output_text.delta``, ``response.function_call_arguments.delta`` / ``.done``,
+``response.completed``, ...), in the shapes the ``openai`` SDK parses."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+from grammarserve.engine.request import RequestOutput
+from grammarserve.openai import bodies as B
+from grammarserve.openai.context import ModelContext
+from grammarserve.openai.prepare import Prepared
+from grammarserve.openai.replies import OnUsage, Outputs
+from grammarserve.openai.responses_request import ResponsesRequest
+from grammarserve.openai.toolparse import (
+    ContentDelta,
+    Event,
+    ParsedCall,
+    ToolCallArgs,
+    ToolCallStart,
+)
+from grammarserve.openai.toolparse_array import make_parser, parse_calls
+
+
+def _item_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
+    """A chat ``usage`` in the Responses shape (input / output tokens)."""
+    return {"input_tokens": chat_usage["prompt_tokens"],
+            "input_tokens_details": {
+                "cached_tokens": chat_usage["prompt_tokens_details"]["cached_tokens"],
+                "cache_write_tokens": 0},
+            "output_tokens": chat_usage["completion_tokens"],
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": chat_usage["total_tokens"]}
+
+
+def response_object(ctx: ModelContext, req: ResponsesRequest, prep: Prepared, *, status: str,
+                    output: list[dict[str, Any]], created_at: int,
+                    usage_: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``response`` object (``status``: in_progress, completed or incomplete)."""
+    fmt = req.text.format if req.text is not None else None
+    tool_choice: Any = req.tool_choice or "auto"
+    return {
+        "id": prep.id, "object": "response", "created_at": created_at, "status": status,
+        "background": False,
+        "completed_at": int(time.time()) if status == "completed" else None,
+        "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+        "max_tool_calls": None, "model": ctx.model_name, "output": output,
+        "parallel_tool_calls": req.parallel_tool_calls is not False,
+        "previous_response_id": None, "reasoning": {"effort": None, "summary": None},
+        "store": False,
+        "temperature": 1.0 if req.temperature is None else req.temperature,
+        "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt is not None
+                 else {"type": "text"}},
+        "tool_choice": tool_choice if isinstance(tool_choice, str)
+        else tool_choice.model_dump(exclude_none=True),
+        "tools": [t.model_dump(exclude_none=True) for t in req.tools or []],
+        "top_p": 1.0 if req.top_p is None else req.top_p, "truncation": "disabled",
+        "usage": usage_, "user": req.user, "metadata": req.metadata or {}}
+
+
+def _message(item_id: str, text: str, status: str) -> dict[str, Any]:
+    return {"id": item_id, "type": "message", "role": "assistant", "status": status,
+            "content": [_text_part(text)]}
+
+
+def _text_part(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+
+def _call(item_id: str, call_id: str, name: str, arguments: str, status: str
+          ) -> dict[str, Any]:
+    return {"id": item_id, "type": "function_call", "call_id": call_id, "name": name,
+            "arguments": arguments, "status": status}
+
+
+def _status(out: RequestOutput) -> str:
+    return "incomplete" if out.finish_reason == "length" else "completed"
+
+
+def response_body(ctx: ModelContext, req: ResponsesRequest, prep: Prepared,
+                  out: RequestOutput, created_at: int) -> dict[str, Any]:
+    """The ``response`` of a finished request (raises the typed error of a failed one)."""
+    prep.check_output(out)
+    content: str | None = out.text
+    calls: list[ParsedCall] = []
+    if prep.tools is not None:
+        content, calls = parse_calls(out.text, prep.tools.format)
+    status = _status(out)
+    output = []
+    if (content and content.strip()) or not calls:
+        output.append(_message(_item_id("msg"), content or "", status))
+    output += [_call(_item_id("fc"), c.id, c.name, c.arguments, "completed") for c in calls]
+    return response_object(ctx, req, prep, status=status, output=output, created_at=created_at,
+                           usage_=usage(B.final_usage([out])))
+
+
+class _EventStream:
+    """Numbers the events of one stream and keeps the output items as they grow."""
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.output: list[dict[str, Any]] = []
+        self.open: dict[str, Any] | None = None  # the item being written
+        self.pending = ""  # whitespace before any item (held: it may precede a call)
+
+    def event(self, type_: str, **fields: Any) -> dict[str, Any]:
+        ev = {"type": type_, "sequence_number": self.seq, **fields}
+        self.seq += 1
+        return ev
+
+    def add(self, item: dict[str, Any]) -> list[dict[str, Any]]:
+        self.open = item
+        self.output.append(item)
+        return [self.event("response.output_item.added", output_index=len(self.output) - 1,
+                           item=dict(item, content=[]) if item["type"] == "message" else
+                           dict(item))]
+
+    def text(self, delta: str, *, force: bool = False) -> list[dict[str, Any]]:
+        """Text of the reply; opens a message item at its first non-blank text (``force``:
+        even when blank)."""
+        events: list[dict[str, Any]] = []
+        if self.open is None or self.open["type"] != "message":
+            if not force and not (self.pending + delta).strip():
+                self.pending += delta
+                return []
+            events += self.close()
+            events += self.add(_message(_item_id("msg"), "", "in_progress"))
+            events.append(self._part_event("response.content_part.added", self.open, ""))
+            delta, self.pending = self.pending + delta, ""
+        item = self.open
+        assert item is not None
+        if delta:
+            item["content"][0]["text"] += delta
+            events.append(self.event("response.output_text.delta", item_id=item["id"],
+                                     output_index=len(self.output) - 1, content_index=0,
+                                     delta=delta, logprobs=[]))
+        return events
+
+    def _part_event(self, type_: str, item: dict[str, Any] | None, text: str
+                    ) -> dict[str, Any]:
+        assert item is not None
+        return self.event(type_, item_id=item["id"], output_index=len(self.output) - 1,
+                          content_index=0, part=_text_part(text))
+
+    def call(self, ev: ToolCallStart) -> list[dict[str, Any]]:
+        return self.close() + self.add(_call(_item_id("fc"), ev.id, ev.name, "", "in_progress"))
+
+    def arguments(self, delta: str) -> list[dict[str, Any]]:
+        assert self.open is not None and self.open["type"] == "function_call"
+        self.open["arguments"] += delta
+        return [self.event("response.function_call_arguments.delta", item_id=self.open["id"],
+                           output_index=len(self.output) - 1, delta=delta)]
+
+    def close(self, status: str = "completed") -> list[dict[str, Any]]:
+        """Finish the open item (its ``.done`` events)."""
+        item, self.open = self.open, None
+        if item is None:
+            return []
+        index = len(self.output) - 1
+        item["status"] = status
+        if item["type"] == "message":
+            text = item["content"][0]["text"]
+            events = [self.event("response.output_text.done", item_id=item["id"],
+                                 output_index=index, content_index=0, text=text, logprobs=[]),
+                      self._part_event("response.content_part.done", item, text)]
+        else:
+            events = [self.event("response.function_call_arguments.done", item_id=item["id"],
+                                 output_index=index, name=item["name"],
+                                 arguments=item["arguments"])]
+        return [*events, self.event("response.output_item.done", output_index=index,
+                                    item=dict(item))]
+
+
+async def response_events(ctx: ModelContext, req: ResponsesRequest, prep: Prepared,
+                          outputs: Outputs, on_usage: OnUsage | None = None
+                          ) -> AsyncIterator[dict[str, Any]]:
+    """The typed events of a streamed response (the caller frames them as SSE)."""
+    created = int(time.time())
+    s = _EventStream()
+    start = response_object(ctx, req, prep, status="in_progress", output=[], created_at=created)
+    yield s.event("response.created", response=start)
+    yield s.event("response.in_progress", response=start)
+    parser = make_parser(prep.tools.format) if prep.tools is not None else None
+    final: RequestOutput | None = None
+    async with aclosing(outputs) as it:  # type: ignore[type-var]
+        async for _, out in it:
+            if parser is None:
+                events: list[Event] = [ContentDelta(out.delta_text)] if out.delta_text else []
+            else:
+                events = parser.feed(out.delta_text) + (parser.finish() if out.finished else [])
+            for ev in events:
+                if isinstance(ev, ContentDelta):
+                    for e in s.text(ev.text):
+                        yield e
+                elif isinstance(ev, ToolCallStart):
+                    for e in s.call(ev):
+                        yield e
+                elif isinstance(ev, ToolCallArgs):
+                    for e in s.arguments(ev.text):
+                        yield e
+            if out.finished:
+                final = out
+    assert final is not None
+    status = _status(final)
+    if not s.output:  # a blank reply is one message, as when not streamed
+        for e in s.text("", force=True):
+            yield e
+    is_message = s.open is not None and s.open["type"] == "message"
+    for e in s.close(status if is_message else "completed"):
+        yield e
+    chat_usage = B.final_usage([final])
+    if on_usage is not None:
+        on_usage(chat_usage)
+    done = response_object(ctx, req, prep, status=status, output=s.output, created_at=created,
+                           usage_=usage(chat_usage))
+    yield s.event("response.completed" if status == "completed" else "response.incomplete",
+                  response=done)
