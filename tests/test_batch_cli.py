@@ -11,10 +11,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import requires_model
 from test_batch_server import check_output, schema_line
 
-pytestmark = [requires_model, pytest.mark.model]
+pytestmark = pytest.mark.model
 
 ROOT = Path(__file__).resolve().parent.parent
 

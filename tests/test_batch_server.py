@@ -19,9 +19,8 @@ from typing import Any, Final
 import jsonschema
 import openai
 import pytest
-from conftest import requires_model
 
-pytestmark = [requires_model, pytest.mark.model]
+pytestmark = pytest.mark.model
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAT: Final = "/v1/chat/completions"

@@ -12,11 +12,10 @@ from typing import Any, Literal
 import instructor
 import openai
 import pytest
-from conftest import requires_model
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel
 
-pytestmark = [requires_model, pytest.mark.model]
+pytestmark = pytest.mark.model
 
 MAX_TOKENS = 200
 ASK = "Invent a city in France."

@@ -30,14 +30,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import requires_model
 from hypothesis import HealthCheck, Phase, given, settings
 
 schemathesis = pytest.importorskip("schemathesis")
 from schemathesis.checks import not_a_server_error
 from schemathesis.generation import GenerationMode
 
-pytestmark = [requires_model, pytest.mark.model]
+pytestmark = pytest.mark.model
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = int(os.environ.get("GRAMMARSERVE_FUZZ_EXAMPLES", "6"))

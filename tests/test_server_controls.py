@@ -8,7 +8,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import requires_model
 
 from grammarserve.engine.request import RequestOutput
 from grammarserve.errors import InvalidRequestError
@@ -120,7 +119,6 @@ def test_streamed_chat_logprobs_slice_the_top_lists(byte_tokenizer: Any) -> None
 
 
 # -- end to end on the embedded model (the protocol layer every path uses) ----------------------
-@requires_model
 @pytest.mark.model
 def test_logit_bias_and_top_logprobs_on_the_embedded_model(llm: LLM) -> None:
     ctx = ModelContext.create(llm.tokenizer, None, max_model_len=2048, max_n=4, model_name="m")

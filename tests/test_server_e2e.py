@@ -21,13 +21,12 @@ from typing import Any, Literal
 import jsonschema
 import openai
 import pytest
-from conftest import requires_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, Field
 from server_helpers import ROOT, http_get, http_post
 
-pytestmark = [requires_model, pytest.mark.model]
+pytestmark = pytest.mark.model
 
 #: Schemas of schemas/ checked end to end (half response_format, half tool calls); the
 #: acceptance run uses 20: GRAMMARSERVE_E2E_SCHEMAS=20 pytest tests/test_server_e2e.py

@@ -9,7 +9,6 @@ import random
 from typing import Any
 
 import pytest
-from conftest import requires_model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai.lib.streaming.chat import ChatCompletionStreamState
@@ -280,19 +279,7 @@ def test_message_content_errors() -> None:
     assert e.value.param == "messages"
 
 
-@pytest.fixture(scope="module")
-def tokenizer():  # type: ignore[no-untyped-def]
-    from conftest import _have_default_model
-    if not _have_default_model():
-        pytest.skip("embedded model not installed")
-    from transformers import AutoTokenizer
-
-    from grammarserve.models.loader import resolve_model_folder
-
-    return AutoTokenizer.from_pretrained(str(resolve_model_folder("default")))
-
-
-@requires_model
+@pytest.mark.model
 def test_render_chat_with_tools_through_the_template(tokenizer) -> None:  # type: ignore[no-untyped-def]
     msgs = [ChatMessage.model_validate(m) for m in HISTORY]
     text = render_chat(tokenizer, msgs, tools=[WEATHER], tool_choice="required")
@@ -303,7 +290,7 @@ def test_render_chat_with_tools_through_the_template(tokenizer) -> None:  # type
     assert "# Tools" not in plain and "You are a helpful AI assistant" in plain
 
 
-@requires_model
+@pytest.mark.model
 def test_token_texts_give_exact_bytes(tokenizer) -> None:  # type: ignore[no-untyped-def]
     texts = TokenTexts(tokenizer)
     ids = tokenizer.encode("héllo wörld ✓", add_special_tokens=False)

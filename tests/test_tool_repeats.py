@@ -8,7 +8,6 @@ import json
 from typing import Any
 
 import pytest
-from conftest import requires_model
 
 from grammarserve.constraints import Constraint
 from grammarserve.engine.detokenizer import IncrementalDetokenizer
@@ -146,7 +145,6 @@ def engine(smollm: Any) -> Any:
                                tool_call_dedupe=True), loaded=smollm)
 
 
-@requires_model
 @pytest.mark.model
 @pytest.mark.parametrize("fmt", ["hermes", "json_array"])
 def test_required_parallel_request_ends_without_duplicates(engine: Any, fmt: str) -> None:
