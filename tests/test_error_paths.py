@@ -1,0 +1,166 @@
+"""One bad request, one answer: each kind of bad input goes through the HTTP server, the
+``/v1/batches`` worker and the offline ``grammarserve batch`` runner, and gets the same status and
+the same error body on all three (they share the protocol layer, :mod:`grammarserve.openai`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+from conftest import requires_model
+from server_helpers import ROOT, http_post, running_server
+
+from grammarserve.errors import ErrorKind, GrammarError, RequestFailedError
+from grammarserve.openai.errors import STATUS, error_response
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+ASK = [{"role": "user", "content": "Answer in JSON."}]
+BAD_SCHEMA = {"type": "object", "properties": {"a": {"type": "strin"}}}
+# NOTE: one grammar backend on every path (with "auto" the one ready first enforces the regex, and
+# the two word errors differently).
+SERVER_ARGS = ("--kv-cache-tokens", "16384", "--max-n", "4", "--num-threads", "1",
+               "--grammar-backend", "llguidance")
+
+
+def _chat(**fields: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": ASK, "max_tokens": 8, "temperature": 0, **fields}
+
+
+def _completion(**fields: Any) -> dict[str, Any]:
+    return {"model": "m", "prompt": "x", "max_tokens": 8, "temperature": 0, **fields}
+
+
+def _schema(schema: dict[str, Any], strict: bool = False) -> dict[str, Any]:
+    return {"type": "json_schema", "json_schema": {"name": "s", "strict": strict,
+                                                   "schema": schema}}
+
+
+def _tool(parameters: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": "f", "parameters": parameters}}
+
+
+#: name -> (url, body, expected param): every one is a 400 for the client to fix.
+CASES: dict[str, tuple[str, dict[str, Any], str | None]] = {
+    "schema_keyword": (CHAT, _chat(response_format=_schema(BAD_SCHEMA)), "response_format"),
+    "unsupported_keyword": (CHAT, _chat(response_format=_schema({"not": {"type": "string"}})),
+                            "response_format"),
+    "strict_rules": (CHAT, _chat(response_format=_schema(
+        {"type": "object", "properties": {"a": {"type": "string"}}}, strict=True)),
+        "response_format"),
+    "regex_syntax": (COMPLETIONS, _completion(regex="(unclosed"), "regex"),
+    "parameter_range": (CHAT, _chat(temperature=5), "temperature"),
+    "parameter_type": (COMPLETIONS, _completion(max_tokens="many"), "max_tokens"),
+    "n_above_limit": (CHAT, _chat(n=9), "n"),
+    "logit_bias_key": (CHAT, _chat(logit_bias={"abc": 1}), "logit_bias"),
+    "foreign_field": (CHAT, _chat(guided_json={"type": "object"}), "guided_json"),
+    "prompt_too_long": (CHAT, _chat(max_tokens=10**6), "messages"),
+    "tool_parameters": (CHAT, _chat(tools=[_tool(BAD_SCHEMA)], tool_choice="required"),
+                        "tools[0].function.parameters"),
+    "tool_choice_name": (CHAT, _chat(tools=[_tool({"type": "object"})], tool_choice={
+        "type": "function", "function": {"name": "g"}}), "tool_choice"),
+    # the regex needs a character whose bytes have no token: it compiles, then the engine finds
+    # no token to continue with (a dead end reported by the engine, not by validation)
+    "constraint_dead_end": (COMPLETIONS, _completion(regex="\U00092361"), "regex"),
+}
+
+
+def _line(name: str) -> str:
+    url, body, _ = CASES[name]
+    return json.dumps({"custom_id": name, "method": "POST", "url": url, "body": body})
+
+
+def _results(error_file: str) -> dict[str, tuple[int, dict[str, Any]]]:
+    out = {}
+    for raw in error_file.splitlines():
+        rec = json.loads(raw)
+        out[rec["custom_id"]] = (rec["response"]["status_code"], rec["response"]["body"])
+    return out
+
+
+def test_the_table_covers_every_kind() -> None:
+    assert set(STATUS) == set(ErrorKind)
+    assert error_response(RequestFailedError("the constraint cannot be completed", param="regex",
+                                             kind=ErrorKind.CONSTRAINT_DEAD_END)) == (
+        400, {"error": {"message": "the constraint cannot be completed",
+                        "type": "invalid_request_error", "param": "regex", "code": None}})
+    assert error_response(GrammarError("bad"))[0] == 400
+    assert error_response(RequestFailedError("bug"))[0] == 500
+    assert error_response(KeyError("x"))[1]["error"]["message"] == (
+        "internal server error: KeyError")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("error_paths")
+    with running_server(tmp / "server.log", *SERVER_ARGS, "--data-dir", str(tmp / "data")) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def over_http(server: dict[str, Any]) -> dict[str, tuple[int, dict[str, Any]]]:
+    return {name: http_post(server["url"] + url, body) for name, (url, body, _) in CASES.items()}
+
+
+@pytest.fixture(scope="module")
+def batches_worker(server: dict[str, Any]) -> dict[str, tuple[int, dict[str, Any]]]:
+    client = openai.OpenAI(base_url=server["url"] + "/v1", api_key="none", max_retries=0)
+    results: dict[str, tuple[int, dict[str, Any]]] = {}
+    for url in (CHAT, COMPLETIONS):  # a batch has one endpoint
+        lines = "\n".join(_line(n) for n, case in CASES.items() if case[0] == url) + "\n"
+        upload = client.files.create(file=("in.jsonl", lines.encode()), purpose="batch")
+        batch = client.batches.create(input_file_id=upload.id, endpoint=url,  # type: ignore[arg-type]
+                                      completion_window="24h")
+        while batch.status not in ("completed", "failed", "cancelled", "expired"):
+            time.sleep(0.2)  # every line is refused or dies early; the worker is never idle long
+            batch = client.batches.retrieve(batch.id)
+        assert batch.status == "completed" and batch.error_file_id, batch
+        results.update(_results(client.files.content(batch.error_file_id).text))
+    return results
+
+
+@pytest.fixture(scope="module")
+def offline_runner(tmp_path_factory: pytest.TempPathFactory,
+                   over_http: dict[str, Any]) -> dict[str, tuple[int, dict[str, Any]]]:
+    tmp = tmp_path_factory.mktemp("offline")
+    inp, out, err = tmp / "in.jsonl", tmp / "out.jsonl", tmp / "err.jsonl"
+    inp.write_text("\n".join(_line(n) for n in CASES) + "\n")
+    run = subprocess.run([sys.executable, "-m", "grammarserve.cli", "batch", str(inp), "-o",
+                          str(out), "--errors", str(err), "--max-n", "4", "--no-progress",
+                          *SERVER_ARGS], cwd=ROOT, capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    assert not out.exists() or not out.read_text().strip()  # every line failed
+    return _results(err.read_text())
+
+
+@requires_model
+@pytest.mark.model
+@pytest.mark.parametrize("name", list(CASES))
+def test_same_status_and_body_on_every_path(
+        name: str, over_http: dict[str, tuple[int, dict[str, Any]]],
+        batches_worker: dict[str, tuple[int, dict[str, Any]]],
+        offline_runner: dict[str, tuple[int, dict[str, Any]]]) -> None:
+    status, body = over_http[name]
+    assert status == 400, body
+    error = body["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == CASES[name][2], error
+    assert error["message"]
+    assert _stable(batches_worker[name]) == _stable((status, body))
+    assert _stable(offline_runner[name]) == _stable((status, body))
+
+
+def _stable(result: tuple[int, dict[str, Any]]) -> tuple[int, dict[str, Any]]:
+    """The result without the matcher's own words after "dead end:" (the backend words the same
+    dead end differently from one request to the next, even on one path: e.g. "byte '\\u{92}'
+    fails parse" or "forced bytes: got 'ò'"); every other message is compared whole."""
+    status, body = result
+    error = dict(body["error"])
+    error["message"] = error["message"].split("dead end:")[0]
+    return status, {"error": error}
+
