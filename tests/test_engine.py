@@ -82,13 +82,17 @@ def test_chunked_prefill_and_preemption_keep_greedy_output(smollm, llm: LLM,  # 
 
 def test_abort_frees_resources(llm: LLM, prompts: list[str]) -> None:
     eng = llm.engine
-    free_before = eng.runner.pool.num_free
+    aborted_before = eng.stats().aborted_requests
     eng.add_request("to-abort", prompts[0], SamplingParams(max_tokens=100, temperature=0))
     eng.step()
     eng.abort("to-abort")
+    eng.abort("to-abort")  # twice: still one abort
     outs = eng.step()
     assert [o.finish_reason for o in outs if o.request_id == "to-abort"] == ["abort"]
-    assert not eng.has_unfinished() and eng.runner.pool.num_free == free_before
+    st = eng.stats()  # every KV slot is free or owned by the radix cache: nothing leaked
+    assert not eng.has_unfinished() and st.kv_free + st.kv_cached == st.kv_capacity
+    eng.abort("to-abort")  # finished: nothing to abort
+    assert eng.stats().aborted_requests == aborted_before + 1
 
 
 def test_bad_prompts_are_refused(llm: LLM) -> None:

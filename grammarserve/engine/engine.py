@@ -72,7 +72,7 @@ class Engine:
         self._done_early: list[Req] = []  # aborted, or failed before running
         self._arrivals = itertools.count()
         self._counters = dict(prompt_tokens=0, cached_prompt_tokens=0, generated_tokens=0,
-                              finished_requests=0, forward_passes=0)
+                              finished_requests=0, aborted_requests=0, forward_passes=0)
         log.info("KV pool: %d tokens x %d B/token = %.1f MiB (%s); process RSS %.0f MiB",
                  capacity, self.kv_bytes_per_token, capacity * self.kv_bytes_per_token / 2**20,
                  pool.dtype, process_rss_bytes() / 2**20)
@@ -126,6 +126,7 @@ class Engine:
         req = self.requests.get(request_id)
         if req is not None and not req.finished:
             req.finish_reason = "abort"
+            self._counters["aborted_requests"] += 1
             if req in self._compiling:
                 self._compiling.remove(req)
             self.scheduler.finish(req)

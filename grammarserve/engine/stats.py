@@ -22,6 +22,7 @@ class EngineStats:
     preemptions: int
     forward_passes: int
     constrained_requests: int = 0
+    aborted_requests: int = 0  # stopped by Engine.abort (a client disconnect, a cancel)
     grammar_errors: int = 0  # constraints that failed to compile or reached a dead end
     jump_forward_tokens: int = 0  # output tokens fed without their own decode step
     mask_fill_s: float = 0.0  # time spent filling bitmasks (overlapped with the forward)
