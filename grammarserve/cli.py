@@ -58,6 +58,11 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gguf-blocks", default=EngineConfig.gguf_blocks,
                    action=argparse.BooleanOptionalAction,
                    help="CPU decode matmuls on the GGUF's own Q4_1/Q8_0 blocks (AVX2 kernel)")
+    p.add_argument("--quant-activations", default=EngineConfig.quant_activations,
+                   choices=["int8x2", "int8", "fp32"],
+                   help="activations of those matmuls: int8 blocks plus their int8 residual "
+                        "(int8x2, default), one int8 level (int8: faster, less exact) or fp32 "
+                        "(exact); integer kernels dispatched for AVX2/AVX-512/VNNI")
     p.add_argument("--prefix-cache", default=EngineConfig.enable_prefix_cache,
                    action=argparse.BooleanOptionalAction, help="radix prefix cache on/off")
 
@@ -112,7 +117,8 @@ def _config(args: argparse.Namespace) -> EngineConfig:
                         grammar_open_schemas=args.open_schemas,
                         enable_jump_forward=args.jump_forward, num_threads=args.num_threads,
                         tool_call_format=args.tool_call_format,
-                        tool_call_dedupe=args.tool_call_dedupe, gguf_blocks=args.gguf_blocks)
+                        tool_call_dedupe=args.tool_call_dedupe, gguf_blocks=args.gguf_blocks,
+                        quant_activations=args.quant_activations)
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -79,6 +79,13 @@ class EngineConfig:
         For a GGUF model in fp32 on an AVX2 CPU, run decode-sized matmuls (at most
         ``QUANT_ROWS`` rows) on the GGUF's own Q4_1/Q8_0 blocks with the C++ kernel in
         ``kernels/quant_cpu.cpp``: the same weights, 4-6x fewer bytes streamed per step.
+    quant_activations:
+        How those matmuls treat the activations, for batches of up to ``Q8_ROWS`` rows:
+        ``"int8x2"`` (default) quantizes each block of 32 to int8 and its residual to int8 again
+        and runs integer dot products (``kernels/quant_q8_cpu.cpp``, AVX2 / AVX-512 / AVX-512
+        VNNI picked at run time; ~2e-5 relative error per product); ``"int8"`` one level only
+        (llama.cpp's Q8 activations: faster, ~5e-3, greedy replies can change); ``"fp32"`` the
+        exact product with the dequantized weight (``kernels/quant_cpu.cpp``).
     enable_jump_forward:
         Feed the tokens a constraint forces (keys, punctuation, enum tails) in the next forward
         instead of decoding them one step each (requests can opt out with
@@ -107,6 +114,7 @@ class EngineConfig:
     tool_call_format: Literal["hermes", "json_array"] = "json_array"
     tool_call_dedupe: bool = True
     gguf_blocks: bool = True
+    quant_activations: Literal["int8x2", "int8", "fp32"] = "int8x2"
 
     def __post_init__(self) -> None:
         for name in ("dtype", "kv_dtype"):
@@ -131,6 +139,9 @@ class EngineConfig:
             raise InvalidRequestError(f"grammar_json_style must be auto, compact, spaced, "
                                       f"indented or flexible, got {self.grammar_json_style!r}",
                                       param="grammar_json_style")
+        if self.quant_activations not in ("int8x2", "int8", "fp32"):
+            raise InvalidRequestError(f"quant_activations must be int8x2, int8 or fp32, got "
+                                      f"{self.quant_activations!r}", param="quant_activations")
         if self.tool_call_format not in ("hermes", "json_array"):
             raise InvalidRequestError(f"tool_call_format must be hermes or json_array, got "
                                       f"{self.tool_call_format!r}", param="tool_call_format")

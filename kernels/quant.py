@@ -11,15 +11,14 @@ reference product.
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import os
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from grammarserve_kernels.cpu_build import build_and_open
 
 _SOURCE = Path(__file__).with_name("quant_cpu.cpp")
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
@@ -114,13 +113,6 @@ def quant_kernel_error() -> str | None:
     return _lib_error
 
 
-def _cache_dir() -> Path:
-    if env := os.environ.get("GRAMMARSERVE_CACHE"):
-        return Path(env) / "kernels"
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "grammarserve" / "kernels"
-
-
 def _load() -> ctypes.CDLL | None:
     global _lib, _lib_error
     if _lib is not None or _lib_error is not None:
@@ -133,30 +125,13 @@ def _load() -> ctypes.CDLL | None:
         return None
     try:
         _lib = _build_and_open()
-    except (OSError, subprocess.SubprocessError) as e:
+    except OSError as e:
         _lib_error = f"cannot build {_SOURCE.name}: {' '.join(str(e).split())[:300]}"
     return _lib
 
 
 def _build_and_open() -> ctypes.CDLL:
-    source = _SOURCE.read_bytes()
-    tag = hashlib.sha256(source + " ".join(_FLAGS).encode()).hexdigest()[:16]
-    target = _cache_dir() / f"quant_cpu-{tag}.so"
-    if not target.is_file():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        cxx = os.environ.get("CXX", "c++")
-        fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-        os.close(fd)
-        try:
-            subprocess.run([cxx, *_FLAGS, str(_SOURCE), "-o", tmp], check=True,
-                           capture_output=True, timeout=300)
-            os.replace(tmp, target)  # atomic: concurrent builders leave one complete file
-        except subprocess.CalledProcessError as e:
-            raise OSError(e.stderr.decode(errors="replace")[-300:]) from None
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-    lib = ctypes.CDLL(str(target))
+    lib = build_and_open(_SOURCE, _FLAGS)
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.gs_q4_1_gemm.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, i32]
     lib.gs_q4_1_gemm.restype = None

@@ -23,29 +23,16 @@ from grammarserve_kernels.quant import (
 )
 
 from grammarserve.models.linear import QUANT_ROWS, Linear
+from quant_helpers import random_blocks
 
 can_build = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and bool(
     shutil.which("c++"))
 needs_kernel = pytest.mark.skipif(not can_build, reason="needs an AVX2 CPU and a C++ compiler")
 
 
-def _random_blocks(kind: str, n: int, k: int, seed: int = 0) -> np.ndarray:
-    """Random GGUF block bytes ``[n, k/32 * size]`` with finite fp16 scales."""
-    rng = np.random.default_rng(seed)
-    nb = k // 32
-    if kind == "Q4_1":
-        head = np.stack([rng.uniform(0.001, 0.05, (n, nb)), rng.uniform(-0.4, 0.0, (n, nb))], -1)
-        quants = rng.integers(0, 256, (n, nb, 16), dtype=np.uint8)
-    else:
-        head = rng.uniform(0.001, 0.05, (n, nb, 1))
-        quants = rng.integers(-128, 128, (n, nb, 32), dtype=np.int8).view(np.uint8)
-    scales = head.astype(np.float16).view(np.uint8).reshape(n, nb, -1)
-    return np.concatenate([scales, quants], axis=2).reshape(n, -1)
-
-
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
 def test_pack_and_dequantize_equal_gguf(kind: str) -> None:
-    raw = _random_blocks(kind, 24, 96)
+    raw = random_blocks(kind, 24, 96)
     w = pack_gguf_blocks(kind, raw)
     ref = gguf_dequantize(raw, GGMLQuantizationType[kind]).astype(np.float32).reshape(24, 96)
     assert w.shape == (24, 96)
@@ -63,7 +50,7 @@ def test_pack_rejects_bad_blocks() -> None:
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
 @pytest.mark.parametrize("k", [32, 576, 1536])  # 1536: the 4-row tiles (8 rows exceed L1)
 def test_kernel_matches_reference(kind: str, k: int) -> None:
-    w = pack_gguf_blocks(kind, _random_blocks(kind, 72, k, seed=k))
+    w = pack_gguf_blocks(kind, random_blocks(kind, 72, k, seed=k))
     gen = torch.Generator().manual_seed(k)
     for rows in [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17]:
         x = torch.randn(rows, k, generator=gen)
@@ -74,7 +61,7 @@ def test_kernel_matches_reference(kind: str, k: int) -> None:
 
 @needs_kernel
 def test_kernel_rejects_wrong_inputs() -> None:
-    w = pack_gguf_blocks("Q8_0", _random_blocks("Q8_0", 8, 64))
+    w = pack_gguf_blocks("Q8_0", random_blocks("Q8_0", 8, 64))
     with pytest.raises(ValueError, match=r"fp32 \[R, 64\]"):
         quant_matmul(torch.randn(2, 32), w)
     with pytest.raises(ValueError, match=r"fp32 \[R, 64\]"):
@@ -83,7 +70,7 @@ def test_kernel_rejects_wrong_inputs() -> None:
 
 @needs_kernel
 def test_linear_uses_blocks_only_for_skinny_batches() -> None:
-    w = pack_gguf_blocks("Q4_1", _random_blocks("Q4_1", 40, 64))
+    w = pack_gguf_blocks("Q4_1", random_blocks("Q4_1", 40, 64))
     lin = Linear(64, 40, bias=True)
     with torch.no_grad():
         lin.weight.copy_(dequantize(w))

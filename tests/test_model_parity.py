@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from greedy_helpers import assert_same_greedy
 
 from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
 from grammarserve.engine.model_runner import BatchEntry, ModelRunner
@@ -27,6 +28,17 @@ def hf_reference():  # type: ignore[no-untyped-def]
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
                                                  dtype=torch.float32)
     return model.eval()
+
+
+@pytest.fixture
+def fp32_activations(smollm):  # type: ignore[no-untyped-def]
+    """The exact fp32 kernels for one test (tests of attention paths compare to 1e-4, below the
+    int8x2 activations' ~2e-5 relative error per product compounded over 30 layers)."""
+    from grammarserve.models.quant_weights import set_quant_activations
+
+    set_quant_activations(smollm.model, "fp32")
+    yield
+    set_quant_activations(smollm.model, "int8x2")
 
 
 def _runner(smollm, capacity: int = 2048) -> ModelRunner:  # type: ignore[no-untyped-def]
@@ -58,8 +70,28 @@ def test_logits_match_transformers(smollm, hf_reference) -> None:  # type: ignor
     assert (ours - ref).abs().max().item() < 1e-3
 
 
-def test_skinny_steps_on_gguf_blocks_match_transformers(smollm, hf_reference) -> None:  # type: ignore[no-untyped-def]
+# Decode-path logits against transformers, per activation mode: (largest |difference| allowed,
+# whether every position's argmax must agree). Measured on this prompt (AMD EPYC, AVX-512 VNNI):
+# fp32 ~2e-4, int8x2 ~4e-3, int8 ~2 (llama.cpp's Q8 activations: near-ties may flip).
+SKINNY_TOLERANCE = {"fp32": (1e-3, True), "int8x2": (2e-2, True), "int8": (4.0, False)}
+
+
+@pytest.mark.parametrize("activations", list(SKINNY_TOLERANCE))
+def test_skinny_steps_on_gguf_blocks_match_transformers(smollm, hf_reference,
+                                                        activations: str) -> None:  # type: ignore[no-untyped-def]
     """Steps of at most QUANT_ROWS tokens run the linears on the GGUF blocks (the decode path)."""
+    from grammarserve.models.quant_weights import set_quant_activations
+
+    if set_quant_activations(smollm.model, activations) != activations:
+        set_quant_activations(smollm.model, "int8x2")
+        pytest.skip("the int8 kernel cannot be built here")
+    try:
+        _check_skinny_steps(smollm, hf_reference, *SKINNY_TOLERANCE[activations])
+    finally:
+        set_quant_activations(smollm.model, "int8x2")
+
+
+def _check_skinny_steps(smollm, hf_reference, tol: float, same_argmax: bool) -> None:  # type: ignore[no-untyped-def]
     from grammarserve.models.linear import QUANT_ROWS
 
     ids = _prompt_ids(smollm, 40)
@@ -71,8 +103,9 @@ def test_skinny_steps_on_gguf_blocks_match_transformers(smollm, hf_reference) ->
     for i in range(24 + QUANT_ROWS, 40):
         steps.append(_all_logits(runner, 0, i, ids[i:i + 1]))
     ours = torch.cat(steps)
-    assert (ours - ref[24:]).abs().max().item() < 1e-3
-    assert torch.equal(ours.argmax(-1), ref[24:].argmax(-1))
+    assert (ours - ref[24:]).abs().max().item() < tol
+    if same_argmax:
+        assert torch.equal(ours.argmax(-1), ref[24:].argmax(-1))
 
 
 def test_greedy_tokens_match_transformers(smollm, llm, hf_reference) -> None:  # type: ignore[no-untyped-def]
@@ -99,16 +132,14 @@ def test_ragged_batch_equals_alone(llm) -> None:  # type: ignore[no-untyped-def]
                  "Write one sentence about the moon and its phases as seen from Earth.", "Hi"]
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
                                        add_generation_prompt=True) for q in questions]
-    params = SamplingParams(max_tokens=24, temperature=0)
+    params = SamplingParams(max_tokens=24, temperature=0, top_logprobs=2)
     together = llm.generate(prompts, params)
     assert len({len(tok.encode(p)) for p in prompts}) == 4  # really different lengths
     for prompt, out in zip(prompts, together):
-        alone = llm.generate(prompt, params)[0]
-        assert out.token_ids == alone.token_ids
-        assert out.text == alone.text
+        assert_same_greedy(out, llm.generate(prompt, params)[0])  # up to fp32 near-ties
 
 
-def test_mixed_prefill_and_decode_in_one_forward(smollm) -> None:  # type: ignore[no-untyped-def]
+def test_mixed_prefill_and_decode_in_one_forward(smollm, fp32_activations) -> None:  # type: ignore[no-untyped-def]
     """One request decodes a token while another prefills on top of a cached prefix."""
     ids = _prompt_ids(smollm, 80)
     runner = _runner(smollm)
@@ -135,7 +166,7 @@ def _mirror_runner(smollm, mirror_tokens: int, *, max_context: int):  # type: ig
     return pool, table, attn, ModelRunner(smollm.model, pool, table, attn)
 
 
-def test_decode_kv_mirror_matches_pool_gather(smollm) -> None:  # type: ignore[no-untyped-def]
+def test_decode_kv_mirror_matches_pool_gather(smollm, fp32_activations) -> None:  # type: ignore[no-untyped-def]
     """The decode KV mirror (reused across steps, rebuilt on membership change, multi-token
     extends) gives the logits of gathering from the pool every step (up to rounding: short
     mirrored groups attend with batched matmuls, the gathered path with SDPA)."""
@@ -162,7 +193,7 @@ def test_decode_kv_mirror_matches_pool_gather(smollm) -> None:  # type: ignore[n
         assert torch.equal(a.argmax(-1), b.argmax(-1))
 
 
-def test_cascade_shared_prefix_matches_pool_gather(smollm) -> None:  # type: ignore[no-untyped-def]
+def test_cascade_shared_prefix_matches_pool_gather(smollm, fp32_activations) -> None:  # type: ignore[no-untyped-def]
     """Rows that share their prompt's KV slots (as the radix cache hands them out) decode with
     the shared prefix attended once (cascade.py); the logits equal gathering every row from the
     pool, across steady steps, a jump-forward span and a change of membership."""

@@ -10,7 +10,9 @@ CUDA always uses ``F.linear``.
 
 A linear may also carry its GGUF weight blocks (``quant``, set by
 :func:`grammarserve.models.quant_weights.attach_gguf_blocks`); batches of at most
-:data:`QUANT_ROWS` rows then run the AVX2 kernel on them instead of the fp32 weight.
+:data:`QUANT_ROWS` rows then run the AVX2 kernel on them instead of the fp32 weight; with
+``quant_x16`` (int8 activations, the default) batches of at most :data:`Q8_ROWS` rows run the
+integer kernel instead.
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from grammarserve_kernels.quant import QuantWeight, quant_matmul
+from grammarserve_kernels.quant_q8 import PackedWeight, quant_matmul_q8
 from torch import nn
 
 SKINNY_ROWS = 96  # at most this many rows take the W @ x.T path on CPU
 QUANT_ROWS = 24  # at most this many rows use the GGUF blocks (the crossover with BLAS is ~28)
+Q8_ROWS = 16  # ... and with int8 activations (decode steps and jump-forward spans)
 
 
 def _padded_rows(m: int) -> int:
@@ -36,9 +40,13 @@ class Linear(nn.Linear):
     """
 
     quant: QuantWeight | None = None
+    quant_x16: PackedWeight | None = None  # the same blocks for the int8-activation kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         m = x.shape[0]
+        if self.quant_x16 is not None and x.dim() == 2 and m <= Q8_ROWS and x.device.type == "cpu":
+            y = quant_matmul_q8(x, self.quant_x16)
+            return y if self.bias is None else y + self.bias
         if self.quant is not None and x.dim() == 2 and m <= QUANT_ROWS and x.device.type == "cpu":
             y = quant_matmul(x, self.quant)
             return y if self.bias is None else y + self.bias

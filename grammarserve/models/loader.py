@@ -86,11 +86,14 @@ def load_model(
     device: torch.device | str = "cpu",
     cache_dir: Path | None = None,
     gguf_blocks: bool = True,
+    quant_activations: str = "int8x2",
 ) -> LoadedModel:
     """Load ``spec`` (``default``, a HF folder or a GGUF file) onto ``device`` in ``dtype``.
 
     With ``gguf_blocks`` (and a GGUF source, fp32 on CPU, an AVX2 CPU) the linears also get the
-    GGUF's quantized blocks for decode batches (see :mod:`grammarserve.models.quant_weights`).
+    GGUF's quantized blocks for decode batches (see :mod:`grammarserve.models.quant_weights`);
+    ``quant_activations`` ("int8x2", "int8" or "fp32") picks how the kernels multiply them
+    (:func:`~grammarserve.models.quant_weights.set_quant_activations`).
     """
     folder = resolve_model_folder(spec, cache_dir)
     config = ModelConfig.from_folder(folder)
@@ -111,7 +114,7 @@ def load_model(
     model.inv_freq = inv_freq.to(device)
     model.eval()
     if gguf_blocks and (source := gguf_source(spec)) is not None:
-        attach_gguf_blocks(model, source, cache=folder)
+        attach_gguf_blocks(model, source, cache=folder, activations=quant_activations)
     return LoadedModel(model, config, tokenizer, folder, spec)
 
 

@@ -4,7 +4,9 @@ A model loaded from a GGUF holds fp32 weights dequantized from its blocks. Those
 other large batches use them with BLAS), and each linear whose GGUF tensors are all Q4_1 or all
 Q8_0 also gets a :class:`~grammarserve_kernels.quant.QuantWeight` of the same values, fused like
 the fp32 weight (q/k/v and gate/up concatenated, llama's Q/K row permutation undone). Decode steps
-are bound by the weight bytes they stream, and the blocks are 4-6x smaller.
+are bound by the weight bytes they stream, and the blocks are 4-6x smaller. With int8 activations
+(the default) each linear also holds the same blocks interleaved by 16 rows for the integer
+kernel (``kernels/quant_q8_cpu.cpp``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 from grammarserve_kernels.quant import QuantWeight, pack_gguf_blocks, quant_kernel_available
+from grammarserve_kernels.quant_q8 import cpu_isa, pack_x16
 
 from grammarserve.models.gguf_convert import read_gguf, unpermute_rows
 from grammarserve.models.linear import Linear
@@ -33,8 +36,11 @@ _FUSED = {  # our linear (per layer) -> the GGUF tensors whose rows it concatena
 }
 
 
-def attach_gguf_blocks(model: LlamaModel, gguf_path: Path, cache: Path | None = None) -> int:
+def attach_gguf_blocks(model: LlamaModel, gguf_path: Path, cache: Path | None = None,
+                       activations: str = "int8x2") -> int:
     """Attach quantized blocks from ``gguf_path`` to ``model``'s linears; returns how many.
+
+    ``activations`` is passed to :func:`set_quant_activations`.
 
     Does nothing (returns 0) where the kernel cannot run here or the model is not fp32 on CPU.
     Linears whose tensors are of other types (F16, K-quants, ...) keep the fp32 path only.
@@ -56,7 +62,26 @@ def attach_gguf_blocks(model: LlamaModel, gguf_path: Path, cache: Path | None = 
         if isinstance(linear, Linear) and q.shape == tuple(linear.weight.shape):
             linear.quant = q
             attached += 1
+    set_quant_activations(model, activations)
     return attached
+
+
+ACTIVATIONS = {"int8x2": 2, "int8": 1, "fp32": 0}  # -> int8 levels (0: the fp32 kernel)
+
+
+def set_quant_activations(model: LlamaModel, activations: str) -> str:
+    """Run ``model``'s quantized linears with ``activations``: ``"int8x2"`` (int8 plus the int8
+    residual: ~2e-5 relative error per product), ``"int8"`` (llama.cpp's Q8 activations, ~5e-3)
+    or ``"fp32"`` (exact). Returns the mode in use: ``"fp32"`` where the int8 kernel cannot be
+    built here."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got "
+                         f"{activations!r}")
+    levels = ACTIVATIONS[activations] if cpu_isa() is not None else 0
+    for module in model.modules():
+        if isinstance(module, Linear) and module.quant is not None:
+            module.quant_x16 = pack_x16(module.quant, levels=levels) if levels else None
+    return activations if levels else "fp32"
 
 
 def _pack_from_gguf(gguf_path: Path, num_layers: int) -> dict[str, QuantWeight]:

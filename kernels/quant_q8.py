@@ -1,0 +1,194 @@
+"""Quantized matmuls with int8 activations (``quant_q8_cpu.cpp``), dispatched per instruction set,
+and their torch reference.
+
+Each row's activations are quantized per block of 32 (scale ``amax / 127``, values
+``round(x * 127 / amax)``), as llama.cpp does for its Q8 blocks; the product of a block is then an
+integer dot product with the weight's GGUF integers. :func:`quant_matmul_q8_ref` computes the
+same quantized product in float64, so the kernel matches it to summation order.
+
+The source is built once per instruction set (see the table in ``quant_q8_cpu.cpp``) and the
+build is chosen at run time: :func:`cpu_isa` asks the CPU (cpuid) and the OS (XGETBV) through the
+AVX2 build, never ``-march=native``. ``GRAMMARSERVE_CPU_ISA`` (``avx2`` | ``avx512`` |
+``avx512vnni``) caps the choice, for tests and comparisons.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from grammarserve_kernels.cpu_build import build_and_open
+from grammarserve_kernels.quant import QuantWeight, dequantize
+
+ISAS = ("avx2", "avx512", "avx512vnni")  # in order: each needs the one before
+_SOURCE = Path(__file__).with_name("quant_q8_cpu.cpp")
+_COMMON = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-mavx2", "-mfma",
+           "-ffp-contract=off"]  # the residual x - d * q rounds as the torch reference does
+_ISA_FLAGS = {
+    "avx2": [],
+    "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"],
+    "avx512vnni": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni"],
+}
+TILE = 16  # weight rows per tile of the x16 layout
+_libs: dict[str, ctypes.CDLL] = {}
+_errors: dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A :class:`QuantWeight` in the x16 layout of ``quant_q8_cpu.cpp``: ``qs`` uint8
+    ``[tiles, blocks, groups, 64]`` (groups: 4 for Q4_1, 8 for Q8_0), ``d`` and ``m`` fp32
+    ``[tiles, blocks, 16]`` (``m`` empty for Q8_0); rows past ``n`` are zero padding."""
+
+    kind: str
+    n: int
+    k: int
+    qs: torch.Tensor
+    d: torch.Tensor
+    m: torch.Tensor
+    isa: str  # the build that multiplies it (see :func:`cpu_isa`)
+    levels: int = 2  # activation levels (see :func:`quant_matmul_q8`)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """``(N, K)`` of the dense weight."""
+        return self.n, self.k
+
+
+def pack_x16(w: QuantWeight, isa: str | None = None, levels: int = 2) -> PackedWeight:
+    """Interleave ``w``'s rows by tiles of 16 for :func:`quant_matmul_q8` on ``isa`` (default:
+    :func:`cpu_isa`; the kernel must be available) with ``levels`` activation levels."""
+    isa = isa or cpu_isa()
+    if isa is None:
+        raise RuntimeError(f"the int8 CPU kernel is unavailable: {kernel_error()}")
+    n, k = w.shape
+    nb, tiles = k // 32, -(-n // TILE)
+    pad = tiles * TILE - n
+
+    def tiled(t: torch.Tensor) -> torch.Tensor:  # [n, ...] -> [tiles, 16, ...] zero-padded
+        t = torch.cat([t, t.new_zeros(pad, *t.shape[1:])]) if pad else t
+        return t.view(tiles, TILE, *t.shape[1:])
+
+    groups = 4 if w.kind == "Q4_1" else 8
+    qs = tiled(w.qs.view(torch.uint8).reshape(n, nb, groups, 4))  # [T, 16, nb, G, 4]
+    qs = qs.permute(0, 2, 3, 1, 4).reshape(tiles, nb, groups, TILE * 4).contiguous()
+    d = tiled(w.d).permute(0, 2, 1).contiguous()
+    m = tiled(w.m).permute(0, 2, 1).contiguous() if w.kind == "Q4_1" else w.m
+    return PackedWeight(w.kind, n, k, qs, d, m, isa, levels)
+
+
+def cpu_isa() -> str | None:
+    """The widest instruction set of :data:`ISAS` this CPU and OS run (capped by
+    ``GRAMMARSERVE_CPU_ISA``), or None where not even AVX2 can run or the kernel cannot be built."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return None
+    base = _open("avx2")
+    if base is None:
+        return None
+    level = int(base.gs_cpu_level())
+    if level < 1:
+        return None
+    best = ISAS[level - 1]
+    cap = os.environ.get("GRAMMARSERVE_CPU_ISA")
+    if cap:
+        if cap not in ISAS:
+            raise ValueError(f"GRAMMARSERVE_CPU_ISA must be one of {', '.join(ISAS)}, got {cap!r}")
+        best = ISAS[min(ISAS.index(cap), ISAS.index(best))]
+    return best if _open(best) is not None else "avx2"
+
+
+def supported_isas() -> list[str]:
+    """Every instruction set of :data:`ISAS` this machine runs (for tests and benchmarks)."""
+    best = cpu_isa()
+    return [] if best is None else list(ISAS[:ISAS.index(best) + 1])
+
+
+def kernel_error(isa: str = "avx2") -> str | None:
+    """Why the ``isa`` build is unavailable, or None."""
+    _open(isa)
+    return _errors.get(isa)
+
+
+def quant_matmul_q8(x: torch.Tensor, w: PackedWeight, isa: str | None = None,
+                    levels: int | None = None) -> torch.Tensor:
+    """``x [R, K] @ w.T`` with int8 activations, on the ``isa`` build (default: ``w.isa``), with
+    ``levels`` (default: ``w.levels``):
+
+    ``levels=1``: one int8 level (llama.cpp's Q8 activations, ~0.5% relative error per product);
+    ``levels=2``: the int8 value plus its int8 residual (~0.002%), about 1.5x the work."""
+    levels = levels or w.levels
+    if levels not in (1, 2):
+        raise ValueError(f"levels must be 1 or 2, got {levels}")
+    isa = isa or w.isa
+    lib = _open(isa) if isa else None
+    if lib is None:
+        raise RuntimeError(f"the int8 CPU kernel is unavailable: {_errors.get(isa or 'avx2')}")
+    n, k = w.n, w.k
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != k or x.device.type != "cpu":
+        raise ValueError(f"x must be fp32 [R, {k}] on CPU, got {x.dtype} {tuple(x.shape)}")
+    x = x.contiguous()
+    y = torch.empty(x.shape[0], n, dtype=torch.float32)
+    if w.kind == "Q4_1":
+        lib.gs_q4_1_gemm_q8(x.data_ptr(), x.shape[0], k, w.qs.data_ptr(), w.d.data_ptr(),
+                            w.m.data_ptr(), n, y.data_ptr(), torch.get_num_threads(), levels)
+    else:
+        lib.gs_q8_0_gemm_q8(x.data_ptr(), x.shape[0], k, w.qs.data_ptr(), w.d.data_ptr(), n,
+                            y.data_ptr(), torch.get_num_threads(), levels)
+    return y
+
+
+def quantize_activations_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x [R, K]`` -> (int8 values ``[R, K]``, scales ``[R, K/32]``), as the kernel quantizes."""
+    r, k = x.shape
+    blocks = x.float().view(r, k // 32, 32)
+    amax = blocks.abs().amax(-1)
+    inv = torch.where(amax > 0, torch.tensor(127.0) / amax, torch.zeros(()))
+    q = torch.round(blocks * inv[..., None]).to(torch.int8)
+    return q.view(r, k), amax / 127.0
+
+
+def quant_matmul_q8_ref(x: torch.Tensor, w: QuantWeight, levels: int = 2) -> torch.Tensor:
+    """Reference for :func:`quant_matmul_q8`: the same quantized product, in float64."""
+    n, k = w.shape
+    r = x.shape[0]
+    q, dx = quantize_activations_ref(x)
+    parts = [(q, dx)]
+    if levels == 2:
+        deq = q.float().view(r, k // 32, 32) * dx[..., None]
+        parts.append(quantize_activations_ref((x.float().view(r, k // 32, 32) - deq).view(r, k)))
+    out = torch.zeros(r, n, dtype=torch.float64)
+    for q, dx in parts:
+        qx = q.double().view(r, k // 32, 32)
+        if w.kind == "Q4_1":
+            dense = dequantize(w).double()  # d * q + m per element, as the GGUF defines it
+            out += (qx * dx.double()[..., None]).view(r, k) @ dense.t()
+        else:
+            dots = torch.einsum("rbj,nbj->rnb", qx, w.qs.double().view(n, k // 32, 32))
+            out += (dots * dx.double()[:, None, :] * w.d.double()[None]).sum(-1)
+    return out.float()
+
+
+def _open(isa: str) -> ctypes.CDLL | None:
+    if isa in _libs or isa in _errors:
+        return _libs.get(isa)
+    if os.environ.get("GRAMMARSERVE_QUANT_KERNEL", "1") == "0":
+        _errors[isa] = "disabled by GRAMMARSERVE_QUANT_KERNEL=0"
+        return None
+    try:
+        lib = build_and_open(_SOURCE, _COMMON + _ISA_FLAGS[isa], tag=isa)
+    except OSError as e:
+        _errors[isa] = f"cannot build {_SOURCE.name} for {isa}: {' '.join(str(e).split())[:300]}"
+        return None
+    i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    lib.gs_q4_1_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, i32, i32]
+    lib.gs_q4_1_gemm_q8.restype = None
+    lib.gs_q8_0_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, i32, i32]
+    lib.gs_q8_0_gemm_q8.restype = None
+    lib.gs_cpu_level.restype = ctypes.c_int
+    _libs[isa] = lib
+    return lib

@@ -1,0 +1,271 @@
+// GEMM over GGUF Q4_1 / Q8_0 weights with int8 activations, for decode and small prefill batches.
+//
+// y[r, n] = sum_k x[r, k] * w[n, k]. Each block of 32 activations of a row is quantized once per
+// call to int8 with its own scale (dx = amax / 127, q = round(x * 127 / amax)), as llama.cpp's Q8
+// blocks; the weights keep their GGUF integers, so a block's product is an integer dot product
+// scaled by dw * dx, plus an offset term mw * dx * sum(q) (Q4_1: mw = m; Q8_0 on VNNI, whose
+// weights are read as unsigned w + 128: mw = -128 * dw). Not bit-exact with fp32 activations: the
+// exact path is quant_cpu.cpp.
+//
+// Weight layout (quant_q8.py: pack_x16): rows in tiles of 16; per tile and block of 32, groups of 4
+// consecutive weights of the 16 rows side by side (64 bytes: one 512-bit vector, or two 256-bit
+// halves of 8 rows). Q4_1: 4 groups of the block's 16 bytes (low nibbles: elements 4g..4g+3, high
+// nibbles: 16+4g..); Q8_0: 8 groups of int8. Scales d (and m) [tiles, blocks, 16]. A group of 4
+// activations is broadcast to every lane and one VPDPBUSD (VNNI; VPMADDUBSW + VPMADDWD otherwise)
+// advances 16 output rows by 4 products: no horizontal sums, the result is 16 contiguous floats.
+//
+// One source, one build per instruction set (quant_q8.py picks the build at run time):
+//   avx2 (-mavx2 -mfma), avx512 (+ F/BW/VL/DQ), avx512vnni (+ VNNI).
+#include <cpuid.h>
+#include <immintrin.h>
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmath>
+#include <vector>
+
+namespace {
+
+constexpr int kTile = 16;  // weight rows per tile (lanes of a 512-bit vector of int32/float)
+
+// Activations of R rows, quantized per block of 32, natural order. With two levels, the residual
+// x - dx * q is quantized the same way (q2, dx2): x = dx * q + dx2 * q2 to ~1/64000 of the block's
+// largest value, against ~1/250 for one level.
+struct Q8Rows {
+  std::vector<int8_t> q, q2;   // [R, K]
+  std::vector<float> dx, dx2;  // [R, nb] block scales
+  std::vector<float> sx;       // [R, nb] dx * sum(q) + dx2 * sum(q2)
+};
+
+// One block of 32 values to int8; returns the scale, adds sum(q) to *sum. `rest` (if not null)
+// receives x - scale * q.
+inline float quantize_block(const float* xb, int8_t* q, int* sum, float* rest) {
+  float amax = 0.f;
+  for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
+  const float id = amax > 0.f ? 127.f / amax : 0.f, d = amax / 127.f;
+  for (int j = 0; j < 32; ++j) {
+    const int v = static_cast<int>(std::nearbyint(xb[j] * id));
+    *sum += v;
+    q[j] = static_cast<int8_t>(v);
+    if (rest) rest[j] = xb[j] - d * static_cast<float>(v);  // built with -ffp-contract=off
+  }
+  return d;
+}
+
+Q8Rows quantize_rows(const float* x, int64_t R, int64_t K, bool two) {
+  const int64_t nb = K / 32;
+  Q8Rows a;
+  a.q.resize(R * K), a.dx.resize(R * nb), a.sx.resize(R * nb);
+  if (two) a.q2.resize(R * K), a.dx2.resize(R * nb);
+  float rest[32];
+  for (int64_t rb = 0; rb < R * nb; ++rb) {
+    int s1 = 0, s2 = 0;
+    a.dx[rb] = quantize_block(x + rb * 32, a.q.data() + rb * 32, &s1, two ? rest : nullptr);
+    a.sx[rb] = a.dx[rb] * static_cast<float>(s1);
+    if (two) {
+      a.dx2[rb] = quantize_block(rest, a.q2.data() + rb * 32, &s2, nullptr);
+      a.sx[rb] += a.dx2[rb] * static_cast<float>(s2);
+    }
+  }
+  return a;
+}
+
+inline int32_t group4(const int8_t* p) {  // 4 activation bytes as one int32 (for broadcasts)
+  int32_t v;
+  memcpy(&v, p, 4);
+  return v;
+}
+
+#if defined(__AVX512BW__)
+constexpr int kLanes = 16;
+using VecI = __m512i;
+using VecF = __m512;
+inline VecI load_i(const uint8_t* p) { return _mm512_loadu_si512(p); }
+inline VecF load_f(const float* p) { return _mm512_loadu_ps(p); }
+inline VecF bcast_f(float v) { return _mm512_set1_ps(v); }
+inline VecI bcast_i(int32_t v) { return _mm512_set1_epi32(v); }
+inline VecI izero() { return _mm512_setzero_si512(); }
+inline VecF fzero() { return _mm512_setzero_ps(); }
+inline VecI nib_lo(VecI v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0F)); }
+inline VecI nib_hi(VecI v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0F)); }
+inline VecI flip(VecI v) { return _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80))); }
+inline VecF to_f(VecI v) { return _mm512_cvtepi32_ps(v); }
+inline VecF fma(VecF a, VecF b, VecF c) { return _mm512_fmadd_ps(a, b, c); }
+inline VecF mul(VecF a, VecF b) { return _mm512_mul_ps(a, b); }
+inline VecI add16(VecI a, VecI b) { return _mm512_add_epi16(a, b); }
+inline VecI add32(VecI a, VecI b) { return _mm512_add_epi32(a, b); }
+inline VecI maddubs(VecI u, VecI s) { return _mm512_maddubs_epi16(u, s); }
+inline VecI madd1(VecI v) { return _mm512_madd_epi16(v, _mm512_set1_epi16(1)); }
+inline VecI abs8(VecI v) { return _mm512_abs_epi8(v); }
+inline VecI sign8(VecI x, VecI w) {  // x negated where w < 0
+  return _mm512_mask_sub_epi8(x, _mm512_movepi8_mask(w), _mm512_setzero_si512(), x);
+}
+inline void store_f(float* y, VecF v, int n) {
+  _mm512_mask_storeu_ps(y, static_cast<__mmask16>((1u << n) - 1), v);
+}
+#if defined(__AVX512VNNI__)
+constexpr bool kVnni = true;
+inline VecI dpbusd(VecI acc, VecI u, VecI s) { return _mm512_dpbusd_epi32(acc, u, s); }
+#else
+constexpr bool kVnni = false;
+inline VecI dpbusd(VecI acc, VecI, VecI) { return acc; }  // unused
+#endif
+#else
+constexpr int kLanes = 8;
+constexpr bool kVnni = false;
+using VecI = __m256i;
+using VecF = __m256;
+inline VecI load_i(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+inline VecF load_f(const float* p) { return _mm256_loadu_ps(p); }
+inline VecF bcast_f(float v) { return _mm256_set1_ps(v); }
+inline VecI bcast_i(int32_t v) { return _mm256_set1_epi32(v); }
+inline VecI izero() { return _mm256_setzero_si256(); }
+inline VecF fzero() { return _mm256_setzero_ps(); }
+inline VecI nib_lo(VecI v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0F)); }
+inline VecI nib_hi(VecI v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0F)); }
+inline VecI flip(VecI v) { return v; }  // unused
+inline VecF to_f(VecI v) { return _mm256_cvtepi32_ps(v); }
+inline VecF fma(VecF a, VecF b, VecF c) { return _mm256_fmadd_ps(a, b, c); }
+inline VecF mul(VecF a, VecF b) { return _mm256_mul_ps(a, b); }
+inline VecI add16(VecI a, VecI b) { return _mm256_add_epi16(a, b); }
+inline VecI add32(VecI a, VecI b) { return _mm256_add_epi32(a, b); }
+inline VecI maddubs(VecI u, VecI s) { return _mm256_maddubs_epi16(u, s); }
+inline VecI madd1(VecI v) { return _mm256_madd_epi16(v, _mm256_set1_epi16(1)); }
+inline VecI abs8(VecI v) { return _mm256_sign_epi8(v, v); }
+inline VecI sign8(VecI x, VecI w) { return _mm256_sign_epi8(x, w); }
+inline VecI dpbusd(VecI acc, VecI, VecI) { return acc; }  // unused
+inline void store_f(float* y, VecF v, int n) {
+  if (n == 8) return _mm256_storeu_ps(y, v);
+  alignas(32) float t[8];
+  _mm256_store_ps(t, v);
+  for (int i = 0; i < n; ++i) y[i] = t[i];
+}
+#endif
+constexpr int kHalves = kTile / kLanes;  // 1 (AVX-512) or 2 (AVX2) passes per tile
+
+// Integer dot products of 32 activations `xb` with the kLanes weight rows of one block, as int32
+// lanes: `u` the weights as u8 (groups g: elements 4g..4g+3), `w` Q8_0's signed weights.
+template <bool kQ4>
+inline VecI block_dot(const VecI* u, const VecI* w, const int8_t* xb) {
+  VecI dot;
+  if constexpr (kVnni) {
+    dot = izero();
+    for (int g = 0; g < 8; ++g) dot = dpbusd(dot, u[g], bcast_i(group4(xb + 4 * g)));
+  } else if constexpr (kQ4) {  // 8 * 2 * 15 * 127 fits int16
+    VecI s16 = maddubs(u[0], bcast_i(group4(xb)));
+    for (int g = 1; g < 8; ++g) s16 = add16(s16, maddubs(u[g], bcast_i(group4(xb + 4 * g))));
+    dot = madd1(s16);
+  } else {  // |w| * (x signed by w) = w * x; 2 * 128 * 127 fits int16, a sum of 8 does not
+    dot = madd1(maddubs(u[0], sign8(bcast_i(group4(xb)), w[0])));
+    for (int g = 1; g < 8; ++g)
+      dot = add32(dot, madd1(maddubs(u[g], sign8(bcast_i(group4(xb + 4 * g)), w[g]))));
+  }
+  return dot;
+}
+
+// Rows r0..r0+RT-1 against the kLanes weight rows of (tile, half). G = groups per block.
+template <int RT, bool kQ4, bool kTwo>
+inline void tile_rows(const Q8Rows& a, int64_t K, int64_t r0, const uint8_t* qt, const float* dt,
+                      const float* mt, int half, float* y, int64_t N, int64_t n0, int nvalid) {
+  constexpr int G = kQ4 ? 4 : 8;
+  const int64_t nb = K / 32;
+  VecF acc[RT];
+  for (int r = 0; r < RT; ++r) acc[r] = fzero();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* wb = qt + b * G * 64 + half * 32;
+    VecI u[8], w[8];
+    if constexpr (kQ4) {
+      for (int g = 0; g < 4; ++g) {
+        const VecI v = load_i(wb + g * 64);
+        u[g] = nib_lo(v);
+        u[4 + g] = nib_hi(v);
+      }
+    } else {
+      for (int g = 0; g < 8; ++g) {
+        w[g] = load_i(wb + g * 64);
+        u[g] = kVnni ? flip(w[g]) : abs8(w[g]);
+      }
+    }
+    const VecF dw = load_f(dt + b * kTile + half * kLanes);
+    const VecF mw = kQ4 ? load_f(mt + b * kTile + half * kLanes)
+                        : mul(dw, bcast_f(kVnni ? -128.f : 0.f));
+    for (int r = 0; r < RT; ++r) {
+      const int64_t rb = (r0 + r) * nb + b;
+      const VecI dot = block_dot<kQ4>(u, w, a.q.data() + rb * 32);
+      acc[r] = fma(to_f(dot), mul(dw, bcast_f(a.dx[rb])), acc[r]);
+      if constexpr (kTwo) {
+        const VecI dot2 = block_dot<kQ4>(u, w, a.q2.data() + rb * 32);
+        acc[r] = fma(to_f(dot2), mul(dw, bcast_f(a.dx2[rb])), acc[r]);
+      }
+      if (kQ4 || kVnni) acc[r] = fma(mw, bcast_f(a.sx[rb]), acc[r]);
+    }
+  }
+  for (int r = 0; r < RT; ++r) store_f(y + (r0 + r) * N + n0, acc[r], nvalid);
+}
+
+template <bool kQ4, bool kTwo>
+void gemm(const float* x, int64_t R, int64_t K, const uint8_t* qs, const float* d,
+          const float* m, int64_t N, float* y, int threads) {
+  const int64_t nb = K / 32, tiles = (N + kTile - 1) / kTile;
+  const int64_t tile_bytes = nb * (kQ4 ? 4 : 8) * 64;
+  const Q8Rows a = quantize_rows(x, R, K, kTwo);
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t t = 0; t < tiles; ++t) {
+    const uint8_t* qt = qs + t * tile_bytes;
+    const float* dt = d + t * nb * kTile;
+    const float* mt = kQ4 ? m + t * nb * kTile : nullptr;
+    for (int h = 0; h < kHalves; ++h) {
+      const int64_t n0 = t * kTile + h * kLanes;
+      if (n0 >= N) break;
+      const int nvalid = static_cast<int>(N - n0 < kLanes ? N - n0 : kLanes);
+      int64_t r0 = 0;
+      for (; r0 + 8 <= R; r0 += 8) tile_rows<8, kQ4, kTwo>(a, K, r0, qt, dt, mt, h, y, N, n0, nvalid);
+      for (; r0 + 4 <= R; r0 += 4) tile_rows<4, kQ4, kTwo>(a, K, r0, qt, dt, mt, h, y, N, n0, nvalid);
+      for (; r0 < R; ++r0) tile_rows<1, kQ4, kTwo>(a, K, r0, qt, dt, mt, h, y, N, n0, nvalid);
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// The instruction set this build was compiled for: 1 avx2, 2 avx512 (F/BW/VL), 3 avx512vnni.
+int gs_q8_build_level() { return kVnni ? 3 : (kLanes == 16 ? 2 : 1); }
+
+// What the CPU and the OS support, as the same levels (0: not even AVX2+FMA). cpuid says what the
+// CPU has; XGETBV says whether the OS saves the YMM (and for AVX-512 the ZMM/opmask) state.
+// NOTE: call it from the avx2 build only: another build may use wider instructions anywhere.
+int gs_cpu_level() {
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+  const bool osxsave = c & (1u << 27), fma = c & (1u << 12), avx = c & (1u << 28);
+  if (!osxsave || !avx || !fma) return 0;
+  unsigned lo, hi;
+  __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+  if ((lo & 0x6) != 0x6) return 0;  // XMM and YMM state
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+  if (!(b & (1u << 5))) return 0;  // AVX2
+  const bool zmm_os = (lo & 0xE0) == 0xE0;  // opmask, ZMM0-15 upper halves, ZMM16-31
+  const bool f = b & (1u << 16), bw = b & (1u << 30), vl = b & (1u << 31);
+  if (!(zmm_os && f && bw && vl)) return 1;
+  return (c & (1u << 11)) ? 3 : 2;  // AVX512_VNNI
+}
+
+// x [R, K] fp32 row-major, y [R, N] fp32 row-major; K a multiple of 32; weights in x16 layout;
+// `levels` 1 (int8 activations) or 2 (int8 plus the int8 residual).
+void gs_q4_1_gemm_q8(const float* x, int64_t R, int64_t K, const uint8_t* qs, const float* d,
+                     const float* m, int64_t N, float* y, int threads, int levels) {
+  if (levels == 2) return gemm<true, true>(x, R, K, qs, d, m, N, y, threads);
+  gemm<true, false>(x, R, K, qs, d, m, N, y, threads);
+}
+
+void gs_q8_0_gemm_q8(const float* x, int64_t R, int64_t K, const int8_t* qs, const float* d,
+                     int64_t N, float* y, int threads, int levels) {
+  const auto* q = reinterpret_cast<const uint8_t*>(qs);
+  if (levels == 2) return gemm<false, true>(x, R, K, q, d, nullptr, N, y, threads);
+  gemm<false, false>(x, R, K, q, d, nullptr, N, y, threads);
+}
+
+}  // extern "C"

@@ -1,0 +1,130 @@
+"""The int8-activation kernel over GGUF Q4_1 / Q8_0 blocks (``kernels/quant_q8_cpu.cpp``): every
+instruction-set build this CPU runs equals the float64 reference of the same quantized product,
+the two-level mode stays within 1e-4 of the exact product, dispatch can be capped, and the model's
+linears use it for decode-sized batches only."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from grammarserve_kernels import quant_q8
+from grammarserve_kernels.quant import pack_gguf_blocks, quant_matmul_ref
+from grammarserve_kernels.quant_q8 import (
+    ISAS,
+    cpu_isa,
+    pack_x16,
+    quant_matmul_q8,
+    quant_matmul_q8_ref,
+    quantize_activations_ref,
+    supported_isas,
+)
+
+from grammarserve.config import EngineConfig
+from grammarserve.errors import InvalidRequestError
+from grammarserve.models.linear import Q8_ROWS, Linear
+from quant_helpers import random_blocks
+
+can_build = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and bool(
+    shutil.which("c++"))
+needs_kernel = pytest.mark.skipif(not can_build, reason="needs an AVX2 CPU and a C++ compiler")
+
+
+def _isa_or_skip(isa: str) -> None:
+    if isa not in supported_isas():
+        pytest.skip(f"this CPU does not run {isa} (it runs {supported_isas()})")
+
+
+@needs_kernel
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("k", [32, 96, 576, 1536])  # 32, 96: an odd number of blocks
+def test_kernel_matches_reference(isa: str, kind: str, k: int) -> None:
+    _isa_or_skip(isa)
+    gen = torch.Generator().manual_seed(k)
+    for n in (5, 16, 17, 72):  # partial, exact and multiple tiles of 16 rows
+        w = pack_gguf_blocks(kind, random_blocks(kind, n, k, seed=k + n))
+        packed = pack_x16(w, isa)
+        for rows in (1, 2, 3, 4, 5, 8, 9, 13, 17):
+            x = torch.randn(rows, k, generator=gen)
+            for levels in (1, 2):
+                got = quant_matmul_q8(x, packed, levels=levels)
+                assert got.shape == (rows, n) and got.is_contiguous()
+                torch.testing.assert_close(got, quant_matmul_q8_ref(x, w, levels),
+                                           rtol=1e-5, atol=1e-5 * k ** 0.5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_levels_bound_the_error_against_the_exact_product(kind: str) -> None:
+    w = pack_gguf_blocks(kind, random_blocks(kind, 64, 576, seed=3))
+    packed = pack_x16(w)
+    x = torch.randn(8, 576, generator=torch.Generator().manual_seed(3)) * 3
+    exact = quant_matmul_ref(x, w)
+    for levels, bound in ((1, 2e-2), (2, 1e-4)):
+        err = (quant_matmul_q8(x, packed, levels=levels) - exact).norm() / exact.norm()
+        assert err.item() < bound, (levels, err.item())
+
+
+def test_activation_quantization_reference() -> None:
+    x = torch.zeros(2, 64)
+    x[0, :32] = torch.linspace(-2.0, 1.0, 32)  # block 0: amax 2 -> scale 2/127
+    q, d = quantize_activations_ref(x)
+    assert q.dtype == torch.int8 and d.shape == (2, 2)
+    assert q[0, 0].item() == -127 and abs(d[0, 0].item() - 2 / 127) < 1e-7
+    assert d[0, 1].item() == 0 and not q[0, 32:].any() and not q[1].any()  # zero blocks
+
+
+@needs_kernel
+def test_dispatch_can_be_capped(monkeypatch: pytest.MonkeyPatch) -> None:
+    best = cpu_isa()
+    assert best in ISAS and supported_isas()[-1] == best
+    monkeypatch.setenv("GRAMMARSERVE_CPU_ISA", "avx2")
+    assert cpu_isa() == "avx2"
+    monkeypatch.setenv("GRAMMARSERVE_CPU_ISA", "avx9000")
+    with pytest.raises(ValueError, match="GRAMMARSERVE_CPU_ISA must be one of avx2"):
+        cpu_isa()
+
+
+@needs_kernel
+def test_kernel_rejects_wrong_inputs() -> None:
+    packed = pack_x16(pack_gguf_blocks("Q8_0", random_blocks("Q8_0", 8, 64)))
+    with pytest.raises(ValueError, match=r"fp32 \[R, 64\]"):
+        quant_matmul_q8(torch.randn(2, 32), packed)
+    with pytest.raises(ValueError, match="levels must be 1 or 2"):
+        quant_matmul_q8(torch.randn(2, 64), packed, levels=3)
+
+
+@needs_kernel
+def test_linear_uses_the_int8_kernel_for_decode_batches_only() -> None:
+    w = pack_gguf_blocks("Q4_1", random_blocks("Q4_1", 40, 64))
+    lin = Linear(64, 40, bias=True)
+    lin.quant_x16 = pack_x16(w, levels=1)
+    with torch.no_grad():
+        lin.weight.normal_()  # not the blocks' values: tells which path ran
+    for rows in (1, Q8_ROWS):
+        x = torch.randn(rows, 64)
+        torch.testing.assert_close(lin(x), quant_matmul_q8_ref(x, w, 1) + lin.bias,
+                                   rtol=1e-5, atol=1e-4)
+    x = torch.randn(Q8_ROWS + 1, 64)
+    torch.testing.assert_close(lin(x).contiguous(), x @ lin.weight.t() + lin.bias,
+                               rtol=1e-5, atol=1e-4)
+
+
+def test_activation_modes_are_checked() -> None:
+    with pytest.raises(InvalidRequestError, match="quant_activations must be int8x2, int8 or fp32"):
+        EngineConfig(quant_activations="int4")  # type: ignore[arg-type]
+
+
+def test_no_compiler_falls_back_with_a_reason(monkeypatch: pytest.MonkeyPatch,
+                                              tmp_path: Path) -> None:
+    monkeypatch.setattr(quant_q8, "_libs", {})
+    monkeypatch.setattr(quant_q8, "_errors", {})
+    monkeypatch.setattr(quant_q8, "_SOURCE", tmp_path / "quant_q8_cpu.cpp")
+    (tmp_path / "quant_q8_cpu.cpp").write_text("this is not C++\n")
+    monkeypatch.setenv("GRAMMARSERVE_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", "c++" if shutil.which("c++") else "/nonexistent/c++")
+    assert cpu_isa() is None and supported_isas() == []
+    assert "cannot build quant_q8_cpu.cpp for avx2" in (quant_q8.kernel_error() or "")
