@@ -4,6 +4,7 @@ jump-forward on/off equality, batched vs alone, mixed batches, per-request failu
 from __future__ import annotations
 
 import json
+import re
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 import jsonschema
 import pytest
 import torch
+from greedy_helpers import assert_same_greedy
 
 from grammarserve.config import EngineConfig
 from grammarserve.constraints import Constraint
@@ -134,10 +136,10 @@ def test_alone_outputs_validate(cllm: LLM, items: list[dict[str, Any]]) -> None:
 
 def test_mixed_batch_matches_alone(cllm: LLM, items: list[dict[str, Any]]) -> None:
     chat = [_prompt(cllm, items[0]).replace("JSON", "a sentence")]
-    free = SamplingParams(max_tokens=24, temperature=0)
-    regex = SamplingParams(max_tokens=24, temperature=0,
+    free = SamplingParams(max_tokens=24, temperature=0, top_logprobs=2)
+    regex = SamplingParams(max_tokens=24, temperature=0, top_logprobs=2,
                            constraint=Constraint.regex(r"[A-Z][a-z]+ (is|was) [0-9]{1,3}\."))
-    choice = SamplingParams(max_tokens=8, temperature=0,
+    choice = SamplingParams(max_tokens=8, temperature=0, top_logprobs=2,
                             constraint=Constraint.choice(["positive", "negative", "neutral"]))
     sampled = SamplingParams(max_tokens=60, temperature=0.8, seed=7,
                              constraint=Constraint.json_schema(items[0]["schema"]))
@@ -145,9 +147,15 @@ def test_mixed_batch_matches_alone(cllm: LLM, items: list[dict[str, Any]]) -> No
     prompts = chat * 4
     mixed = cllm.generate(prompts, plist)
     alone = [cllm.generate(p, sp)[0] for p, sp in zip(prompts, plist)]
-    assert [o.text for o in mixed] == [o.text for o in alone]
-    assert mixed[2].text in ("positive", "negative", "neutral")
-    assert mixed[1].finish_reason == "stop"
+    for m, a in zip(mixed[:3], alone[:3]):  # greedy rows: equal up to fp32 near-ties
+        assert_same_greedy(m, a)
+    # NOTE: the seeded row is compared exactly: its draw uses the request's own stream, and a
+    # flip would need two perturbed scores within fp32 noise of each other.
+    assert mixed[3].text == alone[3].text
+    for out in (mixed, alone):  # and every reply is valid against its constraint
+        assert re.fullmatch(r"[A-Z][a-z]+ (is|was) [0-9]{1,3}\.", out[1].text), out[1].text
+        assert out[1].finish_reason == "stop"
+        assert out[2].text in ("positive", "negative", "neutral")
 
 
 def test_compile_error_fails_only_that_request(cllm: LLM, items: list[dict[str, Any]]) -> None:

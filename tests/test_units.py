@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from greedy_helpers import assert_same_greedy
 from sampling_helpers import filtered_logprobs
 
 from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
 from grammarserve.config import EngineConfig
+from grammarserve.engine.request import RequestOutput
 from grammarserve.engine.sampler import RowRng, sample
 from grammarserve.errors import InvalidRequestError, OutOfMemoryError
 from grammarserve.sampling_params import SamplingParams
@@ -112,3 +114,17 @@ def test_engine_config_validation() -> None:
     with pytest.raises(InvalidRequestError, match="kv_cache_tokens"):
         EngineConfig(kv_cache_tokens=0)
     assert EngineConfig(dtype="bfloat16").torch_kv_dtype == torch.bfloat16
+
+
+def test_greedy_comparison_tells_a_near_tie_from_a_difference() -> None:
+    def out(ids: list[int], top: list[list[tuple[int, float]]]) -> RequestOutput:
+        return RequestOutput("r", [1], ids, "", "", True, "length", top_logprobs=top)
+
+    tie = [(5, -0.69310), (6, -0.69320)]
+    far = [(5, -0.1), (6, -2.4)]
+    assert_same_greedy(out([1, 5, 9], [far, tie, far]), out([1, 5, 9], [far, tie, far]))
+    assert_same_greedy(out([1, 5, 9], [far, tie, far]), out([1, 6, 2], [far, tie[::-1], far]))
+    with pytest.raises(AssertionError, match="not a near-tie"):
+        assert_same_greedy(out([1, 5], [far, far]), out([1, 6], [far, far]))
+    with pytest.raises(AssertionError, match="no top_logprobs"):
+        assert_same_greedy(out([1, 5], []), out([1, 6], []))
