@@ -1,15 +1,15 @@
 """Fuzzing the real server with schemathesis, from its own OpenAPI document (``/openapi.json``).
 
-Each operation of the chat, completions, tokenize and batch routes gets bodies, queries and path
-parameters generated from the document, both valid ones (positive) and ones that break it
-(negative). Every reply must be below 500, and every error must be the OpenAI envelope
+Each operation of the chat, completions, responses, tokenize and batch routes gets bodies,
+queries and path parameters generated from the document, both valid ones (positive) and ones that
+break it (negative). Every reply must be below 500, and every error must be the OpenAI envelope
 (``{"error": {"message", "type", "param", "code"}}``, never FastAPI's 422). At the end the
 server process must still be alive, ``/health`` must answer 200 and a normal request must work.
 
-The run is bounded: generated ``max_tokens`` / ``max_completion_tokens`` are folded into
-``[1, MAX_TOKENS]`` (an absent or null one is set to ``MAX_TOKENS``), so no request can ask for
-thousands of tokens. Examples per operation and mode: ``GRAMMARSERVE_FUZZ_EXAMPLES`` (CI: 6); the
-longer run of the closing note is ``GRAMMARSERVE_FUZZ_EXAMPLES=500 pytest
+The run is bounded: generated ``max_tokens`` / ``max_completion_tokens`` /
+``max_output_tokens`` are folded into ``[1, MAX_TOKENS]`` (an absent or null one is set to
+``MAX_TOKENS``), so no request can ask for thousands of tokens. Examples per operation and mode:
+``GRAMMARSERVE_FUZZ_EXAMPLES`` (CI: 6); the longer run of the closing note is ``GRAMMARSERVE_FUZZ_EXAMPLES=500 pytest
 tests/test_fuzz_openapi.py``. ``GRAMMARSERVE_FUZZ_URL=http://host:port`` fuzzes a server that is
 already running instead of starting one.
 """
@@ -46,6 +46,7 @@ MAX_TOKENS = 4
 OPERATIONS = [
     ("POST", "/v1/chat/completions"),
     ("POST", "/v1/completions"),
+    ("POST", "/v1/responses"),
     ("POST", "/tokenize"),
     ("POST", "/detokenize"),
     ("POST", "/v1/files"),
@@ -58,7 +59,7 @@ OPERATIONS = [
     ("GET", "/v1/batches/{batch_id}"),
     ("POST", "/v1/batches/{batch_id}/cancel"),
 ]
-GENERATING = {"/v1/chat/completions", "/v1/completions"}
+GENERATING = {"/v1/chat/completions", "/v1/completions", "/v1/responses"}
 #: Requests sent, by operation, mode and status (printed at the end with ``-s``).
 COUNTS: Counter[tuple[str, str, int]] = Counter()
 
@@ -127,7 +128,8 @@ def _bound(path: str, body: Any) -> None:
     ``[1, MAX_TOKENS]`` and set one when none is given (invalid values are left as they are)."""
     if path not in GENERATING or not isinstance(body, dict):
         return
-    keys = ("max_tokens", "max_completion_tokens") if "chat" in path else ("max_tokens",)
+    keys = (("max_tokens", "max_completion_tokens") if "chat" in path else
+            ("max_output_tokens",) if "responses" in path else ("max_tokens",))
     for key in keys:
         value = body.get(key)
         if type(value) is int and value > MAX_TOKENS:
@@ -150,8 +152,11 @@ def _check_errors(status: int, content_type: str, text: str) -> None:
     if content_type.startswith("text/event-stream"):
         for line in text.splitlines():
             if line.startswith("data: {") and '"error"' in line:
-                err = json.loads(line[6:]).get("error")
+                event = json.loads(line[6:])
+                err = event.get("error")
                 assert not err or err.get("type") != "server_error", line
+                # the Responses API's typed error event
+                assert event.get("type") != "error" or event["code"] != "server_error", line
 
 
 #: Operations whose only input is a string path parameter have no invalid input to generate.

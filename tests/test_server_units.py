@@ -79,8 +79,8 @@ def test_openapi_documents_every_body_and_error() -> None:
 
     doc = create_app(ServerConfig()).openapi()
     paths = doc["paths"]
-    for path in ("/v1/chat/completions", "/v1/completions", "/tokenize", "/detokenize",
-                 "/v1/files", "/v1/batches"):
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/tokenize",
+                 "/detokenize", "/v1/files", "/v1/batches"):
         assert "requestBody" in paths[path]["post"], path
         assert "400" in paths[path]["post"]["responses"], path
     upload = paths["/v1/files"]["post"]["requestBody"]["content"]["multipart/form-data"]
