@@ -9,8 +9,8 @@ server process must still be alive, ``/health`` must answer 200 and a normal req
 The run is bounded: generated ``max_tokens`` / ``max_completion_tokens`` /
 ``max_output_tokens`` are folded into ``[1, MAX_TOKENS]`` (an absent or null one is set to
 ``MAX_TOKENS``), so no request can ask for thousands of tokens. Examples per operation and mode:
-``GRAMMARSERVE_FUZZ_EXAMPLES`` (CI: 6); the longer run of the closing note is ``GRAMMARSERVE_FUZZ_EXAMPLES=500 pytest
-tests/test_fuzz_openapi.py``. ``GRAMMARSERVE_FUZZ_URL=http://host:port`` fuzzes a server that is
+``GRAMMARSERVE_FUZZ_EXAMPLES`` (CI: 6); the longer run of the closing note is
+``GRAMMARSERVE_FUZZ_EXAMPLES=500 pytest tests/test_fuzz_openapi.py``. ``GRAMMARSERVE_FUZZ_URL=http://host:port`` fuzzes a server that is
 already running instead of starting one.
 """
 
