@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pytest
+from walk_helpers import walk_jump_forward
 
 from grammarserve.errors import GrammarError
 from grammarserve.fsm import GrammarCompiler
@@ -21,7 +22,6 @@ from grammarserve.fsm.conformance import (
     load_corpus,
     load_suite,
     walk,
-    walk_jump_forward,
 )
 
 pytestmark = pytest.mark.model  # every test here uses the embedded model

@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from walk_helpers import allowed_tokens, walk_jump_forward
 
 from grammarserve.errors import GrammarError
 from grammarserve.fsm import GrammarCompiler
-from grammarserve.fsm.conformance import allowed_tokens, walk, walk_jump_forward
+from grammarserve.fsm.conformance import walk
 from grammarserve.fsm.style import StyleLockMatcher
 
 pytestmark = pytest.mark.model  # every test here uses the embedded model

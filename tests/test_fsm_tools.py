@@ -7,10 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from walk_helpers import walk_jump_forward
 
 from grammarserve.errors import GrammarError, StrictSchemaError, UnsupportedSchemaError
 from grammarserve.fsm import CompiledGrammar, GrammarCompiler
-from grammarserve.fsm.conformance import bit, walk, walk_jump_forward
+from grammarserve.fsm.conformance import bit, walk
 
 EOS = 2
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"},

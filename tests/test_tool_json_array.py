@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 from test_fsm_tools import EOS, TOOLS
+from walk_helpers import walk_jump_forward
 
 from grammarserve.errors import GrammarError
 from grammarserve.fsm import GrammarCompiler
-from grammarserve.fsm.conformance import walk, walk_jump_forward
+from grammarserve.fsm.conformance import walk
 from grammarserve.openai.protocol import ChatCompletionRequest, ChatMessage
 from grammarserve.openai.render import render_chat
 from grammarserve.openai.toolparse_array import JsonArrayParser, make_parser, parse_calls
