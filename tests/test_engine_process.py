@@ -87,7 +87,8 @@ def test_killed_engine_is_reported_not_hung(smollm) -> None:  # type: ignore[no-
         s = p.add_request("k", "Tell me a long story.",
                           SamplingParams(max_tokens=1000, temperature=0, ignore_eos=True))
         s.get(timeout=60)
-        os.kill(p._proc.pid, signal.SIGKILL)
+        assert p.pid is not None
+        os.kill(p.pid, signal.SIGKILL)
         t0 = time.monotonic()
         with pytest.raises(EngineDeadError, match="died"):
             s.result(timeout=30)

@@ -206,6 +206,11 @@ class EngineProcess:
     def alive(self) -> bool:
         return self._dead is None and self._proc.is_alive()
 
+    @property
+    def pid(self) -> int | None:
+        """The engine process's id (to signal it; None before it started)."""
+        return self._proc.pid
+
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     *, namespace: str = "") -> RequestStream:
         """Submit a request; iterate the returned stream for its outputs."""
