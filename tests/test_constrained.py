@@ -18,6 +18,7 @@ from grammarserve.config import EngineConfig
 from grammarserve.constraints import Constraint
 from grammarserve.engine.engine import Engine
 from grammarserve.engine.request import RequestOutput
+from grammarserve.errors import ErrorKind
 from grammarserve.fsm import CompiledGrammar, Matcher
 from grammarserve.llm import LLM
 from grammarserve.sampling_params import SamplingParams
@@ -166,6 +167,7 @@ def test_compile_error_fails_only_that_request(cllm: LLM, items: list[dict[str, 
     outs = cllm.generate([p, p], [bad, good])
     assert outs[0].finish_reason == "error" and outs[0].token_ids == []
     assert outs[0].error is not None and "'not'" in outs[0].error and "$.not" in outs[0].error
+    assert outs[0].error_kind is ErrorKind.CONSTRAINT_INVALID  # the API's 400 comes from it
     assert outs[1].finish_reason == "length" and len(outs[1].token_ids) == 8
 
 
@@ -219,6 +221,7 @@ def test_dead_end_fails_only_that_request(cllm: LLM, items: list[dict[str, Any]]
     outs = cllm.generate([p] * 3, plist)
     assert outs[0].finish_reason == "error" and len(outs[0].token_ids) == 3
     assert outs[0].error is not None and "dead end" in outs[0].error
+    assert outs[0].error_kind is ErrorKind.CONSTRAINT_DEAD_END
     assert outs[1].finish_reason in ("stop", "length") and outs[1].text.isalpha()
     assert outs[2].finish_reason == "length"
     assert not engine.has_unfinished()
