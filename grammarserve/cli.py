@@ -63,6 +63,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="activations of those matmuls: int8 blocks plus their int8 residual "
                         "(int8x2, default), one int8 level (int8: faster, less exact) or fp32 "
                         "(exact); integer kernels dispatched for AVX2/AVX-512/VNNI")
+    p.add_argument("--decode-attention-kernel", default=EngineConfig.decode_attention_kernel,
+                   action=argparse.BooleanOptionalAction,
+                   help="CPU decode attention with the fused C++ kernel (off: torch matmuls)")
     p.add_argument("--prefix-cache", default=EngineConfig.enable_prefix_cache,
                    action=argparse.BooleanOptionalAction, help="radix prefix cache on/off")
 
@@ -118,7 +121,8 @@ def _config(args: argparse.Namespace) -> EngineConfig:
                         enable_jump_forward=args.jump_forward, num_threads=args.num_threads,
                         tool_call_format=args.tool_call_format,
                         tool_call_dedupe=args.tool_call_dedupe, gguf_blocks=args.gguf_blocks,
-                        quant_activations=args.quant_activations)
+                        quant_activations=args.quant_activations,
+                        decode_attention_kernel=args.decode_attention_kernel)
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -86,6 +86,10 @@ class EngineConfig:
         VNNI picked at run time; ~2e-5 relative error per product); ``"int8"`` one level only
         (llama.cpp's Q8 activations: faster, ~5e-3, greedy replies can change); ``"fp32"`` the
         exact product with the dequantized weight (``kernels/quant_cpu.cpp``).
+    decode_attention_kernel:
+        On CPU in fp32, decode groups attend with the fused kernel of
+        ``kernels/decode_attn_cpu.cpp`` (shared prefix read once, no score tensors) instead of
+        torch batched matmuls; the same result to float rounding.
     enable_jump_forward:
         Feed the tokens a constraint forces (keys, punctuation, enum tails) in the next forward
         instead of decoding them one step each (requests can opt out with
@@ -115,6 +119,7 @@ class EngineConfig:
     tool_call_dedupe: bool = True
     gguf_blocks: bool = True
     quant_activations: Literal["int8x2", "int8", "fp32"] = "int8x2"
+    decode_attention_kernel: bool = True
 
     def __post_init__(self) -> None:
         for name in ("dtype", "kv_dtype"):

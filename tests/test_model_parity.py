@@ -154,7 +154,8 @@ def test_mixed_prefill_and_decode_in_one_forward(smollm, fp32_activations) -> No
     assert (logits[1] - solo_b).abs().max().item() < 1e-4
 
 
-def _mirror_runner(smollm, mirror_tokens: int, *, max_context: int):  # type: ignore[no-untyped-def]
+def _mirror_runner(smollm, mirror_tokens: int, *, max_context: int,
+                   decode_kernel: bool = True):  # type: ignore[no-untyped-def]
     """A 4-row runner over a fresh 1,200-slot pool, with the decode mirror on or off (0)."""
     from grammarserve.attention.backend import TorchSDPABackend
 
@@ -162,17 +163,21 @@ def _mirror_runner(smollm, mirror_tokens: int, *, max_context: int):  # type: ig
     pool = KVPool(capacity=1200, num_layers=mc.num_layers, num_kv_heads=mc.num_kv_heads,
                   head_dim=mc.head_dim, dtype=torch.float32)
     table = ReqToTokenPool(max_reqs=4, max_context=max_context)
-    attn = TorchSDPABackend(pool, table, None, mirror_tokens=mirror_tokens)
+    attn = TorchSDPABackend(pool, table, None, mirror_tokens=mirror_tokens,
+                            decode_kernel=decode_kernel)
     return pool, table, attn, ModelRunner(smollm.model, pool, table, attn)
 
 
-def test_decode_kv_mirror_matches_pool_gather(smollm, fp32_activations) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("decode_kernel", [True, False], ids=["fused", "torch"])
+def test_decode_kv_mirror_matches_pool_gather(smollm, fp32_activations,
+                                              decode_kernel: bool) -> None:  # type: ignore[no-untyped-def]
     """The decode KV mirror (reused across steps, rebuilt on membership change, multi-token
     extends) gives the logits of gathering from the pool every step (up to rounding: short
     mirrored groups attend with batched matmuls, the gathered path with SDPA)."""
     results = []
     for mirror_tokens in (0, 10_000):
-        pool, table, attn, runner = _mirror_runner(smollm, mirror_tokens, max_context=1024)
+        pool, table, attn, runner = _mirror_runner(smollm, mirror_tokens, max_context=1024,
+                                                   decode_kernel=decode_kernel)
         lens = [20, 35, 50, 64]
         for b in range(4):
             table.write(b, 0, pool.alloc(lens[b] + 30))
@@ -193,14 +198,17 @@ def test_decode_kv_mirror_matches_pool_gather(smollm, fp32_activations) -> None:
         assert torch.equal(a.argmax(-1), b.argmax(-1))
 
 
-def test_cascade_shared_prefix_matches_pool_gather(smollm, fp32_activations) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("decode_kernel", [True, False], ids=["fused", "torch"])
+def test_cascade_shared_prefix_matches_pool_gather(smollm, fp32_activations,
+                                                   decode_kernel: bool) -> None:  # type: ignore[no-untyped-def]
     """Rows that share their prompt's KV slots (as the radix cache hands them out) decode with
     the shared prefix attended once (cascade.py); the logits equal gathering every row from the
     pool, across steady steps, a jump-forward span and a change of membership."""
     shared, tails = list(range(200, 300)), [[5 + b] * (3 + 4 * b) for b in range(3)]
     results, bases = [], []
     for mirror_tokens in (0, 10_000):
-        pool, table, attn, runner = _mirror_runner(smollm, mirror_tokens, max_context=512)
+        pool, table, attn, runner = _mirror_runner(smollm, mirror_tokens, max_context=512,
+                                                   decode_kernel=decode_kernel)
         prefix_slots = pool.alloc(len(shared))
         table.write(0, 0, prefix_slots)
         runner.forward([BatchEntry(0, 0, shared, seq_id=0)])

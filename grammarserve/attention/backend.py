@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from grammarserve_kernels.decode_attn import HEAD_DIMS, attention_isa, decode_attention
 
 from grammarserve.attention.cascade import (
     SharedPrefixKV,
@@ -70,14 +71,23 @@ class _PaddedGroup:
     cap_mask: torch.Tensor | None = None  # [B, Lq, S_cap] matmul path: keys allowed per query
     add_mask: torch.Tensor | None = None  # [B*kv_heads, group*Lq, S_cap], built on first layer
     base: int = 0  # positions before this are the group's shared prefix (cascade.py)
+    own_len: torch.Tensor | None = None  # [N] mirror keys each query sees (fused kernel)
 
 
 class TorchSDPABackend(AttentionBackend):
-    """Attention with torch SDPA; K/V gathered from the pool by slot index."""
+    """Attention with torch SDPA; K/V gathered from the pool by slot index.
+
+    With ``decode_kernel`` (and the kernel built for this CPU), mirrored decode groups in fp32
+    attend with the fused C++ kernel (``kernels/decode_attn_cpu.cpp``) instead of the batched
+    matmuls of ``cascade.py``: the same result, to float rounding.
+    """
 
     def __init__(self, pool: KVPool, req_to_token: ReqToTokenPool,
-                 sliding_window: int | None = None, mirror_tokens: int | None = None) -> None:
+                 sliding_window: int | None = None, mirror_tokens: int | None = None,
+                 decode_kernel: bool = True) -> None:
         self.pool = pool
+        self.decode_kernel = (decode_kernel and sliding_window is None
+                              and pool.k[0].device.type == "cpu" and attention_isa() is not None)
         self.req_to_token = req_to_token
         self.sliding_window = sliding_window
         self.mirror = (KVMirror(pool, mirror_tokens, req_to_token.max_context)
@@ -203,6 +213,10 @@ class TorchSDPABackend(AttentionBackend):
                          out: torch.Tensor) -> None:
         """Short decode group: two batched matmuls over the whole mirror capacity."""
         km, vm = self._mirror_kv(layer, g)
+        if self._fused_ok(q, km):
+            empty = q.new_empty(0)
+            out[g.out_rows] = self._fused(q, g, km, vm, empty, empty)
+            return
         add_mask = self._add_mask(g, km, q)
         o = matmul_attention(q[g.q_rows].transpose(1, 2), km.to(q.dtype), vm.to(q.dtype),
                              add_mask)
@@ -212,11 +226,28 @@ class TorchSDPABackend(AttentionBackend):
         """Decode group behind a shared prefix: the prefix scored once, each row's suffix apart
         (cascade.py)."""
         km, vm = self._mirror_kv(layer, g)
+        kt, vs = self.shared.kv(layer)
+        if self._fused_ok(q, km):
+            out[g.out_rows] = self._fused(q, g, km, vm, kt, vs)
+            return
         add_mask = self._add_mask(g, km, q)
-        ks, vs = self.shared.kv(layer)
         out[g.out_rows] = cascade_attention(
             q[g.q_rows].transpose(1, 2), g.valid, km.to(q.dtype), vm.to(q.dtype), add_mask,
-            (ks.to(q.dtype), vs.to(q.dtype)))
+            (kt.to(q.dtype), vs.to(q.dtype)))
+
+    def _fused_ok(self, q: torch.Tensor, km: torch.Tensor) -> bool:
+        return (self.decode_kernel and q.dtype == km.dtype == torch.float32
+                and q.shape[-1] in HEAD_DIMS)
+
+    @staticmethod
+    def _fused(q: torch.Tensor, g: _PaddedGroup, km: torch.Tensor, vm: torch.Tensor,
+               kt: torch.Tensor, vs: torch.Tensor) -> torch.Tensor:
+        """The group's real queries through the fused kernel (``kt``/``vs`` empty: no prefix)."""
+        assert g.mirror_b is not None and g.mirror_pos is not None
+        if g.own_len is None:
+            g.own_len = g.mirror_pos + 1  # a query sees its row's mirror up to its position
+        qr = (q[g.out_rows] * q.shape[-1] ** -0.5).contiguous()
+        return decode_attention(qr, kt, vs, km, vm, g.mirror_b, g.own_len)
 
     @staticmethod
     def _add_mask(g: _PaddedGroup, km: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,8 @@ MIN_SHARED = 64  # shorter common prefixes are attended per row (not worth a sep
 
 
 class SharedPrefixKV:
-    """Per-layer ``[kv_heads, P, head_dim]`` K and V of the prefix shared by a group's rows.
+    """Per-layer K (transposed: ``[kv_heads, head_dim, P]``) and V (``[kv_heads, P, head_dim]``)
+    of the prefix shared by a group's rows.
 
     NOTE: the copy is reused across steps only while the KV mirror is (same requests, in the
     same order): those requests hold the radix-cache locks on the shared slots all along, so the
@@ -54,10 +55,10 @@ class SharedPrefixKV:
         self._stale = True
 
     def kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The shared K, V of ``layer``, gathered from the pool when stale."""
+        """The shared K (transposed), V of ``layer``, gathered from the pool when stale."""
         if self._stale or layer >= len(self.k):
             assert self._slots is not None
-            k = self.pool.k[layer].index_select(0, self._slots).transpose(0, 1).contiguous()
+            k = self.pool.k[layer].index_select(0, self._slots).permute(1, 2, 0).contiguous()
             v = self.pool.v[layer].index_select(0, self._slots).transpose(0, 1).contiguous()
             if layer < len(self.k):
                 self.k[layer], self.v[layer] = k, v
@@ -96,7 +97,8 @@ def matmul_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def cascade_attention(q: torch.Tensor, valid: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       add_mask: torch.Tensor,
                       shared: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """Like :func:`matmul_attention`, plus ``shared`` k/v ``[kv_heads, P, d]``: keys before
+    """Like :func:`matmul_attention`, plus ``shared`` k (transposed: ``[kv_heads, d, P]``) and v
+    (``[kv_heads, P, d]``): keys before
     every row's own, visible to every query. Returns ``[N, H, d]`` for the real queries only
     (``valid``: their flat indices into ``B*Lq``).
 
@@ -123,10 +125,10 @@ def cascade_attention(q: torch.Tensor, valid: torch.Tensor, k: torch.Tensor, v: 
 
     o_own, m_own, l_own = per_query(o_own), per_query(m_own), per_query(l_own)
     # The shared keys, once for the N real queries: [kvh, N*group, P].
-    ks, vs = shared
+    kt, vs = shared
     n = valid.numel()
     qs = q.permute(0, 2, 1, 3).reshape(b * lq, h, d)[valid].view(n, kvh, group, d)
-    pre = torch.bmm(qs.permute(1, 0, 2, 3).reshape(kvh, n * group, d), ks.transpose(1, 2))
+    pre = torch.bmm(qs.permute(1, 0, 2, 3).reshape(kvh, n * group, d), kt)
     pre.mul_(scale)
     m_pre = pre.amax(-1, keepdim=True)
     e_pre = pre.sub_(m_pre).exp_()

@@ -1,0 +1,94 @@
+"""Fused CPU decode attention over a shared prefix and each row's own keys
+(``decode_attn_cpu.cpp``), and its torch reference.
+
+The same computation as the batched-matmul cascade in ``grammarserve/attention/cascade.py``,
+without the score tensors: on a 2-core CPU those matmuls and the softmax passes between them cost
+most of a decode step. Built once per instruction set (AVX2 or AVX-512, chosen like the int8
+matmul kernel: :func:`grammarserve_kernels.quant_q8.cpu_isa`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from grammarserve_kernels.cpu_build import build_and_open
+from grammarserve_kernels.quant_q8 import cpu_isa
+
+_SOURCE = Path(__file__).with_name("decode_attn_cpu.cpp")
+_COMMON = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-mavx2", "-mfma"]
+_ISA_FLAGS = {"avx2": [], "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]}
+HEAD_DIMS = (64, 128)
+_libs: dict[str, ctypes.CDLL] = {}
+_errors: dict[str, str] = {}
+
+
+def attention_isa() -> str | None:
+    """The build this CPU runs (``avx2`` or ``avx512``), or None where none can."""
+    isa = cpu_isa()
+    if isa is None:
+        return None
+    return "avx512" if isa.startswith("avx512") and _open("avx512") is not None else (
+        "avx2" if _open("avx2") is not None else None)
+
+
+def decode_attention(q: torch.Tensor, kt: torch.Tensor, vs: torch.Tensor, km: torch.Tensor,
+                     vm: torch.Tensor, qb: torch.Tensor, qlen: torch.Tensor,
+                     isa: str | None = None) -> torch.Tensor:
+    """Attention of the real queries ``q [N, H, D]`` (scaled by ``1/sqrt(D)`` already) over the
+    shared prefix (``kt [KVH, D, P]`` transposed keys, ``vs [KVH, P, D]``; ``P`` may be 0) and
+    their own rows' first ``qlen[n]`` keys of ``km``/``vm [B, KVH, S, D]`` (row ``qb[n]``).
+    All fp32 and contiguous on CPU; returns ``[N, H, D]``."""
+    isa = isa or attention_isa()
+    lib = _open(isa) if isa else None
+    if lib is None:
+        raise RuntimeError(f"the decode attention kernel is unavailable: {_errors.get(isa or 'avx2')}")
+    n, h, d = q.shape
+    kvh, s = km.shape[1], km.shape[2]
+    p = kt.shape[2] if kt.numel() else 0
+    for name, t in (("q", q), ("kt", kt), ("vs", vs), ("km", km), ("vm", vm)):
+        if t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
+            raise ValueError(f"{name} must be contiguous fp32 on CPU")
+    if d not in HEAD_DIMS or h % kvh:
+        raise ValueError(f"head_dim must be one of {HEAD_DIMS} and heads a multiple of kv heads")
+    qb, qlen = qb.to(torch.int64).contiguous(), qlen.to(torch.int64).contiguous()
+    out = torch.empty_like(q)
+    lib.gs_decode_attention(q.data_ptr(), kt.data_ptr(), vs.data_ptr(), p, km.data_ptr(),
+                            vm.data_ptr(), s, qb.data_ptr(), qlen.data_ptr(), n, h, kvh, d,
+                            out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def decode_attention_ref(q: torch.Tensor, kt: torch.Tensor, vs: torch.Tensor, km: torch.Tensor,
+                         vm: torch.Tensor, qb: torch.Tensor, qlen: torch.Tensor) -> torch.Tensor:
+    """Reference for :func:`decode_attention`: per query, softmax over [shared keys, own keys]."""
+    n, h, d = q.shape
+    kvh = km.shape[1]
+    group = h // kvh
+    out = torch.empty_like(q)
+    for i in range(n):
+        b, length = int(qb[i]), int(qlen[i])
+        for head in range(h):
+            kv = head // group
+            keys = torch.cat([kt[kv].t(), km[b, kv, :length]]) if kt.numel() else km[b, kv, :length]
+            vals = torch.cat([vs[kv], vm[b, kv, :length]]) if kt.numel() else vm[b, kv, :length]
+            out[i, head] = torch.softmax(keys @ q[i, head], 0) @ vals
+    return out
+
+
+def _open(isa: str) -> ctypes.CDLL | None:
+    if isa in _libs or isa in _errors:
+        return _libs.get(isa)
+    try:
+        lib = build_and_open(_SOURCE, _COMMON + _ISA_FLAGS[isa], tag=isa)
+    except OSError as e:
+        _errors[isa] = f"cannot build {_SOURCE.name} for {isa}: {' '.join(str(e).split())[:300]}"
+        return None
+    i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+    lib.gs_decode_attention.argtypes = [ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, i64, i64,
+                                        i64, i64, ptr, i32]
+    lib.gs_decode_attention.restype = ctypes.c_int
+    _libs[isa] = lib
+    return lib

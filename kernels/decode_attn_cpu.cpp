@@ -1,0 +1,254 @@
+// Decode attention on CPU: each query attends to a prefix shared by the whole group (read once
+// for all of its queries) and to its own row's keys, with one softmax over both (cascade
+// attention, as FlashInfer's, fused: no score matrices leave the core).
+//
+// Shapes (fp32, contiguous): q [N, H, D] real queries (already scaled by 1/sqrt(D) by the caller);
+// shared K transposed kt [KVH, D, P] and V vs [KVH, P, D]; own K/V km, vm [B, KVH, S, D] (the
+// decode mirror); qb [N] each query's row b; qlen [N] how many of its row's keys it sees (causal).
+// Query heads h*G .. h*G+G-1 (G = H / KVH) read KV head h. out [N, H, D].
+//
+// Phase 1, the shared prefix: tasks (KV head, block of QB query heads); keys in chunks of one
+// vector width: scores by broadcasting query elements against rows of the transposed K (no
+// horizontal sums), online softmax per query, V accumulated in registers. Phase 2, per (query,
+// KV head): the row's own keys (two passes over a score buffer), merged with phase 1's partial.
+// One source, one build per instruction set (decode_attn.py), like quant_q8_cpu.cpp.
+#include <immintrin.h>
+#include <omp.h>
+#include <stdint.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+using VecF = __m512;
+using Mask = __mmask16;
+inline VecF load(const float* p) { return _mm512_loadu_ps(p); }
+inline VecF load_n(const float* p, int n) { return _mm512_maskz_loadu_ps(static_cast<Mask>((1u << n) - 1), p); }
+inline void store(float* p, VecF v) { _mm512_storeu_ps(p, v); }
+inline VecF bcast(float v) { return _mm512_set1_ps(v); }
+inline VecF zero() { return _mm512_setzero_ps(); }
+inline VecF fma(VecF a, VecF b, VecF c) { return _mm512_fmadd_ps(a, b, c); }
+inline VecF mul(VecF a, VecF b) { return _mm512_mul_ps(a, b); }
+inline VecF sub(VecF a, VecF b) { return _mm512_sub_ps(a, b); }
+inline float hmax(VecF v) { return _mm512_reduce_max_ps(v); }
+inline float hsum(VecF v) { return _mm512_reduce_add_ps(v); }
+inline VecF tail_neg_inf(VecF v, int n) {  // lanes >= n set to -inf
+  return _mm512_mask_mov_ps(bcast(-std::numeric_limits<float>::infinity()),
+                            static_cast<Mask>((1u << n) - 1), v);
+}
+// exp(x) for x <= 0 (and -inf): 2^k * p(r), x = k ln2 + r, |r| <= ln2 / 2, degree-6 polynomial.
+inline VecF vexp(VecF x) {
+  x = _mm512_max_ps(x, bcast(-87.f));
+  const VecF k = _mm512_roundscale_ps(mul(x, bcast(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
+  VecF r = fma(k, bcast(-0.693145752f), x);
+  r = fma(k, bcast(-1.42860677e-6f), r);
+  VecF p = bcast(1.f / 720);
+  p = fma(p, r, bcast(1.f / 120));
+  p = fma(p, r, bcast(1.f / 24));
+  p = fma(p, r, bcast(1.f / 6));
+  p = fma(p, r, bcast(0.5f));
+  p = fma(p, r, bcast(1.f));
+  p = fma(p, r, bcast(1.f));
+  return _mm512_scalef_ps(p, k);
+}
+#else
+constexpr int kLanes = 8;
+using VecF = __m256;
+inline VecF load(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256i lanes_below(int n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+inline VecF load_n(const float* p, int n) { return _mm256_maskload_ps(p, lanes_below(n)); }
+inline void store(float* p, VecF v) { _mm256_storeu_ps(p, v); }
+inline VecF bcast(float v) { return _mm256_set1_ps(v); }
+inline VecF zero() { return _mm256_setzero_ps(); }
+inline VecF fma(VecF a, VecF b, VecF c) { return _mm256_fmadd_ps(a, b, c); }
+inline VecF mul(VecF a, VecF b) { return _mm256_mul_ps(a, b); }
+inline VecF sub(VecF a, VecF b) { return _mm256_sub_ps(a, b); }
+inline float hmax(VecF v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+inline float hsum(VecF v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline VecF tail_neg_inf(VecF v, int n) {
+  return _mm256_blendv_ps(bcast(-std::numeric_limits<float>::infinity()), v,
+                          _mm256_castsi256_ps(lanes_below(n)));
+}
+inline VecF vexp(VecF x) {
+  x = _mm256_max_ps(x, bcast(-87.f));
+  const VecF k = _mm256_round_ps(mul(x, bcast(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  VecF r = fma(k, bcast(-0.693145752f), x);
+  r = fma(k, bcast(-1.42860677e-6f), r);
+  VecF p = bcast(1.f / 720);
+  p = fma(p, r, bcast(1.f / 120));
+  p = fma(p, r, bcast(1.f / 24));
+  p = fma(p, r, bcast(1.f / 6));
+  p = fma(p, r, bcast(0.5f));
+  p = fma(p, r, bcast(1.f));
+  p = fma(p, r, bcast(1.f));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  return mul(p, _mm256_castsi256_ps(e));
+}
+#endif
+
+struct Dims {
+  int64_t N, H, KVH, G, D, P, S;
+};
+
+// Softmax state of one query head: running max, sum of exponentials, weighted sum of V (acc).
+struct Partial {
+  float m, l;
+};
+
+// Phase 1 for QB query heads (flat indices j0.. of KV head h: query j / G, head h*G + j % G).
+template <int DV, int QB>
+void shared_block(const Dims& dm, const float* q, const float* kt, const float* vs, int64_t h,
+                  int64_t j0, int nq, Partial* part, float* pacc) {
+  const int64_t D = dm.D, P = dm.P;
+  const float* qh[QB];
+  for (int i = 0; i < QB; ++i) {
+    const int64_t j = j0 + std::min(i, nq - 1);
+    qh[i] = q + ((j / dm.G) * dm.H + h * dm.G + j % dm.G) * D;
+  }
+  VecF acc[QB][DV];
+  float m[QB], l[QB];
+  for (int i = 0; i < QB; ++i) {
+    m[i] = -std::numeric_limits<float>::infinity(), l[i] = 0.f;
+    for (int v = 0; v < DV; ++v) acc[i][v] = zero();
+  }
+  alignas(64) float p[QB][kLanes];
+  const float* kth = kt + h * D * P;
+  const float* vsh = vs + h * P * D;
+  for (int64_t c0 = 0; c0 < P; c0 += kLanes) {
+    const int n = static_cast<int>(std::min<int64_t>(kLanes, P - c0));
+    VecF s[QB];
+    for (int i = 0; i < QB; ++i) s[i] = zero();
+    for (int64_t e = 0; e < D; ++e) {
+      const VecF krow = n == kLanes ? load(kth + e * P + c0) : load_n(kth + e * P + c0, n);
+      for (int i = 0; i < QB; ++i) s[i] = fma(bcast(qh[i][e]), krow, s[i]);
+    }
+    for (int i = 0; i < QB; ++i) {
+      if (n < kLanes) s[i] = tail_neg_inf(s[i], n);
+      const float m_new = std::max(m[i], hmax(s[i]));
+      const float corr = std::exp(m[i] - m_new);
+      const VecF e = vexp(sub(s[i], bcast(m_new)));
+      l[i] = l[i] * corr + hsum(e);
+      m[i] = m_new;
+      store(p[i], e);
+      const VecF cv = bcast(corr);
+      for (int v = 0; v < DV; ++v) acc[i][v] = mul(acc[i][v], cv);
+    }
+    for (int c = 0; c < n; ++c) {
+      const float* vrow = vsh + (c0 + c) * D;
+      VecF vv[DV];
+      for (int v = 0; v < DV; ++v) vv[v] = load(vrow + v * kLanes);
+      for (int i = 0; i < QB; ++i) {
+        const VecF pc = bcast(p[i][c]);
+        for (int v = 0; v < DV; ++v) acc[i][v] = fma(pc, vv[v], acc[i][v]);
+      }
+    }
+  }
+  for (int i = 0; i < nq; ++i) {
+    part[j0 + i] = {m[i], l[i]};
+    for (int v = 0; v < DV; ++v) store(pacc + (j0 + i) * D + v * kLanes, acc[i][v]);
+  }
+}
+
+// Phase 2 for query n, KV head h: its row's own keys, merged with the shared partial; writes out.
+template <int DV>
+void own_and_merge(const Dims& dm, const float* q, const float* km, const float* vm,
+                   const int64_t* qb, const int64_t* qlen, const Partial* part,
+                   const float* pacc, int64_t n, int64_t h, std::vector<float>& sc, float* out) {
+  const int64_t D = dm.D, len = qlen[n];
+  const float* kr = km + (qb[n] * dm.KVH + h) * dm.S * D;
+  const float* vr = vm + (qb[n] * dm.KVH + h) * dm.S * D;
+  if (static_cast<int64_t>(sc.size()) < len) sc.resize(len);
+  for (int64_t g = 0; g < dm.G; ++g) {
+    const int64_t head = h * dm.G + g, j = n * dm.G + g;
+    const float* qv = q + (n * dm.H + head) * D;
+    VecF qr[DV];
+    for (int v = 0; v < DV; ++v) qr[v] = load(qv + v * kLanes);
+    float m = dm.P ? part[j].m : -std::numeric_limits<float>::infinity();
+    for (int64_t t = 0; t < len; ++t) {
+      VecF a = mul(qr[0], load(kr + t * D));
+      for (int v = 1; v < DV; ++v) a = fma(qr[v], load(kr + t * D + v * kLanes), a);
+      sc[t] = hsum(a);
+      m = std::max(m, sc[t]);
+    }
+    const float corr = dm.P ? std::exp(part[j].m - m) : 0.f;
+    float l = dm.P ? part[j].l * corr : 0.f;
+    VecF acc[DV];
+    for (int v = 0; v < DV; ++v)
+      acc[v] = dm.P ? mul(load(pacc + j * D + v * kLanes), bcast(corr)) : zero();
+    for (int64_t t = 0; t < len; ++t) {
+      const float e = std::exp(sc[t] - m);
+      l += e;
+      const VecF ev = bcast(e);
+      for (int v = 0; v < DV; ++v) acc[v] = fma(ev, load(vr + t * D + v * kLanes), acc[v]);
+    }
+    const VecF inv = bcast(1.f / l);
+    for (int v = 0; v < DV; ++v) store(out + (n * dm.H + head) * D + v * kLanes, mul(acc[v], inv));
+  }
+}
+
+template <int DV>
+void run(const Dims& dm, const float* q, const float* kt, const float* vs, const float* km,
+         const float* vm, const int64_t* qb, const int64_t* qlen, float* out, int threads) {
+  constexpr int QB = DV * kLanes <= 64 ? 4 : 2;  // query heads per phase-1 task (registers)
+  const int64_t per_head = dm.N * dm.G, blocks = (per_head + QB - 1) / QB;
+  std::vector<Partial> part(dm.P ? dm.KVH * per_head : 0);
+  std::vector<float> pacc(dm.P ? dm.KVH * per_head * dm.D : 0);
+  if (dm.P) {
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t task = 0; task < dm.KVH * blocks; ++task) {
+      const int64_t h = task / blocks, j0 = (task % blocks) * QB;
+      const int nq = static_cast<int>(std::min<int64_t>(QB, per_head - j0));
+      shared_block<DV, QB>(dm, q, kt, vs, h, j0, nq, part.data() + h * per_head,
+                           pacc.data() + h * per_head * dm.D);
+    }
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> sc(dm.S);
+#pragma omp for schedule(static)
+    for (int64_t task = 0; task < dm.N * dm.KVH; ++task) {
+      const int64_t n = task / dm.KVH, h = task % dm.KVH;
+      own_and_merge<DV>(dm, q, km, vm, qb, qlen, part.data() + h * per_head,
+                        pacc.data() + h * per_head * dm.D, n, h, sc, out);
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// Returns 0, or -1 when head_dim D is not one this build handles (64 or 128).
+int gs_decode_attention(const float* q, const float* kt, const float* vs, int64_t P,
+                        const float* km, const float* vm, int64_t S, const int64_t* qb,
+                        const int64_t* qlen, int64_t N, int64_t H, int64_t KVH, int64_t D,
+                        float* out, int threads) {
+  const Dims dm{N, H, KVH, H / KVH, D, P, S};
+  if (D == 64) {
+    run<64 / kLanes>(dm, q, kt, vs, km, vm, qb, qlen, out, threads);
+  } else if (D == 128) {
+    run<128 / kLanes>(dm, q, kt, vs, km, vm, qb, qlen, out, threads);
+  } else {
+    return -1;
+  }
+  return 0;
+}
+
+}  // extern "C"

@@ -1,0 +1,52 @@
+"""The fused CPU decode attention (``kernels/decode_attn_cpu.cpp``) against its torch reference,
+on every instruction-set build this CPU runs: shared prefixes of any length (none, partial
+vector chunks), both head sizes, grouped-query heads, rows seeing different numbers of keys."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from grammarserve_kernels.decode_attn import decode_attention, decode_attention_ref
+from grammarserve_kernels.quant_q8 import supported_isas
+
+can_build = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and bool(
+    shutil.which("c++"))
+pytestmark = pytest.mark.skipif(not can_build, reason="needs an AVX2 CPU and a C++ compiler")
+
+CASES = [  # N queries, H heads, KV heads, head dim, shared P, rows B, mirror capacity S
+    (8, 9, 3, 64, 300, 8, 40),
+    (5, 9, 3, 64, 0, 3, 40),  # no shared prefix (the mirrored-matmul path)
+    (3, 8, 2, 128, 37, 2, 20),  # P not a multiple of the vector width
+    (12, 9, 3, 64, 70, 4, 50),  # several queries per row (jump-forward spans)
+    (1, 4, 4, 64, 1, 1, 1),  # one key of each kind, no grouping
+]
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+@pytest.mark.parametrize("case", CASES, ids=[str(c) for c in CASES])
+def test_fused_decode_attention_matches_reference(isa: str, case: tuple[int, ...]) -> None:
+    if isa not in {i[:6] for i in supported_isas()}:
+        pytest.skip(f"this CPU does not run {isa}")
+    n, h, kvh, d, p, b, s = case
+    gen = torch.Generator().manual_seed(sum(case))
+    q = torch.randn(n, h, d, generator=gen) * 3 / d ** 0.5
+    kt, vs = torch.randn(kvh, d, p, generator=gen), torch.randn(kvh, p, d, generator=gen)
+    km, vm = torch.randn(b, kvh, s, d, generator=gen), torch.randn(b, kvh, s, d, generator=gen)
+    qb = torch.randint(0, b, (n,), generator=gen)
+    qlen = torch.randint(1, s + 1, (n,), generator=gen)
+    got = decode_attention(q, kt, vs, km, vm, qb, qlen, isa=isa)
+    torch.testing.assert_close(got, decode_attention_ref(q, kt, vs, km, vm, qb, qlen),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_fused_decode_attention_rejects_what_it_cannot_run() -> None:
+    q = torch.randn(2, 4, 80)  # head_dim 80: not built
+    kv = torch.randn(1, 2, 4, 80)
+    with pytest.raises(ValueError, match="head_dim must be one of"):
+        decode_attention(q, torch.empty(0), torch.empty(0), kv, kv, torch.zeros(2),
+                         torch.ones(2))
+    with pytest.raises(ValueError, match="q must be contiguous fp32"):
+        decode_attention(q.double(), torch.empty(0), torch.empty(0), kv, kv, torch.zeros(2),
+                         torch.ones(2))
