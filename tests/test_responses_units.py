@@ -13,7 +13,7 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from grammarserve.engine.request import RequestOutput
-from grammarserve.errors import InvalidRequestError
+from grammarserve.errors import ErrorKind, InvalidRequestError, RequestFailedError
 from grammarserve.openai import ModelContext, Prepared
 from grammarserve.openai.responses_reply import response_body, response_events
 from grammarserve.openai.responses_request import (
@@ -163,3 +163,25 @@ def _item(o: Any) -> tuple[Any, ...]:
     if o.type == "message":
         return o.type, o.status, [c.text for c in o.content]
     return o.type, o.status, o.call_id.startswith("call_"), o.name, o.arguments
+
+
+def test_a_failure_mid_stream_ends_with_error_and_response_failed() -> None:
+    r = req()
+    prep = _prepared(r, tools=False)
+    ctx = ModelContext.create(None, None, max_model_len=512, max_n=1, model_name="m")
+
+    async def failing():  # type: ignore[no-untyped-def]
+        yield 0, _outputs("Hello there", "stop")[0]
+        raise RequestFailedError("the constraint cannot be completed: dead end", param="regex",
+                                 kind=ErrorKind.CONSTRAINT_DEAD_END)
+
+    async def collect() -> list[dict[str, Any]]:
+        return [e async for e in response_events(ctx, r, prep, failing())]
+
+    parsed = [EVENTS.validate_python(e) for e in asyncio.run(collect())]
+    assert [e.type for e in parsed[-2:]] == ["error", "response.failed"]
+    assert parsed[-2].param == "regex" and "dead end" in parsed[-2].message
+    failed = parsed[-1].response
+    assert failed.status == "failed" and failed.error.code == "invalid_prompt"
+    assert failed.output[0].content[0].text == "Hello t"  # what was streamed before the failure
+    assert failed.output[0].status == "incomplete"

@@ -12,8 +12,10 @@ from contextlib import aclosing
 from typing import Any
 
 from grammarserve.engine.request import RequestOutput
+from grammarserve.errors import GrammarserveError
 from grammarserve.openai import bodies as B
 from grammarserve.openai.context import ModelContext
+from grammarserve.openai.errors import error_response
 from grammarserve.openai.prepare import Prepared
 from grammarserve.openai.replies import OnUsage, Outputs
 from grammarserve.openai.responses_request import ResponsesRequest
@@ -44,15 +46,17 @@ def usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
 
 def response_object(ctx: ModelContext, req: ResponsesRequest, prep: Prepared, *, status: str,
                     output: list[dict[str, Any]], created_at: int,
-                    usage_: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``response`` object (``status``: in_progress, completed or incomplete)."""
+                    usage_: dict[str, Any] | None = None,
+                    error: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The ``response`` object (``status``: in_progress, completed, incomplete or failed, with
+    ``error``)."""
     fmt = req.text.format if req.text is not None else None
     tool_choice: Any = req.tool_choice or "auto"
     return {
         "id": prep.id, "object": "response", "created_at": created_at, "status": status,
         "background": False,
         "completed_at": int(time.time()) if status == "completed" else None,
-        "error": None,
+        "error": error,
         "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
         "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
         "max_tool_calls": None, "model": ctx.model_name, "output": output,
@@ -182,10 +186,20 @@ class _EventStream:
                                     item=dict(item))]
 
 
+def _apply(s: _EventStream, ev: Event) -> list[dict[str, Any]]:
+    if isinstance(ev, ContentDelta):
+        return s.text(ev.text)
+    if isinstance(ev, ToolCallStart):
+        return s.call(ev)
+    assert isinstance(ev, ToolCallArgs)
+    return s.arguments(ev.text)
+
+
 async def response_events(ctx: ModelContext, req: ResponsesRequest, prep: Prepared,
                           outputs: Outputs, on_usage: OnUsage | None = None
                           ) -> AsyncIterator[dict[str, Any]]:
-    """The typed events of a streamed response (the caller frames them as SSE)."""
+    """The typed events of a streamed response (the caller frames them as SSE). A request that
+    fails in the engine ends with an ``error`` event and ``response.failed``."""
     created = int(time.time())
     s = _EventStream()
     start = response_object(ctx, req, prep, status="in_progress", output=[], created_at=created)
@@ -193,24 +207,31 @@ async def response_events(ctx: ModelContext, req: ResponsesRequest, prep: Prepar
     yield s.event("response.in_progress", response=start)
     parser = make_parser(prep.tools.format) if prep.tools is not None else None
     final: RequestOutput | None = None
-    async with aclosing(outputs) as it:  # type: ignore[type-var]
-        async for _, out in it:
-            if parser is None:
-                events: list[Event] = [ContentDelta(out.delta_text)] if out.delta_text else []
-            else:
-                events = parser.feed(out.delta_text) + (parser.finish() if out.finished else [])
-            for ev in events:
-                if isinstance(ev, ContentDelta):
-                    for e in s.text(ev.text):
-                        yield e
-                elif isinstance(ev, ToolCallStart):
-                    for e in s.call(ev):
-                        yield e
-                elif isinstance(ev, ToolCallArgs):
-                    for e in s.arguments(ev.text):
-                        yield e
-            if out.finished:
-                final = out
+    try:
+        async with aclosing(outputs) as it:  # type: ignore[type-var]
+            async for _, out in it:
+                if parser is None:
+                    events: list[Event] = [ContentDelta(out.delta_text)] if out.delta_text else []
+                else:
+                    events = parser.feed(out.delta_text) + (
+                        parser.finish() if out.finished else [])
+                for ev in events:
+                    for item in _apply(s, ev):
+                        yield item
+                if out.finished:
+                    final = out
+    except GrammarserveError as failure:
+        status_code, body = error_response(failure)
+        err = body["error"]
+        yield s.event("error", code=err["code"] or err["type"], message=err["message"],
+                      param=err["param"])
+        code = "server_error" if status_code >= 500 else "invalid_prompt"
+        if s.open is not None:  # the item being written stays unfinished
+            s.open["status"] = "incomplete"
+        yield s.event("response.failed", response=response_object(
+            ctx, req, prep, status="failed", output=s.output, created_at=created,
+            error={"code": code, "message": err["message"]}))
+        return
     assert final is not None
     status = _status(final)
     if not s.output:  # a blank reply is one message, as when not streamed
