@@ -53,13 +53,14 @@ inline float quantize_block(const float* xb, int8_t* q, int* sum, float* rest) {
   return d;
 }
 
-Q8Rows quantize_rows(const float* x, int64_t R, int64_t K, bool two) {
+Q8Rows quantize_rows(const float* x, int64_t R, int64_t K, bool two, int threads) {
   const int64_t nb = K / 32;
   Q8Rows a;
   a.q.resize(R * K), a.dx.resize(R * nb), a.sx.resize(R * nb);
   if (two) a.q2.resize(R * K), a.dx2.resize(R * nb);
-  float rest[32];
+#pragma omp parallel for schedule(static) num_threads(threads) if (R * nb >= 512)
   for (int64_t rb = 0; rb < R * nb; ++rb) {
+    float rest[32];
     int s1 = 0, s2 = 0;
     a.dx[rb] = quantize_block(x + rb * 32, a.q.data() + rb * 32, &s1, two ? rest : nullptr);
     a.sx[rb] = a.dx[rb] * static_cast<float>(s1);
@@ -209,20 +210,26 @@ void gemm(const float* x, int64_t R, int64_t K, const uint8_t* qs, const float* 
           const float* m, int64_t N, float* y, int threads) {
   const int64_t nb = K / 32, tiles = (N + kTile - 1) / kTile;
   const int64_t tile_bytes = nb * (kQ4 ? 4 : 8) * 64;
-  const Q8Rows a = quantize_rows(x, R, K, kTwo);
+  const Q8Rows a = quantize_rows(x, R, K, kTwo, threads);
+  // Rows in chunks whose activations stay in L2 while every weight tile passes over them. The
+  // result of a row does not depend on the chunking (each row's sums run in the same order).
+  constexpr int64_t kChunk = 64;
+  for (int64_t c0 = 0; c0 < R; c0 += kChunk) {
+    const int64_t c1 = c0 + kChunk < R ? c0 + kChunk : R;
 #pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t t = 0; t < tiles; ++t) {
-    const uint8_t* qt = qs + t * tile_bytes;
-    const float* dt = d + t * nb * kTile;
-    const float* mt = kQ4 ? m + t * nb * kTile : nullptr;
-    for (int h = 0; h < kHalves; ++h) {
-      const int64_t n0 = t * kTile + h * kLanes;
-      if (n0 >= N) break;
-      const int nvalid = static_cast<int>(N - n0 < kLanes ? N - n0 : kLanes);
-      int64_t r0 = 0;
-      for (; r0 + 8 <= R; r0 += 8) tile_rows<8, kQ4, kTwo>(a, K, r0, qt, dt, mt, h, y, N, n0, nvalid);
-      for (; r0 + 4 <= R; r0 += 4) tile_rows<4, kQ4, kTwo>(a, K, r0, qt, dt, mt, h, y, N, n0, nvalid);
-      for (; r0 < R; ++r0) tile_rows<1, kQ4, kTwo>(a, K, r0, qt, dt, mt, h, y, N, n0, nvalid);
+    for (int64_t t = 0; t < tiles; ++t) {
+      const uint8_t* qt = qs + t * tile_bytes;
+      const float* dt = d + t * nb * kTile;
+      const float* mt = kQ4 ? m + t * nb * kTile : nullptr;
+      for (int h = 0; h < kHalves; ++h) {
+        const int64_t n0 = t * kTile + h * kLanes;
+        if (n0 >= N) break;
+        const int nv = static_cast<int>(N - n0 < kLanes ? N - n0 : kLanes);
+        int64_t r = c0;
+        for (; r + 8 <= c1; r += 8) tile_rows<8, kQ4, kTwo>(a, K, r, qt, dt, mt, h, y, N, n0, nv);
+        for (; r + 4 <= c1; r += 4) tile_rows<4, kQ4, kTwo>(a, K, r, qt, dt, mt, h, y, N, n0, nv);
+        for (; r < c1; ++r) tile_rows<1, kQ4, kTwo>(a, K, r, qt, dt, mt, h, y, N, n0, nv);
+      }
     }
   }
 }

@@ -3,6 +3,9 @@ ragged batches equal single runs, cached-prefix prefill equals full prefill."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import pytest
 import torch
 from greedy_helpers import assert_same_greedy
@@ -16,6 +19,12 @@ pytestmark = pytest.mark.model  # every test here uses the embedded model
 
 PROMPT = ("You are a careful assistant. Extract the fields name, age and city from the text and "
           "answer in JSON. Text: Maria Lopez, 34, moved to Valencia last spring to work as a nurse.")
+
+
+# Logits against transformers, per activation mode: (largest |difference| allowed,
+# whether every position's argmax must agree). Measured on this prompt (AMD EPYC, AVX-512 VNNI):
+# fp32 ~2e-4, int8x2 ~4e-3, int8 ~2 (llama.cpp's Q8 activations: near-ties may flip).
+SKINNY_TOLERANCE = {"fp32": (1e-3, True), "int8x2": (2e-2, True), "int8": (4.0, False)}
 
 
 @pytest.fixture(scope="module")
@@ -61,34 +70,44 @@ def _prompt_ids(smollm, n: int) -> list[int]:  # type: ignore[no-untyped-def]
     return list(ids[:n])
 
 
-def test_logits_match_transformers(smollm, hf_reference) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("activations", ["fp32", "int8x2", "int8"])
+def test_logits_match_transformers(smollm, hf_reference, activations: str) -> None:  # type: ignore[no-untyped-def]
+    """A 50-token prefill, per activation mode of the quantized linears (SKINNY_TOLERANCE)."""
     ids = _prompt_ids(smollm, 50)
     with torch.no_grad():
         ref = hf_reference(torch.tensor([ids])).logits[0].float()
-    ours = _all_logits(_runner(smollm), 0, 0, ids)
+    with _activations(smollm, activations):
+        ours = _all_logits(_runner(smollm), 0, 0, ids)
     assert ours.shape == ref.shape == (50, smollm.config.vocab_size)
-    assert (ours - ref).abs().max().item() < 1e-3
+    tol, same_argmax = SKINNY_TOLERANCE[activations]
+    assert (ours - ref).abs().max().item() < tol
+    if same_argmax:
+        assert torch.equal(ours.argmax(-1), ref.argmax(-1))
 
 
-# Decode-path logits against transformers, per activation mode: (largest |difference| allowed,
-# whether every position's argmax must agree). Measured on this prompt (AMD EPYC, AVX-512 VNNI):
-# fp32 ~2e-4, int8x2 ~4e-3, int8 ~2 (llama.cpp's Q8 activations: near-ties may flip).
-SKINNY_TOLERANCE = {"fp32": (1e-3, True), "int8x2": (2e-2, True), "int8": (4.0, False)}
+
+
+@contextlib.contextmanager
+def _activations(smollm, activations: str) -> Iterator[None]:  # type: ignore[no-untyped-def]
+    """The model's quantized linears in ``activations`` mode inside the block (skips the test
+    where the int8 kernel cannot be built)."""
+    from grammarserve.models.quant_weights import set_quant_activations
+
+    used = set_quant_activations(smollm.model, activations)
+    try:
+        if used != activations:
+            pytest.skip("the int8 kernel cannot be built here")
+        yield
+    finally:
+        set_quant_activations(smollm.model, "int8x2")
 
 
 @pytest.mark.parametrize("activations", list(SKINNY_TOLERANCE))
 def test_skinny_steps_on_gguf_blocks_match_transformers(smollm, hf_reference,
                                                         activations: str) -> None:  # type: ignore[no-untyped-def]
     """Steps of at most QUANT_ROWS tokens run the linears on the GGUF blocks (the decode path)."""
-    from grammarserve.models.quant_weights import set_quant_activations
-
-    if set_quant_activations(smollm.model, activations) != activations:
-        set_quant_activations(smollm.model, "int8x2")
-        pytest.skip("the int8 kernel cannot be built here")
-    try:
+    with _activations(smollm, activations):
         _check_skinny_steps(smollm, hf_reference, *SKINNY_TOLERANCE[activations])
-    finally:
-        set_quant_activations(smollm.model, "int8x2")
 
 
 def _check_skinny_steps(smollm, hf_reference, tol: float, same_argmax: bool) -> None:  # type: ignore[no-untyped-def]
@@ -117,7 +136,7 @@ def test_greedy_tokens_match_transformers(smollm, llm, hf_reference) -> None:  #
     assert out.token_ids == ref
 
 
-def test_cached_prefix_prefill_equals_full_prefill(smollm) -> None:  # type: ignore[no-untyped-def]
+def test_cached_prefix_prefill_equals_full_prefill(smollm, fp32_activations) -> None:  # type: ignore[no-untyped-def]
     ids = _prompt_ids(smollm, 60)
     runner = _runner(smollm)
     full = _all_logits(runner, 0, 0, ids)
