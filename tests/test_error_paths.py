@@ -20,6 +20,7 @@ from grammarserve.openai.errors import STATUS, error_response
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
+RESPONSES = "/v1/responses"
 ASK = [{"role": "user", "content": "Answer in JSON."}]
 BAD_SCHEMA = {"type": "object", "properties": {"a": {"type": "strin"}}}
 # NOTE: one grammar backend on every path (with "auto" the one ready first enforces the regex, and
@@ -39,6 +40,11 @@ def _completion(**fields: Any) -> dict[str, Any]:
 def _schema(schema: dict[str, Any], strict: bool = False) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": {"name": "s", "strict": strict,
                                                    "schema": schema}}
+
+
+def _response(**fields: Any) -> dict[str, Any]:
+    return {"model": "m", "input": "Answer in JSON.", "max_output_tokens": 8, "temperature": 0,
+            **fields}
 
 
 def _tool(parameters: dict[str, Any]) -> dict[str, Any]:
@@ -67,17 +73,34 @@ CASES: dict[str, tuple[str, dict[str, Any], str | None]] = {
     # the regex needs a character whose bytes have no token: it compiles, then the engine finds
     # no token to continue with (a dead end reported by the engine, not by validation)
     "constraint_dead_end": (COMPLETIONS, _completion(regex="\U00092361"), "regex"),
+    # the Responses API: translated to chat, its errors name its own parameters
+    "responses_stateful": (RESPONSES, _response(previous_response_id="resp_1"),
+                           "previous_response_id"),
+    "responses_schema": (RESPONSES, _response(text={"format": {
+        "type": "json_schema", "name": "s", "schema": BAD_SCHEMA}}), "text.format"),
+    "responses_tool": (RESPONSES, _response(tools=[{"type": "function", "name": "f",
+                                                    "parameters": BAD_SCHEMA}],
+                                            tool_choice="required"), "tools[0].parameters"),
 }
+#: A good Responses line rides along in the batches: its reply is a ``response`` object.
+GOOD = ("responses_ok", RESPONSES, _response(input="Say hi."))
 
 
 def _line(name: str) -> str:
-    url, body, _ = CASES[name]
+    url, body = (GOOD[1], GOOD[2]) if name == GOOD[0] else CASES[name][:2]
     return json.dumps({"custom_id": name, "method": "POST", "url": url, "body": body})
 
 
-def _results(error_file: str) -> dict[str, tuple[int, dict[str, Any]]]:
+def _names(url: str | None = None) -> list[str]:
+    return [n for n, case in [*CASES.items(), (GOOD[0], GOOD[1:])]
+            if url is None or case[0] == url]
+
+
+def _results(*files: str) -> dict[str, tuple[int, dict[str, Any]]]:
     out = {}
-    for raw in error_file.splitlines():
+    for raw in "\n".join(files).splitlines():
+        if not raw.strip():
+            continue
         rec = json.loads(raw)
         out[rec["custom_id"]] = (rec["response"]["status_code"], rec["response"]["body"])
     return out
@@ -111,8 +134,8 @@ def over_http(server: dict[str, Any]) -> dict[str, tuple[int, dict[str, Any]]]:
 def batches_worker(server: dict[str, Any]) -> dict[str, tuple[int, dict[str, Any]]]:
     client = openai.OpenAI(base_url=server["url"] + "/v1", api_key="none", max_retries=0)
     results: dict[str, tuple[int, dict[str, Any]]] = {}
-    for url in (CHAT, COMPLETIONS):  # a batch has one endpoint
-        lines = "\n".join(_line(n) for n, case in CASES.items() if case[0] == url) + "\n"
+    for url in (CHAT, COMPLETIONS, RESPONSES):  # a batch has one endpoint
+        lines = "\n".join(_line(n) for n in _names(url)) + "\n"
         upload = client.files.create(file=("in.jsonl", lines.encode()), purpose="batch")
         batch = client.batches.create(input_file_id=upload.id, endpoint=url,  # type: ignore[arg-type]
                                       completion_window="24h")
@@ -120,7 +143,8 @@ def batches_worker(server: dict[str, Any]) -> dict[str, tuple[int, dict[str, Any
             time.sleep(0.2)  # every line is refused or dies early; the worker is never idle long
             batch = client.batches.retrieve(batch.id)
         assert batch.status == "completed" and batch.error_file_id, batch
-        results.update(_results(client.files.content(batch.error_file_id).text))
+        ok = client.files.content(batch.output_file_id).text if batch.output_file_id else ""
+        results.update(_results(client.files.content(batch.error_file_id).text, ok))
     return results
 
 
@@ -129,13 +153,12 @@ def offline_runner(tmp_path_factory: pytest.TempPathFactory,
                    over_http: dict[str, Any]) -> dict[str, tuple[int, dict[str, Any]]]:
     tmp = tmp_path_factory.mktemp("offline")
     inp, out, err = tmp / "in.jsonl", tmp / "out.jsonl", tmp / "err.jsonl"
-    inp.write_text("\n".join(_line(n) for n in CASES) + "\n")
+    inp.write_text("\n".join(_line(n) for n in _names()) + "\n")
     run = subprocess.run([sys.executable, "-m", "grammarserve.cli", "batch", str(inp), "-o",
                           str(out), "--errors", str(err), "--max-n", "4", "--no-progress",
                           *SERVER_ARGS], cwd=ROOT, capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stderr
-    assert not out.exists() or not out.read_text().strip()  # every line failed
-    return _results(err.read_text())
+    return _results(err.read_text(), out.read_text())
 
 
 @pytest.mark.model
@@ -162,3 +185,13 @@ def _stable(result: tuple[int, dict[str, Any]]) -> tuple[int, dict[str, Any]]:
     error["message"] = error["message"].split("dead end:")[0]
     return status, {"error": error}
 
+
+@pytest.mark.model
+def test_a_responses_line_is_answered_on_both_batch_paths(
+        batches_worker: dict[str, tuple[int, dict[str, Any]]],
+        offline_runner: dict[str, tuple[int, dict[str, Any]]]) -> None:
+    for results in (batches_worker, offline_runner):
+        status, body = results[GOOD[0]]
+        assert status == 200 and body["object"] == "response", body
+        assert body["id"].startswith("resp_") and body["status"] in ("completed", "incomplete")
+        assert body["output"][0]["type"] == "message" and body["usage"]["output_tokens"] > 0

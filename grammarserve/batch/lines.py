@@ -21,11 +21,9 @@ from typing import IO, Any
 from typing_extensions import Self
 
 from grammarserve.openai.bodies import new_id
+from grammarserve.openai.endpoints import CHAT_URL, ENDPOINTS, RESPONSES_URL
 from grammarserve.openai.errors import error_response
-from grammarserve.openai.prepare import CHAT_URL, COMPLETIONS_URL
 
-#: Endpoints a batch line may target.
-ENDPOINTS = (CHAT_URL, COMPLETIONS_URL)
 #: OpenAI's limits on one input file.
 MAX_LINES = 50_000
 MAX_BYTES = 200 * 2**20
@@ -129,7 +127,8 @@ def _check_envelope(number: int, raw: bytes, endpoint: str | None
 
 
 def sort_key(url: str, body: dict[str, Any]) -> SortKey:
-    """The fields a prompt is rendered from, in prompt order (tools, then each message).
+    """The fields a prompt is rendered from, in prompt order (tools, then each message or input
+    item).
 
     Strings are interned: 10,000 lines behind one system prompt hold it once.
     """
@@ -141,6 +140,13 @@ def sort_key(url: str, body: dict[str, Any]) -> SortKey:
             if isinstance(m, dict):
                 parts.append(_text(m.get("role")))
                 parts.append(_text(m.get("content")))
+    elif url == RESPONSES_URL:
+        if body.get("tools"):
+            parts.append(_text(body["tools"]))
+        parts.append(_text(body.get("instructions")))
+        items = body.get("input")
+        for item in items if isinstance(items, list) else [items]:
+            parts.append(_text(item))
     else:
         parts.append(_text(body.get("prompt")))
     return tuple(sys.intern(p) for p in parts)

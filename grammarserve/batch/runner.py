@@ -27,9 +27,10 @@ from grammarserve.batch.lines import (
 from grammarserve.batch.results import ResultFile, scan, todo_lines
 from grammarserve.engine.engine import Engine
 from grammarserve.engine.request import RequestOutput
+from grammarserve.openai.bodies import final_usage
 from grammarserve.openai.context import ModelContext
-from grammarserve.openai.prepare import Prepared, prepare_body
-from grammarserve.openai.replies import reply_body
+from grammarserve.openai.endpoints import prepare_body, reply_body
+from grammarserve.openai.prepare import Prepared
 
 
 @dataclass
@@ -200,7 +201,7 @@ class BatchRunner:
                 failures.append(failure_line(job.line.custom_id, e, job.line.line))
                 continue
             results.append(response_line(job.line.custom_id, 200, body))
-            usage = body["usage"]
+            usage = final_usage(outs, num_prompts=len(outs) // job.prep.n)
             summary.prompt_tokens += usage["prompt_tokens"]
             summary.cached_tokens += usage["prompt_tokens_details"]["cached_tokens"]
             summary.completion_tokens += usage["completion_tokens"]

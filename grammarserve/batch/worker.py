@@ -34,9 +34,8 @@ from grammarserve.batch.store import BatchStore
 from grammarserve.errors import EngineDeadError
 from grammarserve.openai.bodies import new_id
 from grammarserve.openai.context import ModelContext
+from grammarserve.openai.endpoints import prepare_body, reply_body
 from grammarserve.openai.generation import EngineClient, Generation, Timings
-from grammarserve.openai.prepare import prepare_body
-from grammarserve.openai.replies import reply_body
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.25

@@ -10,6 +10,8 @@
   :class:`EngineClient` (submit / abort).
 - :mod:`~grammarserve.openai.replies`, :mod:`~grammarserve.openai.responses_reply`: outputs to
   bodies and stream events (tool calls parsed by :mod:`~grammarserve.openai.toolparse`).
+- :mod:`~grammarserve.openai.endpoints`: a raw body for an endpoint URL (a batch line) to a
+  :class:`Prepared` and back to its reply.
 - :mod:`~grammarserve.openai.errors`: every failure as a status and an OpenAI error body, from one
   table keyed by :class:`~grammarserve.errors.ErrorKind`.
 
@@ -18,10 +20,12 @@ anywhere (this package included) is the SDK.
 """
 
 from grammarserve.openai.context import ModelContext
+from grammarserve.openai.endpoints import ENDPOINTS, prepare_body, reply_body
 from grammarserve.openai.errors import error_response
 from grammarserve.openai.generation import EngineClient, Generation
-from grammarserve.openai.prepare import Prepared, prepare_body, prepare_chat, prepare_completion
-from grammarserve.openai.replies import reply_body, stream_chunks
+from grammarserve.openai.prepare import Prepared, prepare_chat, prepare_completion
+from grammarserve.openai.replies import completion_body, stream_chunks
 
-__all__ = ["EngineClient", "Generation", "ModelContext", "Prepared", "error_response",
-           "prepare_body", "prepare_chat", "prepare_completion", "reply_body", "stream_chunks"]
+__all__ = ["ENDPOINTS", "EngineClient", "Generation", "ModelContext", "Prepared",
+           "completion_body", "error_response", "prepare_body", "prepare_chat",
+           "prepare_completion", "reply_body", "stream_chunks"]

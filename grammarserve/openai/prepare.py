@@ -15,17 +15,13 @@ import asyncio
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
-
-from pydantic import ValidationError
 
 from grammarserve.engine.request import RequestOutput
 from grammarserve.errors import ErrorKind, GrammarError, InvalidRequestError, RequestFailedError
 from grammarserve.fsm import CompiledGrammar
 from grammarserve.openai.bodies import new_id
 from grammarserve.openai.context import ModelContext
-from grammarserve.openai.errors import validation_error
-from grammarserve.openai.protocol import ChatCompletionRequest, CompletionRequest
+from grammarserve.openai.protocol import ChatCompletionRequest, CompletionRequest, RequestBody
 from grammarserve.openai.render import content_text, render_chat
 from grammarserve.openai.translate import (
     ConstraintPlan,
@@ -42,10 +38,6 @@ from grammarserve.openai.translate import (
     tools_plan,
 )
 from grammarserve.sampling_params import SamplingParams
-
-#: The routes a request body may be prepared for (``/v1/responses`` translates to chat).
-CHAT_URL = "/v1/chat/completions"
-COMPLETIONS_URL = "/v1/completions"
 
 #: Engine error kinds caused by the request's constraint (their error names its param).
 _CONSTRAINT_KINDS = (ErrorKind.CONSTRAINT_INVALID, ErrorKind.CONSTRAINT_DEAD_END)
@@ -67,6 +59,8 @@ class Prepared:
     #: Renames the params errors name (the Responses API names ``text.format``, not
     #: ``response_format``); None: the request's own names.
     rename: Callable[[str | None], str | None] | None = None
+    #: The request as the client sent it, when it was translated (a Responses request).
+    source: RequestBody | None = None
 
     @property
     def chat(self) -> bool:
@@ -175,16 +169,3 @@ def prepare_completion(ctx: ModelContext, req: CompletionRequest) -> Prepared:
     return Prepared(new_id("cmpl"), req, all_prompts, params, plan, None, echo,
                     _compile(ctx, plan))
 
-
-def prepare_body(ctx: ModelContext, url: str, body: dict[str, Any]) -> Prepared:
-    """A raw body (a batch line's) for ``url`` (:data:`CHAT_URL` or :data:`COMPLETIONS_URL`);
-    a body that does not match the request model is the 400 the server gives for it."""
-    try:
-        if url == CHAT_URL:
-            return prepare_chat(ctx, ChatCompletionRequest.model_validate(body))
-        if url == COMPLETIONS_URL:
-            return prepare_completion(ctx, CompletionRequest.model_validate(body))
-    except ValidationError as e:
-        raise validation_error(e.errors()) from None
-    raise InvalidRequestError(f"url must be {CHAT_URL} or {COMPLETIONS_URL}, got {url!r}",
-                              param="url")

@@ -27,8 +27,9 @@ OnUsage = Callable[[dict[str, Any]], None]
 Outputs = AsyncIterator[tuple[int, RequestOutput]]
 
 
-def reply_body(ctx: ModelContext, prep: Prepared, outs: list[RequestOutput]) -> dict[str, Any]:
-    """The reply to a finished request (``outs``: the final output of every choice, in request
+def completion_body(ctx: ModelContext, prep: Prepared, outs: list[RequestOutput]
+                    ) -> dict[str, Any]:
+    """The ``chat.completion`` / ``text_completion`` reply to a finished request (``outs``: the final output of every choice, in request
     order); raises the typed error of a choice that failed in the engine."""
     for out in outs:
         prep.check_output(out)

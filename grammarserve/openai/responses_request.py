@@ -245,4 +245,4 @@ def prepare_response(ctx: ModelContext, req: ResponsesRequest) -> Prepared:
         prep = prepare_chat(ctx, chat_request(req))
     except InvalidRequestError as e:
         raise InvalidRequestError(str(e), param=_param(e.param), kind=e.kind) from None
-    return dataclasses.replace(prep, id=new_id("resp", sep="_"), rename=_param)
+    return dataclasses.replace(prep, id=new_id("resp", sep="_"), rename=_param, source=req)

@@ -20,7 +20,7 @@ from grammarserve.openai.errors import kind_response
 from grammarserve.openai.generation import Generation
 from grammarserve.openai.prepare import Prepared, prepare_chat, prepare_completion
 from grammarserve.openai.protocol import ChatCompletionRequest, CompletionRequest
-from grammarserve.openai.replies import reply_body, stream_chunks
+from grammarserve.openai.replies import completion_body, stream_chunks
 from grammarserve.openai.responses_reply import response_body, response_events
 from grammarserve.openai.responses_request import ResponsesRequest, prepare_response
 from grammarserve.server.sse import sse
@@ -79,7 +79,7 @@ def router(state: ServerState) -> APIRouter:
             outs = await gen.results(request.receive)
             if outs is None:
                 return None
-            reply = reply_body(ctx, prep, outs)
+            reply = completion_body(ctx, prep, outs)
             state.metrics.observe_usage(reply["usage"])
             return reply
 
