@@ -1,5 +1,8 @@
 """OpenAI-compatible HTTP server (FastAPI + uvicorn) over an engine in its own process.
 
+HTTP only: requests are validated, translated and answered by the protocol layer
+(:mod:`grammarserve.openai`), which the batch paths share.
+
 ``grammarserve serve --model default`` runs it; :func:`create_app` builds the ASGI app.
 """
 

@@ -1,4 +1,6 @@
-"""The FastAPI application: routes, the OpenAI error envelope, SSE framing, metrics."""
+"""The FastAPI application: exception handlers (the OpenAI error envelope, from the protocol
+layer's one status table), the generating routes (:mod:`~grammarserve.server.inference`), the
+batch API, models, health, metrics, tokenize."""
 
 from __future__ import annotations
 
