@@ -1,0 +1,208 @@
+"""Roofline of the CPU decode step: the machine's measured peaks, and how close a decode step at
+1, 8 and 32 rows (and a prefill chunk) comes to them, per component.
+
+Peaks, measured here: fp32 FMA GFLOP/s and int8 multiply-add GOP/s per instruction set this CPU
+runs (``roofline/peak.cpp``: independent register-only chains on every thread), and memory read
+GB/s (a sum over 512 MB). Per step, on the embedded model (prefix cache off, every row its own
+``--context``-token prompt): the time in the quantized matmuls, in attention and in the rest,
+and each component's roofline estimate: max(bytes it must read / GB/s, operations / peak), with
+the bytes and operations counted from the shapes (matmuls: the packed weights and
+2 * N * K * rows products per int8 level; attention: each row's K/V in fp32 and
+4 * context * heads * head_dim FLOPs per row and layer). ``ratio`` = measured / estimate.
+
+    .venv/bin/python benchmarks/bench_roofline.py [--threads 2] [--context 512]
+
+Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import platform
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+
+
+def _cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.machine()
+
+
+def _peaks(threads: int) -> dict[str, Any]:
+    from grammarserve_kernels import quant_q8
+    from grammarserve_kernels.cpu_build import build_and_open
+
+    out: dict[str, Any] = {}
+    for isa in quant_q8.supported_isas():
+        lib = build_and_open(HERE / "roofline" / "peak.cpp",
+                             quant_q8._COMMON + quant_q8._ISA_FLAGS[isa], tag=isa)
+        lib.gs_peak_fma.restype, lib.gs_peak_int8.restype = ctypes.c_float, ctypes.c_int
+        lib.gs_peak_fma.argtypes = lib.gs_peak_int8.argtypes = [ctypes.c_int64, ctypes.c_int]
+        lanes = 16 if isa.startswith("avx512") else 8
+        iters = 20_000_000
+        best_f = best_i = 1e9
+        for _ in range(3):
+            t0 = time.perf_counter()
+            lib.gs_peak_fma(iters, threads)
+            best_f = min(best_f, time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            lib.gs_peak_int8(iters, threads)
+            best_i = min(best_i, time.perf_counter() - t0)
+        out[isa] = {"fma_gflops": round(threads * iters * 12 * lanes * 2 / best_f / 1e9, 1),
+                    "int8_gops": round(threads * iters * 12 * lanes * 8 / best_i / 1e9, 1)}
+    x = torch.ones(128 * 1024 * 1024)  # 512 MB
+    best = 1e9
+    for _ in range(3):
+        t0 = time.perf_counter()
+        x.sum()
+        best = min(best, time.perf_counter() - t0)
+    out["mem_read_gbs"] = round(x.numel() * 4 / best / 1e9, 1)
+    return out
+
+
+class _Timers:
+    """Wall time inside the quantized matmuls and attention (the model calls them through
+    module-level names, which are wrapped here)."""
+
+    def __init__(self) -> None:
+        import grammarserve.attention.backend as backend
+        import grammarserve.models.linear as linear
+
+        self.acc: Counter[str] = Counter()
+        for name in ("quant_matmul_q8", "quant_matmul"):
+            setattr(linear, name, self._wrap(getattr(linear, name), "matmul"))
+        cls = backend.TorchSDPABackend
+        cls.forward = self._wrap(cls.forward, "attention")  # type: ignore[method-assign]
+
+    def _wrap(self, fn: Any, key: str) -> Any:
+        def timed(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            r = fn(*a, **k)
+            self.acc[key] += time.perf_counter() - t0
+            return r
+        return timed
+
+
+def _model_shapes(llm: Any) -> dict[str, Any]:
+    from grammarserve.models.linear import Linear
+
+    model = llm.engine.loaded.model
+    body = head = 0
+    body_params = head_params = 0
+    levels = 0
+    for name, m in model.named_modules():
+        if isinstance(m, Linear):
+            p = m.quant_x16 if m.quant_x16 is not None else m.quant
+            nbytes = sum(t.numel() * t.element_size() for t in (p.qs, p.d, p.m)) if p else (
+                m.weight.numel() * 4)
+            if m.quant_x16 is not None:
+                levels = m.quant_x16.levels
+            if name == "lm_head":
+                head, head_params = nbytes, m.weight.numel()
+            else:
+                body += nbytes
+                body_params += m.weight.numel()
+    mc = llm.engine.loaded.config
+    return {"body_bytes": body, "head_bytes": head, "body_params": body_params,
+            "head_params": head_params, "levels": levels, "layers": mc.num_layers,
+            "heads": mc.num_heads, "kv_heads": mc.num_kv_heads, "head_dim": mc.head_dim}
+
+
+def _estimate(sh: dict[str, Any], rows: int, logit_rows: int, ctx: int, peaks: dict[str, Any],
+              isa: str) -> dict[str, float]:
+    """Roofline seconds of the matmuls and the attention of one forward."""
+    bw = peaks["mem_read_gbs"] * 1e9
+    levels = sh["levels"]
+    mm_ops = 2 * (sh["body_params"] * rows + sh["head_params"] * logit_rows)
+    peak = (peaks[isa]["int8_gops"] / max(levels, 1)) if levels else peaks[isa]["fma_gflops"]
+    mm = max((sh["body_bytes"] + sh["head_bytes"]) / bw, mm_ops / (peak * 1e9))
+    kv_bytes = sh["layers"] * rows * ctx * sh["kv_heads"] * sh["head_dim"] * 4 * 2
+    flops = sh["layers"] * rows * ctx * sh["heads"] * sh["head_dim"] * 4
+    att = max(kv_bytes / bw, flops / (peaks[isa]["fma_gflops"] * 1e9))
+    return {"matmul": mm, "attention": att}
+
+
+def _decode(llm: Any, timers: _Timers, rows: int, ctx: int, steps: int) -> dict[str, float]:
+    from grammarserve import SamplingParams
+
+    eng = llm.engine
+    gen = torch.Generator().manual_seed(rows)
+    for i in range(rows):
+        ids = torch.randint(100, 40000, (ctx,), generator=gen).tolist()
+        eng.add_request(f"r{rows}-{i}", ids, SamplingParams(max_tokens=steps + 8, temperature=0,
+                                                             ignore_eos=True))
+    while eng.scheduler.waiting or any(r.num_computed < len(r.prompt_ids) for r in
+                                       eng.scheduler.running):
+        eng.step()
+    eng.step()
+    timers.acc.clear()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        eng.step()
+    total = (time.perf_counter() - t0) / steps
+    m, a = timers.acc["matmul"] / steps, timers.acc["attention"] / steps
+    while eng.has_unfinished():
+        eng.step()
+    return {"step": total, "matmul": m, "attention": a, "rest": total - m - a}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--rows", default="1,8,32")
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--prefill", type=int, default=256)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    from grammarserve import LLM, SamplingParams
+    from grammarserve_kernels.quant_q8 import cpu_isa
+
+    peaks = _peaks(args.threads)
+    isa = cpu_isa() or "avx2"
+    rows_list = [int(r) for r in args.rows.split(",")]
+    llm = LLM("default", device="cpu", max_num_reqs=max(rows_list), enable_prefix_cache=False,
+              kv_cache_tokens=max(rows_list) * (args.context + args.steps + 16) + 4096)
+    timers = _Timers()
+    sh = _model_shapes(llm)
+    out: dict[str, Any] = {"bench": "roofline", "cpu": _cpu_name(), "isa": isa,
+                           "threads": args.threads, "context": args.context, "peaks": peaks,
+                           "activation_levels": sh["levels"], "steps": []}
+    llm.generate([[5] * 32], SamplingParams(max_tokens=2, temperature=0))  # warm-up
+    for rows in rows_list:
+        meas = _decode(llm, timers, rows, args.context, args.steps)
+        est = _estimate(sh, rows, rows, args.context, peaks, isa)
+        row: dict[str, Any] = {"rows": rows, "step_ms": round(meas["step"] * 1e3, 2),
+                               "tok_s": round(rows / meas["step"], 1)}
+        for part in ("matmul", "attention"):
+            row[part] = {"ms": round(meas[part] * 1e3, 2), "roofline_ms": round(est[part] * 1e3, 2),
+                         "ratio": round(meas[part] / max(est[part], 1e-9), 2)}
+        row["rest_ms"] = round(meas["rest"] * 1e3, 2)
+        row["step_vs_roofline"] = round(meas["step"] / (est["matmul"] + est["attention"]), 2)
+        out["steps"].append(row)
+    ids = torch.randint(100, 40000, (args.prefill,)).tolist()
+    timers.acc.clear()
+    t0 = time.perf_counter()
+    llm.generate([ids], SamplingParams(max_tokens=1, temperature=0))
+    dt = time.perf_counter() - t0
+    est = _estimate(sh, args.prefill, 1, args.prefill // 2, peaks, isa)
+    out["prefill"] = {"tokens": args.prefill, "ms": round(dt * 1e3, 1),
+                      "matmul_ms": round(timers.acc["matmul"] * 1e3, 1),
+                      "matmul_roofline_ms": round(est["matmul"] * 1e3, 1),
+                      "attention_ms": round(timers.acc["attention"] * 1e3, 1),
+                      "tok_s": round(args.prefill / dt, 1)}
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
