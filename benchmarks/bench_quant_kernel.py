@@ -1,9 +1,11 @@
-"""The GGUF-block kernel against fp32 BLAS on the embedded model's own weights, by row count.
+"""The GGUF-block kernels against fp32 BLAS on the embedded model's own weights, by row count.
 
 For each row count R, the 120 layer linears of SmolLM2-135M (30 layers x qkv, o, gate_up, down)
 are applied once to R random rows, first through the fp32 path a model without blocks takes
 (``W @ x.T``, rows padded to a multiple of 8, as ``grammarserve.models.linear`` does) and then
-through ``quant_matmul`` on the Q4_1 blocks; the LM head (Q8_0) likewise. The weights stream
+through ``quant_matmul`` on the Q4_1 blocks (fp32 activations), then through
+``quant_matmul_q8`` with int8 activations in two levels (``int8x2``, the default) and one
+(``int8``) on the instruction set :func:`cpu_isa` picks; the LM head (Q8_0) likewise. The weights stream
 from DRAM as in a real step (120 distinct matrices, 420 MB in fp32). Median of ``--repeat`` runs,
 in ms; prints one JSON line.
 """
@@ -32,12 +34,21 @@ def _median_ms(fn: Callable[[], object], repeat: int) -> float:
 def _figures(r: int, layers: list, head: torch.nn.Module, repeat: int) -> dict[str, float]:
     """Both paths at ``r`` rows: the 120 layer linears, then the LM head."""
     from grammarserve_kernels.quant import quant_matmul
+    from grammarserve_kernels.quant_q8 import pack_x16, quant_matmul_q8
 
     padded = 4 if r <= 4 else -(-r // 8) * 8
     xs = {k: torch.randn(r, k) for k in {m.weight.shape[1] for m in layers}}
     xp = {k: torch.cat([x, x.new_zeros(padded - r, k)]) for k, x in xs.items()}
     h, hp = torch.randn(r, head.weight.shape[1]), torch.randn(padded, head.weight.shape[1])
+    packed = {id(m): pack_x16(m.quant) for m in [*layers, head]}
+    q8 = {"int8x2": 2, "int8": 1}
     return {
+        **{f"layers_{name}_ms": _median_ms(
+            lambda lv=lv: [quant_matmul_q8(xs[m.weight.shape[1]], packed[id(m)], levels=lv)
+                           for m in layers], repeat) for name, lv in q8.items()},
+        **{f"lm_head_{name}_ms": _median_ms(
+            lambda lv=lv: quant_matmul_q8(h, packed[id(head)], levels=lv), repeat)
+           for name, lv in q8.items()},
         "layers_fp32_ms": _median_ms(
             lambda: [torch.mm(m.weight, xp[m.weight.shape[1]].t()) for m in layers], repeat),
         "layers_blocks_ms": _median_ms(
@@ -49,7 +60,7 @@ def _figures(r: int, layers: list, head: torch.nn.Module, repeat: int) -> dict[s
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rows", default="1,4,8,12,16,24,32,48")
+    ap.add_argument("--rows", default="1,8,16,32,64,128")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
@@ -64,8 +75,10 @@ def main() -> None:
     model = load_model("default").model
     head = model.lm_head
     layers = [m for m in model.modules() if isinstance(m, Linear) and m is not head]
+    from grammarserve_kernels.quant_q8 import cpu_isa
+
     out: dict[str, object] = {"bench": "quant_kernel", "threads": args.threads,
-                              "linears": len(layers)}
+                              "linears": len(layers), "isa": cpu_isa()}
     for r in (int(x) for x in args.rows.split(",")):
         out[f"rows_{r}"] = _figures(r, layers, head, args.repeat)
     print(json.dumps(out))
