@@ -30,6 +30,7 @@ from grammarserve.fsm.json_schema import prepare_schema
 from grammarserve.fsm.matcher import CompiledGrammar
 from grammarserve.fsm.normalize import normalize
 from grammarserve.fsm.policy import AUTO_ORDER, BackendPolicy
+from grammarserve.fsm.rewrite import rewrite_schema
 from grammarserve.fsm.runs import MAX_DIGITS
 from grammarserve.fsm.strict import check_strict
 from grammarserve.fsm.tools import normalize_tools
@@ -212,7 +213,8 @@ class GrammarCompiler:
 
     def _check_schema(self, schema: Any, strict: bool, path: str = "$") -> dict[str, Any]:
         try:
-            prepared = prepare_schema(schema)
+            # NOTE: strict mode refuses every keyword the rewrites remove: check it as written.
+            prepared = prepare_schema(schema, rewrite=None if strict else rewrite_schema)
             check_finite(prepared)
             if strict:
                 check_strict(prepared)

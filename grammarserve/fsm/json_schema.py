@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 from urllib.parse import unquote
 
@@ -96,6 +96,11 @@ def _static_refs(node: Any) -> Any:
     if isinstance(node, dict):
         if node.get("$dynamicRef") == "#meta":
             return {"$ref": "#"}
+        ref = node.get("$ref")
+        if isinstance(ref, str) and ref.startswith("meta/") and "#/$defs/" in ref:
+            # NOTE: the vocabularies' $defs are merged into one, so a reference into another
+            # vocabulary (``dependencies`` -> ``meta/validation#/$defs/stringArray``) is local
+            node = {**node, "$ref": "#" + ref.split("#", 1)[1]}
         return {k: _static_refs(v) for k, v in node.items() if k != "$dynamicAnchor"}
     if isinstance(node, list):
         return [_static_refs(v) for v in node]
@@ -150,21 +155,28 @@ def resolve_pointer(root: Any, ref: str) -> Any:
     return node
 
 
-def check_keywords(schema: dict[str, Any]) -> None:
-    """Refuse unsupported keywords and non-local or dangling ``$ref``s."""
+#: Keywords the front end's exact rewrites (``rewrite.py``) may remove.
+REWRITABLE = frozenset({"not", "if", "dependentRequired", "uniqueItems"})
+
+
+def check_keywords(schema: dict[str, Any], *, skip: frozenset[str] = frozenset()) -> None:
+    """Refuse unsupported keywords and non-local or dangling ``$ref``s (except the keywords
+    in ``skip``, and then references into the meta-schemas)."""
     for sub, parts in iter_subschemas(schema):
+        if skip and "not" in skip and "not" in parts:
+            continue  # negated: either rewritten exactly or refused as a whole
         for key, reason in REFUSED_KEYWORDS.items():
-            if key in sub and not _is_trivial(key, sub[key]):
+            if key in sub and key not in skip and not _is_trivial(key, sub[key]):
                 where = json_path(parts + (key,))
                 raise UnsupportedSchemaError(f"unsupported keyword '{key}' at {where}: {reason}",
                                              path=where, keyword=key)
-        if sub.get("uniqueItems") is True:
+        if sub.get("uniqueItems") is True and "uniqueItems" not in skip:
             where = json_path(parts + ("uniqueItems",))
             raise UnsupportedSchemaError(
                 f"unsupported keyword 'uniqueItems' at {where}: item uniqueness cannot be "
                 "enforced by the grammar (use an 'enum' of items or drop the constraint)",
                 path=where, keyword="uniqueItems")
-        if "if" in sub and ("then" in sub or "else" in sub):
+        if "if" in sub and ("then" in sub or "else" in sub) and "if" not in skip:
             where = json_path(parts + ("if",))
             raise UnsupportedSchemaError(
                 f"unsupported keyword 'if' at {where}: if/then/else cannot be enforced by the "
@@ -174,8 +186,15 @@ def check_keywords(schema: dict[str, Any]) -> None:
             raise UnsupportedSchemaError(
                 f"unsupported keyword '$id' at {where}: only the root may set '$id'",
                 path=where, keyword="$id")
-        if "$ref" in sub:
+        if "$ref" in sub and not (skip and is_meta_ref(sub["$ref"])):
             _check_ref(schema, sub["$ref"], parts)
+
+
+def is_meta_ref(ref: Any) -> bool:
+    """True if ``ref`` points into a JSON Schema meta-schema (bundled by ``metaschemas.py``)."""
+    from grammarserve.fsm.metaschemas import is_meta_ref as meta  # NOTE: it imports us
+
+    return meta(ref)
 
 
 def _is_trivial(key: str, value: Any) -> bool:
@@ -200,9 +219,15 @@ def _check_ref(root: dict[str, Any], ref: Any, parts: tuple[str | int, ...]) -> 
                                     path=where) from None
 
 
-def prepare_schema(schema: dict[str, Any] | str | bool) -> dict[str, Any]:
+def prepare_schema(schema: dict[str, Any] | str | bool,
+                   rewrite: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+                   ) -> dict[str, Any]:
     """Parse, meta-validate and check ``schema``; return a deep copy ready for a backend
-    (``true`` becomes ``{}``; ``false`` is refused since nothing can be generated)."""
+    (``true`` becomes ``{}``; ``false`` is refused since nothing can be generated).
+
+    ``rewrite`` (``rewrite.rewrite_schema``) replaces keywords no backend enforces by exact
+    equivalents, on the copy, before what is left is refused; the keywords it cannot touch are
+    refused first, so a schema is refused for the same reason with or without it."""
     parsed = parse_schema(schema)
     meta_validate(parsed)
     if parsed is True:
@@ -212,12 +237,15 @@ def prepare_schema(schema: dict[str, Any] | str | bool) -> dict[str, Any]:
                                     "generated", path="$")
     if not isinstance(parsed, dict):  # unreachable: parse_schema returns a dict or a bool
         raise SchemaValidationError("a JSON Schema must be an object or a boolean", path="$")
-    try:
-        check_keywords(parsed)
-    except RecursionError:
-        raise SchemaValidationError("the schema is nested too deeply", path="$") from None
     out = copy.deepcopy(parsed)
     out.pop("x-guidance", None)  # backend options are ours to set, not the user's
+    try:
+        if rewrite is not None:
+            check_keywords(out, skip=REWRITABLE)
+            out = rewrite(out)
+        check_keywords(out)
+    except RecursionError:
+        raise SchemaValidationError("the schema is nested too deeply", path="$") from None
     return out
 
 

@@ -1,0 +1,120 @@
+"""Conditions as unions of cases, exactly:
+
+- ``if: I, then: T, else: E`` -> ``anyOf: [I and T, not(I) and E]`` (``negate.py`` writes
+  ``not(I)``; without ``then`` it is ``anyOf: [I, E]``, which needs no negation). ``then`` or
+  ``else`` without ``if`` mean nothing and are dropped.
+- ``dependentRequired: {a: [b, c]}`` -> one case per set of trigger keys present: those keys
+  and their dependents required, the other triggers forbidden (``properties: {t: false}``).
+  The cases are disjoint; more than :data:`MAX_CASES` are refused with a message.
+- ``dependencies`` (drafts 4-7) with only array values is read as ``dependentRequired``. Draft
+  2020-12 ignores ``dependencies``; enforcing it can only narrow what is generated.
+"""
+
+from __future__ import annotations
+
+from itertools import combinations
+from typing import Any
+
+from grammarserve.errors import UnsupportedSchemaError
+from grammarserve.fsm.json_schema import iter_subschemas, json_path
+from grammarserve.fsm.negate import Negator
+from grammarserve.fsm.rewrite_not import attach, combine, refuse_if_referenced
+from grammarserve.fsm.typed_union import Unexpressible, domains_of, emit, restrict
+
+#: At most this many cases for one ``dependentRequired``.
+MAX_CASES = 64
+#: At most this many trigger keys are enumerated (2**n subsets).
+_MAX_TRIGGERS = 12
+
+
+def rewrite_conditions(schema: dict[str, Any]) -> dict[str, Any]:
+    """Rewrite every ``if``/``then``/``else`` of ``schema`` (in place); raise
+    :class:`UnsupportedSchemaError` at the first one whose condition has no exact negation."""
+    negator = Negator(schema)
+    for sub, parts in reversed(list(iter_subschemas(schema))):
+        if "if" not in sub:
+            for key in ("then", "else"):
+                if key in sub:
+                    refuse_if_referenced(schema, parts + (key,), key)
+                    del sub[key]
+            continue
+        for key in ("if", "then", "else"):
+            refuse_if_referenced(schema, parts + (key,), key)
+        cond, then, other = sub["if"], sub.get("then", True), sub.get("else", True)
+        if then in (True, {}) and other in (True, {}):
+            cases: list[Any] = [True]
+        elif then in (True, {}):
+            cases = [cond, other]  # I or (not I and E) == I or E
+        else:
+            where = json_path(parts + ("if",))
+            try:
+                negated = emit(restrict(negator.negative(cond), domains_of(sub.get("type"))))
+            except Unexpressible as e:
+                raise UnsupportedSchemaError(
+                    f"unsupported keyword 'if' at {where}: the condition has no exact negation "
+                    f"({e}), so if/then/else cannot be enforced; use 'anyOf' of the cases",
+                    path=where, keyword="if") from None
+            cases = [combine(cond, then), combine(negated, other)]
+        for key in ("if", "then", "else"):
+            sub.pop(key, None)
+        cases = [c for c in cases if c is not False]
+        if not cases:
+            raise UnsupportedSchemaError(
+                f"'if' at {json_path(parts + ('if',))}: no value satisfies either case",
+                path=json_path(parts + ("if",)), keyword="if")
+        if any(c is True or c == {} for c in cases):
+            continue
+        attach(sub, cases[0] if len(cases) == 1 else {"anyOf": cases})
+    return schema
+
+
+def rewrite_dependencies(schema: dict[str, Any]) -> dict[str, Any]:
+    """Rewrite every ``dependentRequired`` (and array-only ``dependencies``) of ``schema``
+    into cases (in place)."""
+    for sub, parts in reversed(list(iter_subschemas(schema))):
+        deps = sub.get("dependencies")
+        if isinstance(deps, dict) and all(isinstance(v, list) for v in deps.values()):
+            merged = dict(sub.get("dependentRequired") or {})
+            for key, needs in deps.items():
+                merged[key] = list(dict.fromkeys(list(merged.get(key, [])) + needs))
+            del sub["dependencies"]
+            sub["dependentRequired"] = merged
+        if "dependentRequired" not in sub:
+            continue
+        where = json_path(parts + ("dependentRequired",))
+        cases = dependency_cases(sub.pop("dependentRequired"), where)
+        if cases:
+            attach(sub, cases[0] if len(cases) == 1 else {"anyOf": cases})
+    return schema
+
+
+def dependency_cases(deps: dict[str, list[str]], where: str = "$") -> list[dict[str, Any]]:
+    """The disjoint cases of ``dependentRequired: deps`` (``[]``: no constraint)."""
+    needs = {k: [d for d in v if d != k] for k, v in deps.items()}
+    triggers = [k for k, v in needs.items() if v]
+    if len(triggers) > _MAX_TRIGGERS:
+        raise _too_many(where, f"{len(triggers)} keys have dependents")
+    cases: list[dict[str, Any]] = []
+    for n in range(len(triggers) + 1):
+        for present in combinations(triggers, n):
+            absent = [t for t in triggers if t not in present]
+            required = list(dict.fromkeys(
+                [k for t in present for k in [t] + needs[t]]))
+            if set(required) & set(absent):
+                continue  # a dependent is itself an absent trigger: impossible case
+            case: dict[str, Any] = {}
+            if required:
+                case["required"] = required
+            if absent:
+                case["properties"] = {t: False for t in absent}
+            cases.append(case)
+            if len(cases) > MAX_CASES:
+                raise _too_many(where, f"more than {MAX_CASES} cases")
+    return cases if len(triggers) else []
+
+
+def _too_many(where: str, why: str) -> UnsupportedSchemaError:
+    return UnsupportedSchemaError(
+        f"unsupported keyword 'dependentRequired' at {where}: {why}; the grammar enforces it "
+        f"as one case per combination of keys present, at most {MAX_CASES}",
+        path=where, keyword="dependentRequired")
