@@ -24,6 +24,9 @@ from grammarserve.fsm.regex_complement import pattern_complement, words_compleme
     {"not": {"const": False}},
     {"not": {"enum": [True, False]}},
     {"type": "integer", "not": {"minimum": 2}},
+    {"type": "integer", "not": {"enum": [1, 2, 3]}},
+    {"properties": {"a": {"not": {}}}},
+    {"anyOf": [{"type": "string"}, {"not": True}]},
     {"type": "number", "not": {"exclusiveMaximum": 2, "minimum": 0}},
     {"not": {"type": "string", "minLength": 2}},
     {"type": "string", "not": {"maxLength": 1}},
@@ -51,6 +54,16 @@ from grammarserve.fsm.regex_complement import pattern_complement, words_compleme
 ])
 def test_not_is_rewritten_exactly(schema: dict[str, Any]) -> None:
     assert_equivalent(schema)
+
+
+def test_integer_gaps_without_integers_are_dropped() -> None:
+    out = rewritten({"type": "integer", "not": {"enum": [1, 2]}})
+    assert out["anyOf"] == [{"type": "integer", "exclusiveMaximum": 1},
+                            {"type": "integer", "exclusiveMinimum": 2}]
+
+
+def test_property_negating_everything_becomes_false() -> None:
+    assert rewritten({"properties": {"a": {"not": {}}}}) == {"properties": {"a": False}}
 
 
 def test_forbidden_property_is_merged() -> None:

@@ -1,14 +1,20 @@
-"""``oneOf`` -> ``anyOf`` only for provably disjoint branches (``fsm/rewrite_oneof.py``)."""
+"""``oneOf`` -> ``anyOf`` for provably disjoint branches (``fsm/rewrite_oneof.py``), else the
+``anyOf`` of exclusive cases when every branch has an exact negation
+(``fsm/rewrite_oneof_cases.py``)."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import jsonschema
 import pytest
-
-from grammarserve.fsm.rewrite_oneof import pairwise_disjoint, rewrite_oneof
 from rewrite_helpers import POOL
+
+from grammarserve.fsm.json_schema import iter_subschemas
+from grammarserve.fsm.normalize import normalize
+from grammarserve.fsm.rewrite_oneof import pairwise_disjoint, rewrite_oneof
+from grammarserve.fsm.rewrite_oneof_cases import MAX_BRANCHES
 
 CAT = {"type": "object", "properties": {"kind": {"const": "cat"}}, "required": ["kind"]}
 DOG = {"type": "object", "properties": {"kind": {"const": "dog"}}, "required": ["kind"]}
@@ -64,3 +70,29 @@ def test_overlapping_or_unproven_branches_stay_one_of(branches: list[Any]) -> No
     assert not pairwise_disjoint({}, branches)
     out = rewrite_oneof({"oneOf": branches})
     assert "oneOf" in out
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "oneOf": [{"minLength": 2}, {"maxLength": 4}]},
+    {"oneOf": [{"type": "number"}, {}]},
+    {"type": "object", "oneOf": [{"required": ["a", "b"]}, {"required": ["a", "c"]}]},
+    {"oneOf": [{"properties": {"a": True, "b": True}, "required": ["a"]},
+               {"properties": {"c": True}, "required": ["c"]}]},
+    {"type": "integer", "oneOf": [{"minimum": 2}, {"maximum": 3}, {"const": 10}]},
+    {"oneOf": [{}, False]},
+])
+def test_overlapping_branches_become_exclusive_cases(schema: dict[str, Any]) -> None:
+    out = normalize(copy.deepcopy(schema))
+    assert not any("oneOf" in sub for sub, _ in iter_subschemas(out)), out
+    one, any_ = jsonschema.Draft202012Validator(schema), jsonschema.Draft202012Validator(out)
+    for instance in POOL + [{"a": 1, "b": 1, "c": 1}, {"a": 1, "c": 1}, 10, 4]:
+        assert one.is_valid(instance) == any_.is_valid(instance), (instance, out)
+
+
+@pytest.mark.parametrize("schema", [
+    {"oneOf": [{"type": "integer"}, {"minimum": 2}]},  # not(integer) holds non-integers
+    {"oneOf": [{"pattern": "a"}, {"type": "string"}]},
+    {"oneOf": [{"type": "string"}] * (MAX_BRANCHES + 1)},
+])
+def test_cases_without_exact_negation_stay_one_of(schema: dict[str, Any]) -> None:
+    assert "oneOf" in normalize(copy.deepcopy(schema))

@@ -7,8 +7,9 @@ equivalent schema:
 - ``oneOf`` whose branches are provably disjoint becomes ``anyOf``, which is then equivalent
   (``rewrite_oneof.py``: different types, distinct ``const``/``enum`` values, also of a
   property both branches require — pydantic's discriminated unions —, a key one requires and
-  the other forbids, numeric or length ranges that do not meet). Other ``oneOf``s are left for
-  the backend to refuse.
+  the other forbids, numeric or length ranges that do not meet); other ``oneOf``s become the
+  ``anyOf`` of their exclusive cases (``rewrite_oneof_cases.py``: branch i and not the others)
+  when every branch has an exact negation, else are left for the backend to refuse.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from grammarserve.fsm.json_schema import iter_subschemas
 from grammarserve.fsm.rewrite_oneof import rewrite_oneof
+from grammarserve.fsm.rewrite_oneof_cases import rewrite_oneof_cases
 
 _COUNTS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
            "minContains", "maxContains")
@@ -34,5 +36,5 @@ def normalize(schema: dict[str, Any]) -> dict[str, Any]:
                 sub[key] = int(value)
         if "format" in sub and sub["format"] not in KNOWN_FORMATS:
             del sub["format"]
-    return rewrite_oneof(schema)
+    return rewrite_oneof_cases(rewrite_oneof(schema))
 

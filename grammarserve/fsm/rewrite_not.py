@@ -42,6 +42,8 @@ def rewrite_not(schema: dict[str, Any]) -> dict[str, Any]:
                 f"unsupported keyword 'not' at {where}: it has no exact rewrite the grammar can "
                 f"enforce ({e}); state the allowed values positively instead",
                 path=where, keyword="not") from None
+        if negated is False and _replace_by_false(schema, parts):
+            continue
         if negated is False:
             raise UnsupportedSchemaError(
                 f"unsupported keyword 'not' at {where}: it excludes every value the subschema "
@@ -49,6 +51,25 @@ def rewrite_not(schema: dict[str, Any]) -> dict[str, Any]:
         del sub["not"]
         attach(sub, negated)
     return schema
+
+
+#: Where a subschema that accepts nothing can be written ``false`` (a forbidden property, an
+#: impossible ``anyOf`` branch ...); elsewhere such a ``not`` is refused.
+_FALSE_IN_MAP = frozenset({"properties", "patternProperties", "$defs", "definitions"})
+_FALSE_IN_LIST = frozenset({"anyOf", "oneOf", "prefixItems"})
+_FALSE_ONE = frozenset({"items", "additionalProperties", "additionalItems"})
+
+
+def _replace_by_false(root: dict[str, Any], parts: tuple[str | int, ...]) -> bool:
+    if not parts or not (parts[-1] in _FALSE_ONE or len(parts) >= 2 and (
+            parts[-2] in _FALSE_IN_MAP and isinstance(parts[-1], str)
+            or parts[-2] in _FALSE_IN_LIST and isinstance(parts[-1], int))):
+        return False
+    container: Any = root
+    for p in parts[:-1]:
+        container = container[p]
+    container[parts[-1]] = False
+    return True
 
 
 def refuse_if_referenced(root: dict[str, Any], parts: tuple[str | int, ...], keyword: str

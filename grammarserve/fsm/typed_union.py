@@ -12,6 +12,7 @@ computed domain by domain, and :func:`emit` writes the result back as a plain sc
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 DOMAINS = ("null", "boolean", "integer", "fraction", "string", "array", "object")
@@ -226,8 +227,16 @@ def _typed(parts: Parts) -> list[tuple[str, list[Alt]]]:
         if rest and fracs != [{}]:
             out.append(("integer", rest))
     elif ints:
-        out.append(("integer", ints))
+        out.append(("integer", [a for a in ints if _has_integer(a)]))
     for d in ("string", "array", "object"):
         if d in parts:
             out.append((d, parts[d]))
     return out
+
+
+def _has_integer(alt: Alt) -> bool:
+    """False for an integer range that holds no integer (``1 < n < 2``)."""
+    lo, hi = alt.get("exclusiveMinimum"), alt.get("exclusiveMaximum")
+    if not isinstance(lo, (int, float)) or not isinstance(hi, (int, float)):
+        return True
+    return math.floor(lo) + 1 < hi
