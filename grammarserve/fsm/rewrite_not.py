@@ -53,17 +53,10 @@ def rewrite_not(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-#: Where a subschema that accepts nothing can be written ``false`` (a forbidden property, an
-#: impossible ``anyOf`` branch ...); elsewhere such a ``not`` is refused.
-_FALSE_IN_MAP = frozenset({"properties", "patternProperties", "$defs", "definitions"})
-_FALSE_IN_LIST = frozenset({"anyOf", "oneOf", "prefixItems"})
-_FALSE_ONE = frozenset({"items", "additionalProperties", "additionalItems"})
-
-
 def _replace_by_false(root: dict[str, Any], parts: tuple[str | int, ...]) -> bool:
-    if not parts or not (parts[-1] in _FALSE_ONE or len(parts) >= 2 and (
-            parts[-2] in _FALSE_IN_MAP and isinstance(parts[-1], str)
-            or parts[-2] in _FALSE_IN_LIST and isinstance(parts[-1], int))):
+    """Write the subschema at ``parts`` as ``false`` (it accepts nothing); every position but
+    the root may hold a boolean schema."""
+    if not parts:
         return False
     container: Any = root
     for p in parts[:-1]:
