@@ -81,7 +81,7 @@ class _Bundler:
         copied = copy.deepcopy(part)
         self.defs[name] = copied  # registered first, so that cycles end here
         if isinstance(copied, dict):
-            self.defs[name] = copied = translate_draft(copied, _draft(doc, base))
+            self.defs[name] = copied = translate_draft(copied, _draft(base))
             for sub, _ in list(iter_subschemas(copied)):
                 if "$dynamicRef" in sub or "$recursiveRef" in sub:
                     raise UnsupportedSchemaError("it uses dynamic references")
@@ -95,7 +95,7 @@ class _Bundler:
         return local
 
 
-def _draft(doc: dict[str, Any], base: str) -> int:
+def _draft(base: str) -> int:
     for n in (3, 4, 6, 7):
         if f"draft-0{n}/" in base:
             return n

@@ -22,6 +22,7 @@ What has no exact form (``multipleOf``, ``format``, ``uniqueItems``, ``additiona
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jsonschema
@@ -140,7 +141,7 @@ class Negator:
             raise Unexpressible("oneOf", "its branches are not provably disjoint")
         return branches
 
-    def _follow(self, ref: Any, how: Any) -> Parts:
+    def _follow(self, ref: Any, how: Callable[[Any], Parts]) -> Parts:
         if not isinstance(ref, str) or not ref.startswith("#"):
             raise Unexpressible("$ref", "only local references are followed")
         if ref in self._refs or len(self._refs) >= _MAX_REFS:
@@ -151,7 +152,7 @@ class Negator:
             raise Unexpressible("$ref", f"{ref!r} does not resolve") from None
         self._refs.append(ref)
         try:
-            result: Parts = how(target)
+            result = how(target)
         finally:
             self._refs.pop()
         return result
