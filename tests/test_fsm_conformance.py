@@ -37,8 +37,8 @@ SUITE_EXPECTED = REPO / "tests" / "data" / "suite_expected.json"
 # The corpus schemas auto refuses on purpose (schemas/README.md), by keyword.
 # (hard_shipping_conditional.json compiles: its ``not`` and ``if`` are rewritten exactly.)
 CORPUS_REFUSED_AUTO = {
-    "contains": ["hard_unique_tags.json | Tagging output with set semantics and metadata "
-                 "maps keyed by pattern."]}
+    "contains": [("hard_unique_tags.json | Tagging output with set semantics and metadata "
+                  "maps keyed by pattern.")]}
 
 # Valid instances we refuse on purpose (documented in grammarserve/fsm/README.md):
 # keys are generated in schema order; integers are written without a fraction; ``format`` is

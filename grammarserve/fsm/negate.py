@@ -22,6 +22,7 @@ What has no exact form (``multipleOf``, ``format``, ``uniqueItems``, ``additiona
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -304,7 +305,7 @@ def _not_values(values: list[Any]) -> Parts:
     if points:
         gaps: list[Alt] = [{"exclusiveMaximum": points[0]}]
         gaps += [{"exclusiveMinimum": lo, "exclusiveMaximum": hi}
-                 for lo, hi in zip(points, points[1:]) if lo != hi]
+                 for lo, hi in itertools.pairwise(points)]
         gaps.append({"exclusiveMinimum": points[-1]})
         out["integer"] = out["fraction"] = gaps
     else:

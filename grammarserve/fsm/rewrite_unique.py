@@ -65,9 +65,8 @@ def unique_arrays(root: dict[str, Any], sub: dict[str, Any]) -> list[list[Any]] 
         return None
     lo = sub.get("minItems", 0)
     hi = sub.get("maxItems")
-    if rest is None:  # no ``items``: open after the prefix unless maxItems stops there
-        if hi is None or hi > len(prefix):
-            return None
+    if rest is None and (hi is None or hi > len(prefix)):
+        return None  # no ``items``: open after the prefix unless maxItems stops there
     out: list[list[Any]] = []
 
     def extend(array: list[Any]) -> None:
