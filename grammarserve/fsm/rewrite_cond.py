@@ -98,8 +98,11 @@ def dependency_cases(deps: dict[str, list[str]], where: str = "$") -> list[dict[
     for n in range(len(triggers) + 1):
         for present in combinations(triggers, n):
             absent = [t for t in triggers if t not in present]
+            # NOTE: dependents before their trigger: a backend generates keys that
+            # ``properties`` does not list in ``required`` order, and instances usually give
+            # the key that needs others last
             required = list(dict.fromkeys(
-                [k for t in present for k in [t] + needs[t]]))
+                [k for t in present for k in needs[t] + [t]]))
             if set(required) & set(absent):
                 continue  # a dependent is itself an absent trigger: impossible case
             case: dict[str, Any] = {}
