@@ -104,7 +104,7 @@ def test_not_without_exact_form_is_refused_with_path(schema: dict[str, Any], why
 
 def test_nested_refusal_names_the_nested_path() -> None:
     with pytest.raises(UnsupportedSchemaError) as info:
-        rewritten({"properties": {"a": {"not": {"pattern": "b"}}}})
+        rewritten({"properties": {"a": {"not": {"pattern": "b+"}}}})
     assert info.value.path == "$.properties.a.not"
 
 
@@ -142,6 +142,10 @@ def test_words_complement(words: list[str]) -> None:
     ("^[^a]b", ["xb", "ab", "xbz", "x", "", "b"]),
     (r"^a\.b", ["a.b", "axb", "a.bc", "a."]),
     ("^$", ["", "a"]),
+    ("^[0-9a-f]{4}-[0-9]{2}$", ["12ab-34", "12ab-3", "12ab-345", "12aX-34", "12ab_34", ""]),
+    ("@\\{", ["", "@", "{", "@{", "x@{y", "@@{", "@x{", "{@"]),
+    ("abab", ["abab", "ababab", "aabab", "abaab", "aba", "bab", "xabbab"]),
+    ("\\{\\{matrix", ["{{matrix}}", "{matrix", "{{{matrix", "{{matri", "a{{matrixb"]),
 ])
 def test_pattern_complement(pattern: str, samples: list[str]) -> None:
     complement = pattern_complement(pattern)
@@ -150,6 +154,7 @@ def test_pattern_complement(pattern: str, samples: list[str]) -> None:
         assert (re.search(complement, s) is None) == (re.search(pattern, s) is not None), s
 
 
-@pytest.mark.parametrize("pattern", ["a", "^a+", "^(a|b)", "^a{2}", "^.", r"^\d", "^a|b"])
+@pytest.mark.parametrize("pattern", ["a+", "a$", "[ab]c", "^a+", "^(a|b)", "^a{2,3}", "^.", r"^\d", "^a|b",
+                                     "^", "^a{999}"])
 def test_pattern_complement_refuses_what_it_cannot_write(pattern: str) -> None:
     assert pattern_complement(pattern) is None

@@ -75,20 +75,26 @@ def words_complement(words: list[str]) -> str | None:
     return out if len(out) <= MAX_PATTERN_CHARS else None
 
 
-# A pattern this module can negate: ``^`` then literal characters or bracket classes (no
-# quantifiers, no groups, no alternation), then ``$`` or nothing (a prefix).
+# A pattern this module can negate: ``^`` then literal characters or bracket classes, each
+# alone or repeated an exact number of times (``[0-9a-f]{8}``; no other quantifiers, groups or
+# alternation), then ``$`` or nothing (a prefix).
 _CLASS = r"\[\^?(?:\\.|[^\]\\\[])+\]"
 _LITERAL = r"\\[^dDwWsSbBpPuxck0-9]|[^\\\[\](){}|?*+.^$]"
-_ATOM = re.compile(rf"{_CLASS}|{_LITERAL}")
+_ATOM = re.compile(rf"({_CLASS}|{_LITERAL})(?:\{{(\d+)\}})?")
+#: At most this many characters in a fixed sequence (an exact count is expanded).
+MAX_ATOMS = 256
 
 
 def _atoms(body: str) -> list[str] | None:
-    out, pos = [], 0
+    out: list[str] = []
+    pos = 0
     while pos < len(body):
         m = _ATOM.match(body, pos)
         if m is None:
             return None
-        out.append(m.group(0))
+        out.extend([m.group(1)] * (int(m.group(2)) if m.group(2) is not None else 1))
+        if len(out) > MAX_ATOMS:
+            return None
         pos = m.end()
     return out
 
@@ -104,25 +110,91 @@ def _negate_atom(atom: str) -> str:
 def pattern_complement(pattern: str) -> str | None:
     """An anchored pattern matching exactly the strings ``pattern`` does not match (JSON
     Schema ``pattern`` semantics: an unanchored search), or ``None`` if ``pattern`` is not a
-    fixed sequence of characters and classes anchored at the start."""
+    fixed sequence of characters and classes anchored at the start, or an unanchored literal
+    (then: the strings that do not contain it)."""
     if not pattern.startswith("^"):
-        return None
+        return _avoiding(pattern)
     body, whole = pattern[1:], False
     if body.endswith("$") and not body.endswith("\\$"):
         body, whole = body[:-1], True
     atoms = _atoms(body)
-    if atoms is None:
-        return None
+    if atoms is None or not atoms and not whole:
+        return None  # "^" matches everything: nothing is left
     # NOTE: a string fails the pattern iff it stops early, or breaks the sequence at some
-    # atom, or (for ``^...$``) goes on after the last atom.
-    alts = []
-    for i, atom in enumerate(atoms):
-        head = "".join(atoms[:i])
-        alts.append(head)  # ends before atom i
-        alts.append(f"{head}{_negate_atom(atom)}{_ANY}*")
-    if whole:
-        alts.append("".join(atoms) + f"{_ANY}+")
-    if not alts:
-        return None  # "^" or "^$" prefix of everything / only the empty string: see caller
-    out = "^" + _group("|".join(alts)) + "$"
+    # atom, or (for ``^...$``) goes on after the last atom. Nested from the end, so the
+    # pattern grows linearly: rest(i) = "" | not(atom i) .* | atom i rest(i + 1).
+    rest = f"{_ANY}+" if whole else None
+    for atom in reversed(atoms):
+        alts = ["", f"{_negate_atom(atom)}{_ANY}*"]
+        if rest is not None:
+            alts.append(atom + _group(rest))
+        rest = "|".join(alts)
+    out = "^" + _group(rest or "") + "$"
     return out if len(out) <= MAX_PATTERN_CHARS else None
+
+
+def _literal(atom: str) -> str | None:
+    if len(atom) == 1:
+        return atom
+    if atom[0] == "\\" and len(atom) == 2 and not atom[1].isalnum():
+        return atom[1]
+    return None
+
+
+def _avoiding(pattern: str) -> str | None:
+    """The strings that do not contain the literal ``pattern``: the matching automaton (KMP)
+    with its last state removed, written as a regex by state elimination."""
+    if pattern.endswith("$"):
+        return None
+    atoms = _atoms(pattern)
+    word = [_literal(a) for a in atoms] if atoms else []
+    if not word or any(c is None for c in word) or len(word) > 16:
+        return None
+    chars = sorted(set(word))
+    m = len(word)
+
+    def step(q: int, c: str | None) -> int:  # c None: a character not in the word
+        seen = word[:q] + [c]
+        for k in range(min(len(seen), m), 0, -1):
+            if seen[len(seen) - k:] == word[:k]:
+                return k
+        return 0
+
+    edges: dict[tuple[int, int], list[str | None]] = {}
+    for q in range(m):
+        for c in [*chars, None]:
+            nxt = step(q, c)  # type: ignore[arg-type]
+            if nxt < m:
+                edges.setdefault((q, nxt), []).append(c)
+    # states 0..m-1 (all accepting), start -1, final m
+    rx: dict[tuple[int, int], str] = {k: _label(v, chars) for k, v in edges.items()}
+    rx[(-1, 0)] = ""
+    for q in range(m):
+        rx[(q, m)] = ""
+    for k in reversed(range(m)):
+        loop = rx.pop((k, k), None)
+        star = f"(?:{loop})*" if loop else ""
+        ins = [(i, r) for (i, j), r in rx.items() if j == k]
+        outs = [(j, r) for (i, j), r in rx.items() if i == k]
+        for key in [key for key in rx if k in key]:
+            del rx[key]
+        for i, a in ins:
+            for j, b in outs:
+                path = _cat(a, star, b)
+                rx[(i, j)] = path if (i, j) not in rx else f"{rx[(i, j)]}|{path}"
+        if sum(len(r) for r in rx.values()) > MAX_PATTERN_CHARS:
+            return None
+    out = "^" + _group(rx.get((-1, m), "")) + "$"
+    return out if len(out) <= MAX_PATTERN_CHARS else None
+
+
+def _label(labels: list[str | None], chars: list[str]) -> str:
+    named = sorted(c for c in labels if c is not None)
+    if None not in labels:
+        return escape(named[0]) if len(named) == 1 else "[" + "".join(map(escape, named)) + "]"
+    others = [c for c in chars if c not in named]
+    return "[^" + "".join(map(escape, others)) + "]" if others else _ANY
+
+
+def _cat(*parts: str) -> str:
+    return "".join(p if "|" not in p else _group(p) for p in parts)
