@@ -144,6 +144,7 @@ def test_words_complement(words: list[str]) -> None:
     ("^$", ["", "a"]),
     ("^[0-9a-f]{4}-[0-9]{2}$", ["12ab-34", "12ab-3", "12ab-345", "12aX-34", "12ab_34", ""]),
     ("@\\{", ["", "@", "{", "@{", "x@{y", "@@{", "@x{", "{@"]),
+    ("[ ~^:?*\\[\\\\]", ["a b", "ab", "", "x?", "[", "\\", "abc~"]),
     ("abab", ["abab", "ababab", "aabab", "abaab", "aba", "bab", "xabbab"]),
     ("\\{\\{matrix", ["{{matrix}}", "{matrix", "{{{matrix", "{{matri", "a{{matrixb"]),
 ])

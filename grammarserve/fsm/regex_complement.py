@@ -111,7 +111,7 @@ def pattern_complement(pattern: str) -> str | None:
     """An anchored pattern matching exactly the strings ``pattern`` does not match (JSON
     Schema ``pattern`` semantics: an unanchored search), or ``None`` if ``pattern`` is not a
     fixed sequence of characters and classes anchored at the start, or an unanchored literal
-    (then: the strings that do not contain it)."""
+    or single class (then: the strings that do not contain it)."""
     if not pattern.startswith("^"):
         return _avoiding(pattern)
     body, whole = pattern[1:], False
@@ -147,6 +147,8 @@ def _avoiding(pattern: str) -> str | None:
     if pattern.endswith("$"):
         return None
     atoms = _atoms(pattern)
+    if atoms is not None and len(atoms) == 1 and atoms[0].startswith("["):
+        return f"^{_negate_atom(atoms[0])}*$"  # no character of the class anywhere
     word = [_literal(a) for a in atoms] if atoms else []
     if not word or any(c is None for c in word) or len(word) > 16:
         return None
