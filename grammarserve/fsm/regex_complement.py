@@ -149,14 +149,15 @@ def _avoiding(pattern: str) -> str | None:
     atoms = _atoms(pattern)
     if atoms is not None and len(atoms) == 1 and atoms[0].startswith("["):
         return f"^{_negate_atom(atoms[0])}*$"  # no character of the class anywhere
-    word = [_literal(a) for a in atoms] if atoms else []
-    if not word or any(c is None for c in word) or len(word) > 16:
+    literals = [_literal(a) for a in atoms] if atoms else []
+    word = [c for c in literals if c is not None]
+    if not word or len(word) < len(literals) or len(word) > 16:
         return None
     chars = sorted(set(word))
     m = len(word)
 
     def step(q: int, c: str | None) -> int:  # c None: a character not in the word
-        seen = word[:q] + [c]
+        seen: list[str | None] = [*word[:q], c]
         for k in range(min(len(seen), m), 0, -1):
             if seen[len(seen) - k:] == word[:k]:
                 return k
@@ -165,7 +166,7 @@ def _avoiding(pattern: str) -> str | None:
     edges: dict[tuple[int, int], list[str | None]] = {}
     for q in range(m):
         for c in [*chars, None]:
-            nxt = step(q, c)  # type: ignore[arg-type]
+            nxt = step(q, c)
             if nxt < m:
                 edges.setdefault((q, nxt), []).append(c)
     # states 0..m-1 (all accepting), start -1, final m

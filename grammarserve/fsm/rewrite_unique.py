@@ -20,7 +20,14 @@ from grammarserve.fsm.json_schema import iter_subschemas, json_path
 from grammarserve.fsm.negate import ANNOTATIONS
 from grammarserve.fsm.rewrite_not import attach
 from grammarserve.fsm.rewrite_oneof import deref
-from grammarserve.fsm.typed_union import DOMAINS, domains_of, emit, restrict, same_value
+from grammarserve.fsm.typed_union import (
+    DOMAINS,
+    Parts,
+    domains_of,
+    emit,
+    restrict,
+    same_value,
+)
 
 #: At most this many distinct-item arrays are enumerated.
 MAX_ARRAYS = 64
@@ -44,7 +51,7 @@ def rewrite_unique(schema: dict[str, Any]) -> dict[str, Any]:
                 f"{MAX_ARRAYS} arrays of distinct values, too many to enumerate; use an 'enum' "
                 "of arrays or drop the constraint", path=where, keyword="uniqueItems")
         del sub["uniqueItems"]
-        others = {d: [{}] for d in DOMAINS if d != "array"}
+        others: Parts = {d: [{}] for d in DOMAINS if d != "array"}
         allowed = emit(restrict({**others, "array": [{"enum": arrays}]},
                                 domains_of(sub.get("type"))))
         if allowed is False:
@@ -58,7 +65,7 @@ def rewrite_unique(schema: dict[str, Any]) -> dict[str, Any]:
 def unique_arrays(root: dict[str, Any], sub: dict[str, Any]) -> list[list[Any]] | None:
     """Every array of distinct items ``sub`` allows (up to ``MAX_ARRAYS + 1`` of them), or
     ``None`` if some position has an open domain."""
-    prefix = sub.get("prefixItems") if isinstance(sub.get("prefixItems"), list) else []
+    prefix: list[Any] = sub["prefixItems"] if isinstance(sub.get("prefixItems"), list) else []
     domains = [finite_values(root, p) for p in prefix]
     rest = finite_values(root, sub.get("items", True))
     if any(d is None for d in domains) or rest is None and "items" in sub:
