@@ -159,10 +159,19 @@ def resolve_pointer(root: Any, ref: str) -> Any:
 REWRITABLE = frozenset({"not", "if", "dependentRequired", "uniqueItems"})
 
 
-def check_keywords(schema: dict[str, Any], *, skip: frozenset[str] = frozenset()) -> None:
+#: Keywords that make the rewrites worth running (some are removed without being refused).
+_REWRITE_TRIGGERS = ("not", "if", "then", "else", "dependentRequired", "dependencies",
+                     "uniqueItems")
+
+
+def check_keywords(schema: dict[str, Any], *, skip: frozenset[str] = frozenset()) -> bool:
     """Refuse unsupported keywords and non-local or dangling ``$ref``s (except the keywords
-    in ``skip``, and then references into the meta-schemas)."""
+    in ``skip``, and then references into the meta-schemas). Returns whether, with ``skip``,
+    the schema holds anything the rewrites would change."""
+    pending = False
     for sub, parts in iter_subschemas(schema):
+        if skip and not pending and any(k in sub for k in _REWRITE_TRIGGERS):
+            pending = True
         if skip and "not" in skip and "not" in parts:
             continue  # negated: either rewritten exactly or refused as a whole
         for key, reason in REFUSED_KEYWORDS.items():
@@ -186,8 +195,12 @@ def check_keywords(schema: dict[str, Any], *, skip: frozenset[str] = frozenset()
             raise UnsupportedSchemaError(
                 f"unsupported keyword '$id' at {where}: only the root may set '$id'",
                 path=where, keyword="$id")
-        if "$ref" in sub and not (skip and is_meta_ref(sub["$ref"])):
-            _check_ref(schema, sub["$ref"], parts)
+        if "$ref" in sub:
+            if skip and is_meta_ref(sub["$ref"]):
+                pending = True
+            else:
+                _check_ref(schema, sub["$ref"], parts)
+    return pending
 
 
 def is_meta_ref(ref: Any) -> bool:
@@ -240,10 +253,11 @@ def prepare_schema(schema: dict[str, Any] | str | bool,
     out = copy.deepcopy(parsed)
     out.pop("x-guidance", None)  # backend options are ours to set, not the user's
     try:
-        if rewrite is not None:
-            check_keywords(out, skip=REWRITABLE)
-            out = rewrite(out)
-        check_keywords(out)
+        # NOTE: the rewrites (and the second check) run only where they have work
+        if rewrite is None or check_keywords(out, skip=REWRITABLE):
+            if rewrite is not None:
+                out = rewrite(out)
+            check_keywords(out)
     except RecursionError:
         raise SchemaValidationError("the schema is nested too deeply", path="$") from None
     return out

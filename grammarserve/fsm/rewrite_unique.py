@@ -11,6 +11,7 @@ front end to refuse.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import jsonschema
@@ -74,6 +75,8 @@ def unique_arrays(root: dict[str, Any], sub: dict[str, Any]) -> list[list[Any]] 
     hi = sub.get("maxItems")
     if rest is None and (hi is None or hi > len(prefix)):
         return None  # no ``items``: open after the prefix unless maxItems stops there
+    if not prefix and rest is not None and _count(len(rest), lo, hi) > MAX_ARRAYS:
+        return [[]] * (MAX_ARRAYS + 1)  # too many: not enumerated
     out: list[list[Any]] = []
 
     def extend(array: list[Any]) -> None:
@@ -86,6 +89,8 @@ def unique_arrays(root: dict[str, Any], sub: dict[str, Any]) -> list[list[Any]] 
         i = len(array)
         values = domains[i] if i < len(prefix) else rest
         for v in values or []:
+            if len(out) > MAX_ARRAYS:
+                return
             if not any(same_value(v, w) for w in array):
                 array.append(v)
                 extend(array)
@@ -118,8 +123,35 @@ def finite_values(root: dict[str, Any], schema: Any) -> list[Any] | None:
                                                         else [])
     else:
         return None
-    distinct: list[Any] = []
+    distinct: dict[str, Any] = {}
     for v in values:
-        if not any(same_value(v, w) for w in distinct):
-            distinct.append(v)
-    return distinct
+        distinct.setdefault(_identity(v), v)
+    return list(distinct.values())
+
+
+def _identity(value: Any) -> str:
+    """One key per JSON value up to JSON Schema equality (``1`` and ``1.0`` share one)."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (int, float)):
+        return f"n:{value!r}" if isinstance(value, int) or not value.is_integer() \
+            else f"n:{int(value)!r}"
+    if isinstance(value, list):
+        return "[" + ",".join(_identity(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{json.dumps(k)}:{_identity(v)}"
+                              for k, v in sorted(value.items())) + "}"
+    return repr(value)
+
+
+def _count(n: int, lo: int, hi: int | None) -> int:
+    """How many arrays of distinct items from ``n`` values have ``lo`` to ``hi`` items."""
+    total, arrangements = 0, 1
+    for k in range(0, n + 1 if hi is None else min(n, hi) + 1):
+        if k:
+            arrangements *= n - k + 1
+        if k >= lo:
+            total += arrangements
+        if total > MAX_ARRAYS:
+            break
+    return total
