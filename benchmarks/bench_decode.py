@@ -57,6 +57,9 @@ def main() -> None:
     max_b = max(batches)
     llm = LLM("default", device="cpu", max_num_reqs=max_b,
               kv_cache_tokens=max_b * (args.prompt_len + args.new_tokens) + 64,
+              # the decode mirror sized for the largest batch (a server's default pool is larger
+              # and its mirror, half of it, holds such a batch; this pool is sized to the need)
+              decode_mirror_tokens=max_b * (args.prompt_len + args.new_tokens + 64),
               max_batch_tokens=2048, enable_prefix_cache=False)  # both runs re-prefill
     path = default_model_path()
     hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,

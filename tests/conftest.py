@@ -15,7 +15,11 @@ from typing import Any
 import pytest
 import torch
 
-torch.set_num_threads(2)
+# One torch/OpenMP thread in-process (the servers the tests start use --num-threads 1 too): with
+# two threads on a 2-core machine whose cores are busy with other work, every parallel region
+# waits for a descheduled thread and the suite runs ~10x slower. The kernels' multi-threaded
+# paths are tested explicitly (tests/test_kernels_q8.py, tests/test_kernels_decode_attn.py).
+torch.set_num_threads(1)
 
 
 # Fixtures that load the embedded model or its tokenizer (directly or through another fixture).

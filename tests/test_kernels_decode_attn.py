@@ -39,6 +39,12 @@ def test_fused_decode_attention_matches_reference(isa: str, case: tuple[int, ...
     got = decode_attention(q, kt, vs, km, vm, qb, qlen, isa=isa)
     torch.testing.assert_close(got, decode_attention_ref(q, kt, vs, km, vm, qb, qlen),
                                rtol=1e-5, atol=1e-5)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:  # each output has one owning thread: two threads give the same bits
+        assert torch.equal(decode_attention(q, kt, vs, km, vm, qb, qlen, isa=isa), got)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_fused_decode_attention_rejects_what_it_cannot_run() -> None:

@@ -59,13 +59,21 @@ def test_kernel_matches_reference(isa: str, kind: str, k: int) -> None:
 @needs_kernel
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
 def test_levels_bound_the_error_against_the_exact_product(kind: str) -> None:
+    """Also: two threads give the one-thread result exactly (each output has one owner)."""
     w = pack_gguf_blocks(kind, random_blocks(kind, 64, 576, seed=3))
     packed = pack_x16(w)
     x = torch.randn(8, 576, generator=torch.Generator().manual_seed(3)) * 3
     exact = quant_matmul_ref(x, w)
     for levels, bound in ((1, 2e-2), (2, 1e-4)):
-        err = (quant_matmul_q8(x, packed, levels=levels) - exact).norm() / exact.norm()
+        got = quant_matmul_q8(x, packed, levels=levels)
+        err = (got - exact).norm() / exact.norm()
         assert err.item() < bound, (levels, err.item())
+        threads = torch.get_num_threads()
+        torch.set_num_threads(2)
+        try:
+            assert torch.equal(quant_matmul_q8(x, packed, levels=levels), got)
+        finally:
+            torch.set_num_threads(threads)
 
 
 def test_activation_quantization_reference() -> None:
