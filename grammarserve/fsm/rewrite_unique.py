@@ -147,7 +147,7 @@ def _identity(value: Any) -> str:
 def _count(n: int, lo: int, hi: int | None) -> int:
     """How many arrays of distinct items from ``n`` values have ``lo`` to ``hi`` items."""
     total, arrangements = 0, 1
-    for k in range(0, n + 1 if hi is None else min(n, hi) + 1):
+    for k in range(n + 1 if hi is None else min(n, hi) + 1):
         if k:
             arrangements *= n - k + 1
         if k >= lo:
