@@ -83,6 +83,26 @@ def compiler(byte_tokenizer: Any) -> GrammarCompiler:
                            compile_timeout_s=120)
 
 
+@pytest.fixture(scope="module")
+def closed(byte_tokenizer: Any) -> GrammarCompiler:
+    return GrammarCompiler(byte_tokenizer, json_style="compact", compile_timeout_s=120)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_rewritten_schema_is_sound_when_closed(closed: GrammarCompiler, byte_tokenizer: Any,
+                                               case: int) -> None:
+    """The default narrowing (``closed.py``) on top of the rewrites still accepts only valid
+    instances."""
+    schema, accepted, extra = CASES[case]
+    grammar = closed.compile_json_schema(schema)
+    check = jsonschema.Draft202012Validator(schema)
+    bitmask = closed.allocate_bitmask(1)
+    for instance in POOL + accepted + extra:
+        ids = byte_tokenizer.encode(json.dumps(instance, separators=(",", ":")))
+        ok = walk(grammar.matcher(), ids, 0, bitmask)[0]
+        assert not ok or check.is_valid(instance), f"INVALID ACCEPTED {instance}"
+
+
 @pytest.mark.parametrize("backend", ["auto", "xgrammar"])
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_rewritten_schema_is_exact_in_the_backend(compiler: GrammarCompiler,

@@ -97,8 +97,9 @@ def _bound_integer(sub: dict[str, Any]) -> None:
 
 def _shared_members(schema: dict[str, Any]) -> set[int]:
     """ids of the combinator members whose keys another schema may add (with the subschemas
-    their ``$ref`` chains reach): every ``allOf`` member, and the ``anyOf``/``oneOf`` members of
-    a subschema that has constraints of its own beside them."""
+    their ``$ref`` chains reach): every ``allOf`` member, the ``anyOf``/``oneOf`` members of
+    a subschema that has constraints of its own beside them, and the branches of shared
+    members."""
     out: set[int] = set()
     for sub, _ in iter_subschemas(schema):
         members = list(sub.get("allOf", [])) if isinstance(sub.get("allOf"), list) else []
@@ -106,11 +107,17 @@ def _shared_members(schema: dict[str, Any]) -> set[int]:
             for key in ("anyOf", "oneOf"):
                 if isinstance(sub.get(key), list):
                     members.extend(sub[key])
-        for member in members:
+        while members:
+            member = members.pop()
             for _ in range(8):  # a chain of references, bounded
-                if not isinstance(member, dict):
+                if not isinstance(member, dict) or id(member) in out:
                     break
                 out.add(id(member))
+                # NOTE: the branches of a shared union stand beside the same other schemas
+                # (``allOf: [{anyOf: [...]}]`` next to the properties the branches must allow)
+                for key in ("anyOf", "oneOf"):
+                    if isinstance(member.get(key), list):
+                        members.extend(member[key])
                 ref = member.get("$ref")
                 if not (isinstance(ref, str) and ref.startswith("#")):
                     break
