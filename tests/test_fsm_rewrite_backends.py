@@ -83,6 +83,18 @@ def compiler(byte_tokenizer: Any) -> GrammarCompiler:
                            compile_timeout_s=120)
 
 
+def test_xgrammar_takes_forbidden_keys_beside_closed_objects(compiler: GrammarCompiler,
+                                                          byte_tokenizer: Any) -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {
+        "type": "integer"}}, "additionalProperties": False, "not": {"required": ["a"]}}
+    c = compiler.with_backend("xgrammar")
+    grammar = c.compile_json_schema(schema)
+    bitmask = c.allocate_bitmask(1)
+    for text, ok in (('{"b":1}', True), ('{"a":1}', False), ('{"a":1,"b":2}', False),
+                     ("{}", True)):
+        assert walk(grammar.matcher(), byte_tokenizer.encode(text), 0, bitmask)[0] == ok, text
+
+
 @pytest.fixture(scope="module")
 def closed(byte_tokenizer: Any) -> GrammarCompiler:
     return GrammarCompiler(byte_tokenizer, json_style="compact", compile_timeout_s=120)

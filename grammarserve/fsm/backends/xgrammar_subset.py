@@ -60,9 +60,12 @@ def xgrammar_schema(schema: dict[str, Any]) -> dict[str, Any]:
       non-object also satisfies) becomes an ``anyOf`` of one typed branch per type it
       constrains and one branch for the other types.
     - Recursion through the root (``"$ref": "#"``) goes through ``$defs`` instead.
+    - A key forbidden by ``properties: {k: false}`` beside ``additionalProperties: false`` is
+      dropped from ``properties``.
     """
     out = copy.deepcopy(schema)
     for sub, _ in list(iter_subschemas(out)):
+        _drop_false_properties(sub)
         if "pattern" in sub and ("minLength" in sub or "maxLength" in sub):
             _merge_lengths(sub)
         if "type" not in sub:
@@ -71,6 +74,17 @@ def xgrammar_schema(schema: dict[str, Any]) -> dict[str, Any]:
         out = _root_into_defs(out)
     check_xgrammar_exact(out)
     return out
+
+
+def _drop_false_properties(sub: dict[str, Any]) -> None:
+    """``properties: {k: false}`` (a forbidden key, as ``not: {required: [k]}`` is rewritten)
+    beside ``additionalProperties: false`` means the same without ``k``; xgrammar refuses a
+    ``false`` subschema."""
+    props = sub.get("properties")
+    if sub.get("additionalProperties") is not False or not isinstance(props, dict) \
+            or set(sub.get("required") or []) & {k for k, v in props.items() if v is False}:
+        return
+    sub["properties"] = {k: v for k, v in props.items() if v is not False}
 
 
 def _split_by_type(sub: dict[str, Any]) -> None:
