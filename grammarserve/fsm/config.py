@@ -55,6 +55,10 @@ class GrammarConfig:
         Size of the compile thread pool.
     backend_threads : int
         Threads one backend compile may use internally (xgrammar's mask-cache build).
+    background_upgrade : bool
+        With ``auto``, upgrade a reused JSON-schema grammar to xgrammar in the background (see
+        ``policy.py``). False keeps every grammar on the backend that compiled it first, so
+        which backend walks an input does not depend on timing (tests).
     """
 
     backend: BackendName = "auto"
@@ -65,6 +69,7 @@ class GrammarConfig:
     open_schemas: bool = False
     compile_threads: int = 4
     backend_threads: int = 1
+    background_upgrade: bool = True
 
     def __post_init__(self) -> None:
         if self.backend not in ("auto", "xgrammar", "llguidance"):

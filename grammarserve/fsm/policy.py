@@ -112,8 +112,8 @@ class BackendPolicy:
             except GrammarError as e:
                 errors.append((name, e))
                 continue
-            if (self.config.backend == "auto" and spec.kind in UPGRADES
-                    and name != UPGRADES[spec.kind]):
+            if (self.config.backend == "auto" and self.config.background_upgrade
+                    and spec.kind in UPGRADES and name != UPGRADES[spec.kind]):
                 self._schedule_upgrade(grammar, spec, UPGRADES[spec.kind])
             return grammar
         first = errors[0][1]
