@@ -68,6 +68,9 @@ class GrammarCompiler:
         Tokens that end generation (default: the tokenizer's EOS).
     compile_threads : int
         Concurrent compiles.
+    background_upgrade : bool
+        With ``auto``, upgrade reused JSON-schema grammars to xgrammar in the background
+        (default True; see ``GrammarConfig``).
     """
 
     def __init__(self, tokenizer: Any, *, backend: BackendName = "auto",
@@ -75,12 +78,13 @@ class GrammarCompiler:
                  max_whitespace: int | None = DEFAULT_MAX_WHITESPACE,
                  json_style: JsonStyle = "auto", open_schemas: bool = False,
                  vocab_size: int | None = None, stop_token_ids: list[int] | None = None,
-                 compile_threads: int = 4) -> None:
+                 compile_threads: int = 4, background_upgrade: bool = True) -> None:
         self.config = GrammarConfig(backend=backend, cache_bytes=cache_bytes,
                                     compile_timeout_s=compile_timeout_s,
                                     max_whitespace=max_whitespace, json_style=json_style,
                                     open_schemas=open_schemas,
-                                    compile_threads=compile_threads)
+                                    compile_threads=compile_threads,
+                                    background_upgrade=background_upgrade)
         self.vocab = VocabInfo.from_tokenizer(tokenizer, vocab_size=vocab_size,
                                               stop_token_ids=stop_token_ids)
         self.policy = BackendPolicy(self.vocab, self.config)
@@ -111,6 +115,13 @@ class GrammarCompiler:
         names = {n for kind in AUTO_ORDER for n in self.policy.order(kind)}
         for name in sorted(names):
             self.policy.backend(name).warmup(self.config.max_whitespace)
+
+    def clear_caches(self) -> None:
+        """Forget the compiled grammars and the validated front-end results, so that the next
+        compile of any schema is a cold one (benchmarks; in-flight compiles are unaffected)."""
+        self.cache.clear()
+        with self._specs_lock:
+            self._specs.clear()
 
     def cache_stats(self) -> CacheStats:
         """Hits, misses, shared in-flight compiles, timeouts, bytes and compile time."""
