@@ -134,3 +134,21 @@ def test_real_compiler_dedupes_threads_and_counts() -> None:
     # Same schema text with different whitespace hits; different key order does not.
     assert compiler.compile_json_schema(' {"type":"object","properties":{"x":{"type":'
                                         '"integer"}}}') is out[0]
+
+
+@pytest.mark.model
+def test_clear_caches_makes_the_next_compile_cold(tokenizer: Any) -> None:
+    """``clear_caches`` forgets compiled grammars and front-end results (bench_grammar.py's
+    cold figures); ``background_upgrade=False`` keeps a reused grammar on its first backend."""
+    from grammarserve.fsm import GrammarCompiler
+
+    compiler = GrammarCompiler(tokenizer, background_upgrade=False)
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}}
+    first = compiler.compile_json_schema(schema)
+    assert compiler.compile_json_schema(schema) is first
+    compiler.clear_caches()
+    again = compiler.compile_json_schema(schema)
+    assert again is not first and compiler.cache_stats().misses == 2
+    for _ in range(3):
+        again.matcher()
+    assert again.request_upgrade() is None and again.backend == first.backend == "llguidance"
