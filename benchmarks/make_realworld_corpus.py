@@ -330,12 +330,12 @@ class KeyOrder:
                         order.append(key)
                         child[key] = prop
             keys = [k for k in order if k in value] + [k for k in value if k not in child]
-            extra = next((la["additionalProperties"] for la in layers
+            extra: Any = next((la["additionalProperties"] for la in layers
                           if isinstance(la.get("additionalProperties"), dict)), {})
             return {k: self.apply(child.get(k, extra), value[k], depth + 1) for k in keys}
         if isinstance(value, list):
-            items = next((la["items"] for la in layers if "items" in la), {})
-            prefix = next((la["prefixItems"] for la in layers if "prefixItems" in la), [])
+            items: Any = next((la["items"] for la in layers if "items" in la), {})
+            prefix: Any = next((la["prefixItems"] for la in layers if "prefixItems" in la), [])
             if isinstance(items, list):
                 prefix, items = items, next((la.get("additionalItems", {}) for la in layers), {})
             return [self.apply(prefix[i] if i < len(prefix) else items, v, depth + 1)
@@ -386,7 +386,7 @@ def _net_keys(value: Any, named: set[str]) -> int:
     return net
 
 
-_WRONG = [None, True, 0, -1, 1.5, "", "x", [], {}]
+_WRONG: list[Any] = [None, True, 0, -1, 1.5, "", "x", [], {}]
 
 
 def _paths(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:
