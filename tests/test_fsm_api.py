@@ -32,7 +32,8 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string"},
 
 @pytest.fixture(scope="module")
 def compiler(tokenizer: Any) -> GrammarCompiler:
-    return GrammarCompiler(tokenizer)
+    # A generous compile timeout: beside busy loops a 10 s compile bound expired (issue 18).
+    return GrammarCompiler(tokenizer, compile_timeout_s=600)
 
 
 def accepts(compiler: GrammarCompiler, tokenizer: Any, grammar: CompiledGrammar,
@@ -241,7 +242,8 @@ def test_choice_validation(compiler: GrammarCompiler) -> None:
 
 @pytest.mark.parametrize("backend", ["llguidance", "xgrammar"])
 def test_whitespace_is_bounded(tokenizer: Any, backend: BackendName) -> None:
-    tight = GrammarCompiler(tokenizer, max_whitespace=2, json_style="flexible", backend=backend)
+    tight = GrammarCompiler(tokenizer, max_whitespace=2, json_style="flexible", backend=backend,
+                            compile_timeout_s=600)
     grammar = tight.compile_json_schema(WEATHER)
     assert grammar.backend == backend
     assert accepts(tight, tokenizer, grammar, '{"city":  "Rome", "unit": "c"}')
