@@ -29,6 +29,20 @@ def cache_dir() -> Path:
     return Path(base) / "grammarserve" / "kernels"
 
 
+def open_cached(source: Path, flags: list[str], tag: str, libs: dict[str, ctypes.CDLL],
+                errors: dict[str, str]) -> ctypes.CDLL | None:
+    """:func:`build_and_open` once per ``tag``: the library from ``libs``, or None with the reason
+    kept in ``errors`` (a failed build is not retried)."""
+    if tag in libs or tag in errors:
+        return libs.get(tag)
+    try:
+        libs[tag] = build_and_open(source, flags, tag=tag)
+    except OSError as e:
+        errors[tag] = f"cannot build {source.name} for {tag}: {' '.join(str(e).split())[:300]}"
+        return None
+    return libs[tag]
+
+
 def build_and_open(source: Path, flags: list[str], tag: str = "") -> ctypes.CDLL:
     """The shared library built from ``source`` with ``flags`` (``$CXX``, default ``c++``)."""
     text = source.read_bytes()

@@ -14,12 +14,14 @@ from pathlib import Path
 
 import torch
 
-from grammarserve_kernels.cpu_build import build_and_open
+from grammarserve_kernels.cpu_build import open_cached
+from grammarserve_kernels.quant_q8 import _COMMON as _Q8_COMMON
+from grammarserve_kernels.quant_q8 import _ISA_FLAGS as _Q8_ISA_FLAGS
 from grammarserve_kernels.quant_q8 import cpu_isa
 
 _SOURCE = Path(__file__).with_name("decode_attn_cpu.cpp")
-_COMMON = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-mavx2", "-mfma"]
-_ISA_FLAGS = {"avx2": [], "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]}
+_COMMON = _Q8_COMMON  # the same compiler flags and instruction-set builds as the matmuls
+_ISA_FLAGS = {isa: _Q8_ISA_FLAGS[isa] for isa in ("avx2", "avx512")}
 HEAD_DIMS = (64, 128)
 _libs: dict[str, ctypes.CDLL] = {}
 _errors: dict[str, str] = {}
@@ -79,16 +81,13 @@ def decode_attention_ref(q: torch.Tensor, kt: torch.Tensor, vs: torch.Tensor, km
 
 
 def _open(isa: str) -> ctypes.CDLL | None:
-    if isa in _libs or isa in _errors:
-        return _libs.get(isa)
-    try:
-        lib = build_and_open(_SOURCE, _COMMON + _ISA_FLAGS[isa], tag=isa)
-    except OSError as e:
-        _errors[isa] = f"cannot build {_SOURCE.name} for {isa}: {' '.join(str(e).split())[:300]}"
+    if isa in _libs:  # called per layer: the argtypes are set once
+        return _libs[isa]
+    lib = open_cached(_SOURCE, _COMMON + _ISA_FLAGS[isa], isa, _libs, _errors)
+    if lib is None:
         return None
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.gs_decode_attention.argtypes = [ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, i64, i64,
                                         i64, i64, ptr, i32]
     lib.gs_decode_attention.restype = ctypes.c_int
-    _libs[isa] = lib
     return lib

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from grammarserve_kernels.cpu_build import build_and_open
+from grammarserve_kernels.cpu_build import open_cached
 from grammarserve_kernels.quant import QuantWeight, dequantize
 
 ISAS = ("avx2", "avx512", "avx512vnni")  # in order: each needs the one before
@@ -179,10 +179,8 @@ def _open(isa: str) -> ctypes.CDLL | None:
     if os.environ.get("GRAMMARSERVE_QUANT_KERNEL", "1") == "0":
         _errors[isa] = "disabled by GRAMMARSERVE_QUANT_KERNEL=0"
         return None
-    try:
-        lib = build_and_open(_SOURCE, _COMMON + _ISA_FLAGS[isa], tag=isa)
-    except OSError as e:
-        _errors[isa] = f"cannot build {_SOURCE.name} for {isa}: {' '.join(str(e).split())[:300]}"
+    lib = open_cached(_SOURCE, _COMMON + _ISA_FLAGS[isa], isa, _libs, _errors)
+    if lib is None:
         return None
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.gs_q4_1_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, i32, i32]
@@ -190,5 +188,4 @@ def _open(isa: str) -> ctypes.CDLL | None:
     lib.gs_q8_0_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, i32, i32]
     lib.gs_q8_0_gemm_q8.restype = None
     lib.gs_cpu_level.restype = ctypes.c_int
-    _libs[isa] = lib
     return lib

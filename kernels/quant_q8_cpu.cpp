@@ -238,9 +238,6 @@ void gemm(const float* x, int64_t R, int64_t K, const uint8_t* qs, const float* 
 
 extern "C" {
 
-// The instruction set this build was compiled for: 1 avx2, 2 avx512 (F/BW/VL), 3 avx512vnni.
-int gs_q8_build_level() { return kVnni ? 3 : (kLanes == 16 ? 2 : 1); }
-
 // What the CPU and the OS support, as the same levels (0: not even AVX2+FMA). cpuid says what the
 // CPU has; XGETBV says whether the OS saves the YMM (and for AVX-512 the ZMM/opmask) state.
 // NOTE: call it from the avx2 build only: another build may use wider instructions anywhere.
