@@ -66,6 +66,10 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-attention-kernel", default=EngineConfig.decode_attention_kernel,
                    action=argparse.BooleanOptionalAction,
                    help="CPU decode attention with the fused C++ kernel (off: torch matmuls)")
+    p.add_argument("--decode-stack-kernel", default=EngineConfig.decode_stack_kernel,
+                   action=argparse.BooleanOptionalAction,
+                   help="CPU decode steps run all decoder layers in one C++ call (off: layer by "
+                        "layer in torch)")
     p.add_argument("--prefix-cache", default=EngineConfig.enable_prefix_cache,
                    action=argparse.BooleanOptionalAction, help="radix prefix cache on/off")
 
@@ -122,7 +126,8 @@ def _config(args: argparse.Namespace) -> EngineConfig:
                         tool_call_format=args.tool_call_format,
                         tool_call_dedupe=args.tool_call_dedupe, gguf_blocks=args.gguf_blocks,
                         quant_activations=args.quant_activations,
-                        decode_attention_kernel=args.decode_attention_kernel)
+                        decode_attention_kernel=args.decode_attention_kernel,
+                        decode_stack_kernel=args.decode_stack_kernel)
 
 
 def _serve(args: argparse.Namespace) -> int:

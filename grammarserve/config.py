@@ -90,6 +90,11 @@ class EngineConfig:
         On CPU in fp32, decode groups attend with the fused kernel of
         ``kernels/decode_attn_cpu.cpp`` (shared prefix read once, no score tensors) instead of
         torch batched matmuls; the same result to float rounding.
+    decode_stack_kernel:
+        With that kernel, a step whose every request decodes (one token or a short jump-forward
+        span) runs all decoder layers in one C++ call (``kernels/decode_stack_cpu.cpp``: norms,
+        rotary, K/V writes, attention, SiLU and residuals around the int8 matmuls) instead of
+        ~25 torch ops per layer; needs the int8-activation blocks.
     enable_jump_forward:
         Feed the tokens a constraint forces (keys, punctuation, enum tails) in the next forward
         instead of decoding them one step each (requests can opt out with
@@ -120,6 +125,7 @@ class EngineConfig:
     gguf_blocks: bool = True
     quant_activations: Literal["int8x2", "int8", "fp32"] = "int8x2"
     decode_attention_kernel: bool = True
+    decode_stack_kernel: bool = True
 
     def __post_init__(self) -> None:
         for name in ("dtype", "kv_dtype"):

@@ -63,6 +63,14 @@ def decode_attention(q: torch.Tensor, kt: torch.Tensor, vs: torch.Tensor, km: to
     return out
 
 
+def attention_address(isa: str) -> int:
+    """Address of the ``isa`` build's ``gs_decode_attention`` (for ``decode_stack_cpu.cpp``)."""
+    lib = _open(isa)
+    if lib is None:
+        raise RuntimeError(f"the decode attention kernel is unavailable: {_errors.get(isa)}")
+    return ctypes.cast(lib.gs_decode_attention, ctypes.c_void_p).value or 0
+
+
 def decode_attention_ref(q: torch.Tensor, kt: torch.Tensor, vs: torch.Tensor, km: torch.Tensor,
                          vm: torch.Tensor, qb: torch.Tensor, qlen: torch.Tensor) -> torch.Tensor:
     """Reference for :func:`decode_attention`: per query, softmax over [shared keys, own keys]."""

@@ -142,6 +142,16 @@ def quant_matmul_q8(x: torch.Tensor, w: PackedWeight, isa: str | None = None,
     return y
 
 
+def gemm_addresses(isa: str) -> tuple[int, int]:
+    """Addresses of the ``isa`` build's Q8_0 and Q4_1 GEMM entry points (for kernels that call
+    them from C++, e.g. ``decode_stack_cpu.cpp``)."""
+    lib = _open(isa)
+    if lib is None:
+        raise RuntimeError(f"the int8 CPU kernel is unavailable: {_errors.get(isa)}")
+    return (ctypes.cast(lib.gs_q8_0_gemm_q8, ctypes.c_void_p).value or 0,
+            ctypes.cast(lib.gs_q4_1_gemm_q8, ctypes.c_void_p).value or 0)
+
+
 def quantize_activations_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [R, K]`` -> (int8 values ``[R, K]``, scales ``[R, K/32]``), as the kernel quantizes."""
     r, k = x.shape

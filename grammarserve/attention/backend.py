@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from grammarserve_kernels.decode_attn import HEAD_DIMS, attention_isa, decode_attention
+from grammarserve_kernels.decode_stack import StackKV
 
 from grammarserve.attention.cascade import (
     SharedPrefixKV,
@@ -48,6 +49,11 @@ class AttentionBackend(ABC):
     ) -> torch.Tensor:
         """q ``[T, heads, d]``, k/v ``[T, kv_heads, d]`` -> output ``[T, heads, d]``."""
 
+    def stack_kv(self) -> StackKV | None:
+        """The prepared batch's K/V for a one-call decoder stack, or None (the default): the
+        layers run one by one."""
+        return None
+
 
 @dataclass
 class _CausalGroup:
@@ -79,15 +85,18 @@ class TorchSDPABackend(AttentionBackend):
 
     With ``decode_kernel`` (and the kernel built for this CPU), mirrored decode groups in fp32
     attend with the fused C++ kernel (``kernels/decode_attn_cpu.cpp``) instead of the batched
-    matmuls of ``cascade.py``: the same result, to float rounding.
+    matmuls of ``cascade.py``: the same result, to float rounding. With ``decode_stack`` too,
+    :meth:`stack_kv` offers such a batch to the model's one-call decoder stack
+    (``kernels/decode_stack_cpu.cpp``).
     """
 
     def __init__(self, pool: KVPool, req_to_token: ReqToTokenPool,
                  sliding_window: int | None = None, mirror_tokens: int | None = None,
-                 decode_kernel: bool = True) -> None:
+                 decode_kernel: bool = True, decode_stack: bool = True) -> None:
         self.pool = pool
         self.decode_kernel = (decode_kernel and sliding_window is None
                               and pool.k[0].device.type == "cpu" and attention_isa() is not None)
+        self.decode_stack = decode_stack and self.decode_kernel
         self.req_to_token = req_to_token
         self.sliding_window = sliding_window
         self.mirror = (KVMirror(pool, mirror_tokens, req_to_token.max_context)
@@ -177,6 +186,28 @@ class TorchSDPABackend(AttentionBackend):
             else:
                 self._mirrored_matmul(layer, q, g, out)
         return out
+
+    def stack_kv(self) -> StackKV | None:
+        """For a prepared batch that is one mirrored decode group attended by the fused kernel
+        (every request a decode token or a short span, fp32 KV): the K/V locations of every
+        layer for :class:`~grammarserve_kernels.decode_stack.DecodeStack`, with the mirror and
+        the shared prefix brought up to date for the old positions (the kernel writes the new
+        tokens). None otherwise: the layers then run one by one through :meth:`forward`."""
+        if not self.decode_stack or len(self._groups) != 1 or self.mirror is None:
+            return None
+        g = self._groups[0]
+        if not isinstance(g, _PaddedGroup) or g.mirror_b is None or g.mirror_pos is None or (
+                g.cap_mask is None or self.pool.dtype != torch.float32):
+            return None
+        layers = range(len(self.pool.k))
+        if self.mirror.rebuild:  # the new tokens' slots are gathered too; the kernel overwrites
+            for layer in layers:
+                self.mirror.update(layer, g.kv_slots, g.mirror_b, g.mirror_pos, g.mirror_pos)
+        shared = [self.shared.kv(layer) for layer in layers] if g.base else []
+        assert self._batch is not None
+        return StackKV(self.pool.k, self.pool.v, self.mirror.k, self.mirror.v,
+                       [k for k, _ in shared], [v for _, v in shared],
+                       self._batch.out_cache_loc, g.mirror_b, g.mirror_pos)
 
     def _causal(self, layer: int, q: torch.Tensor, g: _CausalGroup, out: torch.Tensor) -> None:
         """A request with no cached prefix: causal SDPA over its own new tokens."""

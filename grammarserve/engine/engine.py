@@ -57,7 +57,7 @@ class Engine:
         mirror = config.decode_mirror_tokens
         attn = TorchSDPABackend(pool, table, mc.sliding_window, mirror_tokens=(
             max(capacity // 2, 32768) if mirror is None else mirror),
-            decode_kernel=config.decode_attention_kernel)
+            decode_kernel=config.decode_attention_kernel, decode_stack=config.decode_stack_kernel)
         self.runner = ModelRunner(self.loaded.model, pool, table, attn)
         self.cache = RadixCache(pool) if config.enable_prefix_cache else None
         self.scheduler = Scheduler(pool, table, self.cache,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from grammarserve_kernels.decode_stack import DecodeStack
 from torch import nn
 
 from grammarserve.attention.backend import AttentionBackend
@@ -93,6 +94,9 @@ class LlamaModel(nn.Module):
     """Decoder with an LM head. ``forward`` returns fp32 logits for ``batch.logit_rows``."""
 
     inv_freq: torch.Tensor
+    # The decoder layers bound to the one-call decode kernel (models/decode_stack.py), set with
+    # the quantized blocks; decode steps the attention backend offers run through it.
+    decode_stack: DecodeStack | None = None
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -113,7 +117,12 @@ class LlamaModel(nn.Module):
         attn.prepare(batch)
         h = self.embed_tokens(batch.input_ids)
         cos, sin = rope_cos_sin(batch.positions, self.inv_freq, h.dtype)
-        for layer in self.layers:
-            h = layer(h, cos, sin, attn)
+        kv = attn.stack_kv() if self.decode_stack is not None and h.dtype == torch.float32 \
+            else None
+        if kv is not None and self.decode_stack is not None:  # a decode step: one kernel call
+            self.decode_stack.run(h, cos, sin, kv)
+        else:
+            for layer in self.layers:
+                h = layer(h, cos, sin, attn)
         h = self.norm(h[batch.logit_rows])
         return self.lm_head(h).float().contiguous()

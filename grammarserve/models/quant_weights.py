@@ -22,6 +22,7 @@ import torch
 from grammarserve_kernels.quant import QuantWeight, pack_gguf_blocks, quant_kernel_available
 from grammarserve_kernels.quant_q8 import cpu_isa, pack_x16
 
+from grammarserve.models.decode_stack import bind_decode_stack
 from grammarserve.models.gguf_convert import read_gguf, unpermute_rows
 from grammarserve.models.linear import Linear
 from grammarserve.models.llama import LlamaModel
@@ -81,6 +82,7 @@ def set_quant_activations(model: LlamaModel, activations: str) -> str:
     for module in model.modules():
         if isinstance(module, Linear) and module.quant is not None:
             module.quant_x16 = pack_x16(module.quant, levels=levels) if levels else None
+    model.decode_stack = bind_decode_stack(model)
     return activations if levels else "fp32"
 
 

@@ -1,0 +1,206 @@
+"""The decoder stack of a Llama-family model for one decode step in one C++ call
+(``decode_stack_cpu.cpp``), and its torch reference.
+
+Per layer: RMSNorm, the fused QKV projection, rotary embedding, the new K/V written to the pool
+and to the decode mirror, decode attention (shared prefix plus each row's own keys), the output
+projection, RMSNorm, gate/up, SiLU-and-multiply, down, and both residual adds. The matmuls are the
+int8-activation kernels of :mod:`grammarserve_kernels.quant_q8` and the attention is
+:mod:`grammarserve_kernels.decode_attn`, called from C++ through their addresses, so each keeps
+its own per-instruction-set build; this glue is built once (AVX2).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from grammarserve_kernels.cpu_build import open_cached
+from grammarserve_kernels.decode_attn import (
+    HEAD_DIMS,
+    attention_address,
+    attention_isa,
+    decode_attention_ref,
+)
+from grammarserve_kernels.quant import QuantWeight
+from grammarserve_kernels.quant_q8 import _COMMON, PackedWeight, gemm_addresses, quant_matmul_q8_ref
+
+_SOURCE = Path(__file__).with_name("decode_stack_cpu.cpp")
+_libs: dict[str, ctypes.CDLL] = {}
+_errors: dict[str, str] = {}
+_i64, _ptr, _i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int32
+
+
+@dataclass(frozen=True)
+class StackLinear:
+    """One projection: its GGUF blocks (``quant``, for the reference), the same in the kernel's
+    x16 layout (``packed``) and an optional bias."""
+
+    quant: QuantWeight
+    packed: PackedWeight
+    bias: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class StackLayer:
+    """One decoder layer's weights (``qkv``: q, k, v rows stacked; ``gate_up``: gate then up)."""
+
+    norm1: torch.Tensor
+    norm2: torch.Tensor
+    qkv: StackLinear
+    o: StackLinear
+    gate_up: StackLinear
+    down: StackLinear
+
+
+@dataclass(frozen=True)
+class StackDims:
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    inter: int
+    eps: float
+
+
+@dataclass
+class StackKV:
+    """Where one step's K/V live, per layer: the pool ``[slots, KVH, D]``, the decode mirror
+    ``[B, KVH, S, D]`` and the shared prefix (``kt [KVH, D, P]``, ``vs [KVH, P, D]``; empty lists:
+    no shared prefix); and per new token its pool slot, mirror row and mirror position."""
+
+    pool_k: list[torch.Tensor]
+    pool_v: list[torch.Tensor]
+    mirror_k: list[torch.Tensor]
+    mirror_v: list[torch.Tensor]
+    kt: list[torch.Tensor]
+    vs: list[torch.Tensor]
+    slots: torch.Tensor
+    qb: torch.Tensor
+    qpos: torch.Tensor
+
+
+class _Linear(ctypes.Structure):
+    _fields_ = [("qs", _ptr), ("d", _ptr), ("m", _ptr), ("bias", _ptr), ("n", _i64), ("k", _i64),
+                ("q4", _i32), ("levels", _i32)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("norm1", _ptr), ("norm2", _ptr), ("qkv", _Linear), ("o", _Linear),
+                ("gate_up", _Linear), ("down", _Linear)]
+
+
+_STEP_INTS = ("tokens", "hidden", "heads", "kv_heads", "head_dim", "inter", "layers", "S", "P")
+_STEP_PTRS = ("cos", "sin", "slots", "qb", "qpos", "qlen", "pool_k", "pool_v", "mirror_k",
+              "mirror_v", "kt", "vs", "gemm_q8_0", "gemm_q4_1", "attn")
+
+
+class _Step(ctypes.Structure):  # GsStep of decode_stack_cpu.cpp
+    _fields_ = [(name, _i64) for name in _STEP_INTS] + [  # type: ignore[assignment]
+        ("eps", ctypes.c_float), ("threads", _i32)] + [(name, _ptr) for name in _STEP_PTRS]
+
+
+def stack_available() -> bool:
+    """Whether :class:`DecodeStack` can run here (building the glue on first call)."""
+    return attention_isa() is not None and _open() is not None
+
+
+class DecodeStack:
+    """A model's decoder layers bound to the kernel (the weights' addresses are taken once; the
+    tensors must stay alive and in place, which this object ensures by holding them)."""
+
+    def __init__(self, dims: StackDims, layers: list[StackLayer]) -> None:
+        if dims.head_dim not in HEAD_DIMS or dims.heads % dims.kv_heads:
+            raise ValueError(f"head_dim must be one of {HEAD_DIMS} and heads a multiple of kv heads")
+        lib, isa = _open(), attention_isa()
+        if lib is None or isa is None:
+            raise RuntimeError(f"the decode stack kernel is unavailable: {_errors.get('avx2')}")
+        self.dims, self.layers, self._lib = dims, layers, lib
+        isas = {lin.packed.isa for layer in layers for lin in _linears(layer)}
+        if len(isas) != 1:
+            raise ValueError(f"every projection must be packed for one build, got {sorted(isas)}")
+        self._gemms = gemm_addresses(isas.pop())
+        self._attn = attention_address(isa)
+        self._layers = (_Layer * len(layers))(*[_Layer(
+            layer.norm1.data_ptr(), layer.norm2.data_ptr(),
+            *[_linear(lin) for lin in _linears(layer)]) for layer in layers])
+
+    def run(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: StackKV) -> None:
+        """Run every layer on the new tokens' hidden states ``h [T, hidden]`` (fp32, updated in
+        place) with rotary ``cos``/``sin [T, head_dim]``."""
+        d, n = self.dims, len(self.layers)
+        qb, qpos = kv.qb.to(torch.int64).contiguous(), kv.qpos.to(torch.int64).contiguous()
+        qlen = qpos + 1
+        p = kv.kt[0].shape[2] if kv.kt else 0
+        kt, vs = (kv.kt, kv.vs) if kv.kt else ([h] * n, [h] * n)  # unread when P == 0
+        for name, t in (("h", h), ("cos", cos), ("sin", sin)):
+            if t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
+                raise ValueError(f"{name} must be contiguous fp32 on CPU")
+        slots = kv.slots.to(torch.int64).contiguous()
+        tables = [_addresses(t) for t in (kv.pool_k, kv.pool_v, kv.mirror_k, kv.mirror_v, kt, vs)]
+        step = _Step(h.shape[0], d.hidden, d.heads, d.kv_heads, d.head_dim, d.inter, n,
+                     kv.mirror_k[0].shape[2], p, d.eps, torch.get_num_threads(),
+                     cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), qb.data_ptr(),
+                     qpos.data_ptr(), qlen.data_ptr(), *[ctypes.addressof(t) for t in tables],
+                     *self._gemms, self._attn)
+        rc = self._lib.gs_decode_stack(ctypes.byref(step), self._layers, h.data_ptr())
+        if rc:
+            raise RuntimeError(f"decode stack kernel failed ({rc})")
+
+
+def decode_stack_ref(dims: StackDims, layers: list[StackLayer], h: torch.Tensor,
+                     cos: torch.Tensor, sin: torch.Tensor, kv: StackKV) -> torch.Tensor:
+    """Reference for :meth:`DecodeStack.run` in torch (returns the new ``h``; writes the same
+    pool and mirror entries)."""
+    hd, half = dims.head_dim, dims.head_dim // 2
+    for i, w in enumerate(layers):
+        x = F.rms_norm(h, (dims.hidden,), w.norm1, dims.eps)
+        qkv = _ref_linear(x, w.qkv).view(-1, dims.heads + 2 * dims.kv_heads, hd)
+        rot = torch.cat((-qkv[..., half:], qkv[..., :half]), -1)
+        qkv = torch.cat([qkv[:, :dims.heads + dims.kv_heads] * cos[:, None] +
+                         rot[:, :dims.heads + dims.kv_heads] * sin[:, None],
+                         qkv[:, dims.heads + dims.kv_heads:]], 1)
+        q, k, v = qkv.split([dims.heads, dims.kv_heads, dims.kv_heads], 1)
+        kv.pool_k[i][kv.slots], kv.pool_v[i][kv.slots] = k, v
+        kv.mirror_k[i][kv.qb, :, kv.qpos], kv.mirror_v[i][kv.qb, :, kv.qpos] = k, v
+        kt = kv.kt[i] if kv.kt else h.new_empty(0)
+        vs = kv.vs[i] if kv.vs else h.new_empty(0)
+        o = decode_attention_ref((q * hd ** -0.5).contiguous(), kt, vs, kv.mirror_k[i],
+                                 kv.mirror_v[i], kv.qb, kv.qpos + 1)
+        h = h + _ref_linear(o.reshape(h.shape[0], -1), w.o)
+        gate, up = _ref_linear(F.rms_norm(h, (dims.hidden,), w.norm2, dims.eps),
+                               w.gate_up).split(dims.inter, -1)
+        h = h + _ref_linear(F.silu(gate) * up, w.down)
+    return h
+
+
+def _ref_linear(x: torch.Tensor, lin: StackLinear) -> torch.Tensor:
+    y = quant_matmul_q8_ref(x, lin.quant, lin.packed.levels)
+    return y if lin.bias is None else y + lin.bias
+
+
+def _linears(layer: StackLayer) -> list[StackLinear]:
+    return [layer.qkv, layer.o, layer.gate_up, layer.down]
+
+
+def _linear(lin: StackLinear) -> _Linear:
+    w = lin.packed
+    return _Linear(w.qs.data_ptr(), w.d.data_ptr(), w.m.data_ptr() if w.m.numel() else None,
+                   lin.bias.data_ptr() if lin.bias is not None else None, w.n, w.k,
+                   int(w.kind == "Q4_1"), w.levels)
+
+
+def _addresses(tensors: list[torch.Tensor]) -> ctypes.Array[ctypes.c_void_p]:
+    return (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
+
+
+def _open() -> ctypes.CDLL | None:
+    if "avx2" in _libs or "avx2" in _errors:
+        return _libs.get("avx2")
+    lib = open_cached(_SOURCE, _COMMON, "avx2", _libs, _errors)
+    if lib is not None:
+        lib.gs_decode_stack.argtypes = [_ptr, _ptr, _ptr]
+        lib.gs_decode_stack.restype = ctypes.c_int
+    return lib

@@ -1,0 +1,196 @@
+// The whole decoder stack of a Llama-family model for one decode step, in one call.
+//
+// A decode step at a few rows is dominated on a CPU not by its arithmetic but by the number of
+// operations: ~25 small torch ops per layer (norms, rotary, K/V writes, the mirror update, SiLU,
+// residual adds, slicing) at several microseconds each, for 30 layers. Here every layer runs
+//   h += o_proj(attn(rope(qkv_proj(rmsnorm(h)))));  h += down(silu(gate) * up)(rmsnorm(h))
+// with the quantized matmuls (quant_q8_cpu.cpp) and the decode attention (decode_attn_cpu.cpp)
+// called through function pointers: those are built per instruction set and picked at run time;
+// this file only glues them (its loops are small and built for AVX2).
+//
+// Every new token t (row qb[t] of the decode mirror, mirror position qpos[t], pool slot slots[t])
+// writes its K/V to the pool and to the mirror, then attends to the shared prefix (P keys) and to
+// its row's first qlen[t] mirror keys. fp32 throughout; h [T, E] is updated in place.
+#include <immintrin.h>
+#include <omp.h>
+#include <stdint.h>
+
+#include <cmath>
+#include <vector>
+
+extern "C" {
+typedef void (*GemmQ8_0)(const float*, int64_t, int64_t, const int8_t*, const float*, int64_t,
+                         float*, int, int);
+typedef void (*GemmQ4_1)(const float*, int64_t, int64_t, const uint8_t*, const float*,
+                         const float*, int64_t, float*, int, int);
+typedef int (*AttnFn)(const float*, const float*, const float*, int64_t, const float*,
+                      const float*, int64_t, const int64_t*, const int64_t*, int64_t, int64_t,
+                      int64_t, int64_t, float*, int);
+
+struct GsLinear {  // a PackedWeight (quant_q8.py) and an optional bias [n]
+  const void* qs;
+  const float* d;
+  const float* m;
+  const float* bias;
+  int64_t n, k;
+  int32_t q4, levels;
+};
+
+struct GsLayer {
+  const float* norm1;
+  const float* norm2;
+  GsLinear qkv, o, gate_up, down;
+};
+
+struct GsStep {
+  int64_t tokens, hidden, heads, kv_heads, head_dim, inter, layers, S, P;
+  float eps;
+  int32_t threads;
+  const float* cos;  // [T, D] (the two halves equal, as rope_cos_sin gives them)
+  const float* sin;
+  const int64_t* slots;  // [T] pool slot of each new token
+  const int64_t* qb;     // [T] its mirror row
+  const int64_t* qpos;   // [T] its mirror position
+  const int64_t* qlen;   // [T] mirror keys it sees (qpos + 1)
+  float* const* pool_k;  // [layers] -> [slots, KVH, D]
+  float* const* pool_v;
+  float* const* mirror_k;  // [layers] -> [B, KVH, S, D]
+  float* const* mirror_v;
+  const float* const* kt;  // [layers] -> [KVH, D, P] (P == 0: unused)
+  const float* const* vs;  // [layers] -> [KVH, P, D]
+  GemmQ8_0 gemm_q8_0;
+  GemmQ4_1 gemm_q4_1;
+  AttnFn attn;
+};
+}
+
+namespace {
+
+// exp(x) for 8 lanes, x <= 88: 2^k * p(r), |r| <= ln2 / 2, degree-6 polynomial.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
+  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fmadd_ps(k, _mm256_set1_ps(-0.693145752f), x);
+  r = _mm256_fmadd_ps(k, _mm256_set1_ps(-1.42860677e-6f), r);
+  __m256 p = _mm256_set1_ps(1.f / 720);
+  for (float c : {1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f}) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+void linear(const GsStep& st, const GsLinear& w, const float* x, int64_t R, float* y) {
+  if (w.q4) {
+    st.gemm_q4_1(x, R, w.k, static_cast<const uint8_t*>(w.qs), w.d, w.m, w.n, y, st.threads,
+                 w.levels);
+  } else {
+    st.gemm_q8_0(x, R, w.k, static_cast<const int8_t*>(w.qs), w.d, w.n, y, st.threads, w.levels);
+  }
+  if (w.bias)
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t j = 0; j < w.n; ++j) y[r * w.n + j] += w.bias[j];
+}
+
+// y = x * rsqrt(mean(x^2) + eps) * w, per row (the fp32 steps of F.rms_norm).
+void rmsnorm(const float* x, const float* w, int64_t R, int64_t E, float eps, float* y) {
+  for (int64_t r = 0; r < R; ++r) {
+    const float* xr = x + r * E;
+    float ss = 0.f;
+    for (int64_t i = 0; i < E; ++i) ss += xr[i] * xr[i];
+    const float inv = 1.f / std::sqrt(ss / static_cast<float>(E) + eps);
+    for (int64_t i = 0; i < E; ++i) y[r * E + i] = xr[i] * inv * w[i];
+  }
+}
+
+// Rotary embedding ("rotate_half") of the q and k heads of each token's qkv row, in place;
+// the q heads are then scaled by 1/sqrt(D) into q [T, H, D] for the attention kernel.
+void rope_and_split(const GsStep& st, float* qkv, float* q) {
+  const int64_t D = st.head_dim, half = D / 2, width = (st.heads + 2 * st.kv_heads) * D;
+  const float scale = 1.f / std::sqrt(static_cast<float>(D));
+  for (int64_t t = 0; t < st.tokens; ++t) {
+    const float* c = st.cos + t * D;
+    const float* s = st.sin + t * D;
+    for (int64_t head = 0; head < st.heads + st.kv_heads; ++head) {
+      float* x = qkv + t * width + head * D;
+      for (int64_t i = 0; i < half; ++i) {
+        const float a = x[i], b = x[i + half];
+        x[i] = a * c[i] - b * s[i];
+        x[i + half] = b * c[i + half] + a * s[i + half];
+      }
+    }
+    for (int64_t i = 0; i < st.heads * D; ++i) q[t * st.heads * D + i] = qkv[t * width + i] * scale;
+  }
+}
+
+void write_kv(const GsStep& st, int64_t layer, const float* qkv) {
+  const int64_t D = st.head_dim, KVH = st.kv_heads, width = (st.heads + 2 * KVH) * D;
+  for (int64_t t = 0; t < st.tokens; ++t) {
+    for (int64_t h = 0; h < KVH; ++h) {
+      const float* k = qkv + t * width + (st.heads + h) * D;
+      const float* v = k + KVH * D;
+      const int64_t pool_at = (st.slots[t] * KVH + h) * D;
+      const int64_t mirror_at = ((st.qb[t] * KVH + h) * st.S + st.qpos[t]) * D;
+      for (int64_t i = 0; i < D; ++i) {
+        st.pool_k[layer][pool_at + i] = k[i];
+        st.pool_v[layer][pool_at + i] = v[i];
+        st.mirror_k[layer][mirror_at + i] = k[i];
+        st.mirror_v[layer][mirror_at + i] = v[i];
+      }
+    }
+  }
+}
+
+// act[t, i] = silu(gu[t, i]) * gu[t, I + i], silu(g) = g / (1 + exp(-g)).
+void silu_mul(const GsStep& st, const float* gu, float* act) {
+  const int64_t I = st.inter;
+#pragma omp parallel for schedule(static) num_threads(st.threads) if (st.tokens * I >= 32768)
+  for (int64_t t = 0; t < st.tokens; ++t) {
+    const float* g = gu + t * 2 * I;
+    float* a = act + t * I;
+    int64_t i = 0;
+    for (; i + 8 <= I; i += 8) {
+      const __m256 gv = _mm256_loadu_ps(g + i);
+      const __m256 den = _mm256_add_ps(_mm256_set1_ps(1.f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv)));
+      _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_div_ps(gv, den), _mm256_loadu_ps(g + I + i)));
+    }
+    for (; i < I; ++i) a[i] = g[i] / (1.f + std::exp(-g[i])) * g[I + i];
+  }
+}
+
+void add_into(float* h, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) h[i] += x[i];
+}
+
+}  // namespace
+
+extern "C" {
+
+// Returns 0, or the attention kernel's error (-1: a head size it does not handle).
+int gs_decode_stack(const GsStep* step, const GsLayer* layers, float* h) {
+  const GsStep& st = *step;
+  const int64_t T = st.tokens, E = st.hidden, HD = st.heads * st.head_dim;
+  const int64_t width = (st.heads + 2 * st.kv_heads) * st.head_dim;
+  std::vector<float> x(T * E), qkv(T * width), q(T * HD), att(T * HD), y(T * E);
+  std::vector<float> gu(T * 2 * st.inter), act(T * st.inter);
+  for (int64_t l = 0; l < st.layers; ++l) {
+    const GsLayer& w = layers[l];
+    rmsnorm(h, w.norm1, T, E, st.eps, x.data());
+    linear(st, w.qkv, x.data(), T, qkv.data());
+    rope_and_split(st, qkv.data(), q.data());
+    write_kv(st, l, qkv.data());
+    const int rc = st.attn(q.data(), st.kt[l], st.vs[l], st.P, st.mirror_k[l], st.mirror_v[l],
+                           st.S, st.qb, st.qlen, T, st.heads, st.kv_heads, st.head_dim,
+                           att.data(), st.threads);
+    if (rc) return rc;
+    linear(st, w.o, att.data(), T, y.data());
+    add_into(h, y.data(), T * E);
+    rmsnorm(h, w.norm2, T, E, st.eps, x.data());
+    linear(st, w.gate_up, x.data(), T, gu.data());
+    silu_mul(st, gu.data(), act.data());
+    linear(st, w.down, act.data(), T, y.data());
+    add_into(h, y.data(), T * E);
+  }
+  return 0;
+}
+
+}  // extern "C"

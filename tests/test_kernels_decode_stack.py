@@ -1,0 +1,113 @@
+"""The one-call decoder stack for decode steps (``kernels/decode_stack_cpu.cpp``) against its torch
+reference on random weights: both weight kinds, a shared prefix or none, several tokens of one
+row (jump-forward spans), a qkv bias; the pool and mirror entries it writes; every build."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from grammarserve_kernels.decode_stack import (
+    DecodeStack,
+    StackDims,
+    StackKV,
+    StackLayer,
+    StackLinear,
+    decode_stack_ref,
+)
+from grammarserve_kernels.quant import pack_gguf_blocks
+from grammarserve_kernels.quant_q8 import pack_x16, supported_isas
+from quant_helpers import random_blocks
+
+can_build = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and bool(
+    shutil.which("c++"))
+pytestmark = pytest.mark.skipif(not can_build, reason="needs an AVX2 CPU and a C++ compiler")
+
+DIMS = StackDims(hidden=128, heads=4, kv_heads=2, head_dim=64, inter=96, eps=1e-5)
+
+
+def _linear(kind: str, n: int, k: int, seed: int, isa: str, bias: bool = False) -> StackLinear:
+    quant = pack_gguf_blocks(kind, random_blocks(kind, n, k, seed=seed))
+    b = torch.randn(n, generator=torch.Generator().manual_seed(seed)) if bias else None
+    return StackLinear(quant, pack_x16(quant, isa=isa), b)
+
+
+def _layers(kind: str, isa: str, n: int = 2, bias: bool = False) -> list[StackLayer]:
+    d, gen = DIMS, torch.Generator().manual_seed(7)
+    width = (d.heads + 2 * d.kv_heads) * d.head_dim
+    return [StackLayer(1 + 0.1 * torch.randn(d.hidden, generator=gen),
+                       1 + 0.1 * torch.randn(d.hidden, generator=gen),
+                       _linear(kind, width, d.hidden, 10 * i + 1, isa, bias),
+                       _linear(kind, d.hidden, d.heads * d.head_dim, 10 * i + 2, isa),
+                       _linear(kind, 2 * d.inter, d.hidden, 10 * i + 3, isa),
+                       _linear(kind, d.hidden, d.inter, 10 * i + 4, isa)) for i in range(n)]
+
+
+def _kv(layers: int, qb: list[int], qpos: list[int], prefix: int, rows: int = 3,
+        cap: int = 24) -> StackKV:
+    d, gen = DIMS, torch.Generator().manual_seed(3)
+    rand = lambda *shape: torch.randn(*shape, generator=gen)
+    slots = torch.randperm(40, generator=gen)[:len(qb)] + 1
+    return StackKV([rand(41, d.kv_heads, d.head_dim) for _ in range(layers)],
+                   [rand(41, d.kv_heads, d.head_dim) for _ in range(layers)],
+                   [rand(rows, d.kv_heads, cap, d.head_dim) for _ in range(layers)],
+                   [rand(rows, d.kv_heads, cap, d.head_dim) for _ in range(layers)],
+                   [rand(d.kv_heads, d.head_dim, prefix) for _ in range(layers)] if prefix else [],
+                   [rand(d.kv_heads, prefix, d.head_dim) for _ in range(layers)] if prefix else [],
+                   slots, torch.tensor(qb), torch.tensor(qpos))
+
+
+def _clone(kv: StackKV) -> StackKV:
+    copy = lambda ts: [t.clone() for t in ts]
+    return StackKV(copy(kv.pool_k), copy(kv.pool_v), copy(kv.mirror_k), copy(kv.mirror_v),
+                   kv.kt, kv.vs, kv.slots, kv.qb, kv.qpos)
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> None:
+    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3 * float(want.abs().max()))
+
+
+CASES = [  # kind, mirror row and position of each token, shared prefix length, qkv bias
+    ("Q8_0", [0], [5], 0, False),
+    ("Q4_1", [0, 1, 2], [3, 9, 0], 70, False),
+    ("Q8_0", [0, 0, 0, 1], [4, 5, 6, 2], 33, True),  # a span of three tokens in row 0
+]
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512vnni"])
+@pytest.mark.parametrize("case", CASES, ids=[str(c[:4]) for c in CASES])
+def test_decode_stack_matches_reference(isa: str, case: tuple) -> None:
+    if isa not in supported_isas():
+        pytest.skip(f"this CPU does not run {isa}")
+    kind, qb, qpos, prefix, bias = case
+    layers = _layers(kind, isa, bias=bias)
+    gen = torch.Generator().manual_seed(11)
+    t = len(qb)
+    h = torch.randn(t, DIMS.hidden, generator=gen)
+    pos = torch.tensor(qpos, dtype=torch.float32)[:, None] + prefix
+    freqs = pos * (1.0 / 10000 ** (torch.arange(0, DIMS.head_dim, 2) / DIMS.head_dim))
+    emb = torch.cat([freqs, freqs], -1)
+    cos, sin = emb.cos().contiguous(), emb.sin().contiguous()
+    kv = _kv(len(layers), qb, qpos, prefix)
+    kv_ref = _clone(kv)
+    want = decode_stack_ref(DIMS, layers, h.clone(), cos, sin, kv_ref)
+    got = h.clone()
+    DecodeStack(DIMS, layers).run(got, cos, sin, kv)
+    # int8 activations: a rounding flip of one quantized value moves a product by ~1e-4 of the
+    # row's scale, so the bound is relative to the largest value
+    _close(got, want)
+    for name in ("pool_k", "pool_v", "mirror_k", "mirror_v"):
+        for a, b in zip(getattr(kv, name), getattr(kv_ref, name)):
+            _close(a, b)
+
+
+def test_decode_stack_refuses_mixed_builds_and_odd_heads() -> None:
+    isas = supported_isas()
+    if len(isas) < 2:
+        pytest.skip("one instruction set only")
+    layers = _layers("Q8_0", isas[0], n=1) + _layers("Q8_0", isas[-1], n=1)
+    with pytest.raises(ValueError, match="one build"):
+        DecodeStack(DIMS, layers)
+    with pytest.raises(ValueError, match="head_dim"):
+        DecodeStack(StackDims(128, 4, 2, 32, 96, 1e-5), layers[:1])
