@@ -31,6 +31,7 @@ _SOURCE = Path(__file__).with_name("decode_stack_cpu.cpp")
 _libs: dict[str, ctypes.CDLL] = {}
 _errors: dict[str, str] = {}
 _i64, _ptr, _i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int32
+_Table = ctypes.Array[ctypes.c_void_p]  # per-layer addresses
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,9 @@ class StackKV:
     slots: torch.Tensor
     qb: torch.Tensor
     qpos: torch.Tensor
+    # Equal keys (compared by identity, element by element) promise the same tensors in the
+    # six lists, so their address tables are reused; None: rebuilt every call.
+    key: tuple[object, ...] | None = None
 
 
 class _Linear(ctypes.Structure):
@@ -121,6 +125,7 @@ class DecodeStack:
         isas = {lin.packed.isa for layer in layers for lin in _linears(layer)}
         if len(isas) != 1:
             raise ValueError(f"every projection must be packed for one build, got {sorted(isas)}")
+        self._cached_tables: tuple[tuple[object, ...], list[_Table]] | None = None
         self._gemms = gemm_addresses(isas.pop())
         self._attn = attention_address(isa)
         self._layers = (_Layer * len(layers))(*[_Layer(
@@ -134,12 +139,12 @@ class DecodeStack:
         qb, qpos = kv.qb.to(torch.int64).contiguous(), kv.qpos.to(torch.int64).contiguous()
         qlen = qpos + 1
         p = kv.kt[0].shape[2] if kv.kt else 0
-        kt, vs = (kv.kt, kv.vs) if kv.kt else ([h] * n, [h] * n)  # unread when P == 0
+        kt, vs = (kv.kt, kv.vs) if kv.kt else (kv.mirror_k, kv.mirror_v)  # unread: P == 0
         for name, t in (("h", h), ("cos", cos), ("sin", sin)):
             if t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
                 raise ValueError(f"{name} must be contiguous fp32 on CPU")
         slots = kv.slots.to(torch.int64).contiguous()
-        tables = [_addresses(t) for t in (kv.pool_k, kv.pool_v, kv.mirror_k, kv.mirror_v, kt, vs)]
+        tables = self._tables(kv, kt, vs)
         step = _Step(h.shape[0], d.hidden, d.heads, d.kv_heads, d.head_dim, d.inter, n,
                      kv.mirror_k[0].shape[2], p, d.eps, torch.get_num_threads(),
                      cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), qb.data_ptr(),
@@ -148,6 +153,17 @@ class DecodeStack:
         rc = self._lib.gs_decode_stack(ctypes.byref(step), self._layers, h.data_ptr())
         if rc:
             raise RuntimeError(f"decode stack kernel failed ({rc})")
+
+    def _tables(self, kv: StackKV, kt: list[torch.Tensor],
+                vs: list[torch.Tensor]) -> list[_Table]:
+        """Per-layer address tables of the K/V tensors (reused while ``kv.key`` is the same)."""
+        cached = self._cached_tables
+        if kv.key is not None and cached is not None and len(cached[0]) == len(kv.key) and all(
+                a is b for a, b in zip(cached[0], kv.key)):
+            return cached[1]
+        tables = [_addresses(t) for t in (kv.pool_k, kv.pool_v, kv.mirror_k, kv.mirror_v, kt, vs)]
+        self._cached_tables = (kv.key, tables) if kv.key is not None else None
+        return tables
 
 
 def decode_stack_ref(dims: StackDims, layers: list[StackLayer], h: torch.Tensor,
@@ -192,7 +208,7 @@ def _linear(lin: StackLinear) -> _Linear:
                    int(w.kind == "Q4_1"), w.levels)
 
 
-def _addresses(tensors: list[torch.Tensor]) -> ctypes.Array[ctypes.c_void_p]:
+def _addresses(tensors: list[torch.Tensor]) -> _Table:
     return (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
 
 

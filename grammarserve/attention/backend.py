@@ -205,9 +205,12 @@ class TorchSDPABackend(AttentionBackend):
                 self.mirror.update(layer, g.kv_slots, g.mirror_b, g.mirror_pos, g.mirror_pos)
         shared = [self.shared.kv(layer) for layer in layers] if g.base else []
         assert self._batch is not None
+        # NOTE: the shared prefix is regathered only after a mirror rebuild (invalidate), so the
+        # mirror's generation and the base identify every tensor of the lists.
         return StackKV(self.pool.k, self.pool.v, self.mirror.k, self.mirror.v,
                        [k for k, _ in shared], [v for _, v in shared],
-                       self._batch.out_cache_loc, g.mirror_b, g.mirror_pos)
+                       self._batch.out_cache_loc, g.mirror_b, g.mirror_pos,
+                       key=(self.pool, self.mirror.generation, g.base))
 
     def _causal(self, layer: int, q: torch.Tensor, g: _CausalGroup, out: torch.Tensor) -> None:
         """A request with no cached prefix: causal SDPA over its own new tokens."""

@@ -32,6 +32,9 @@ class KVMirror:
         self.v: list[torch.Tensor] = []
         self.rebuild = True  # set by plan(): gather from the pool this step
         self.rebuilds = 0
+        # A new object at every rebuild: while it is the same, so are the tensors in k and v
+        # (callers may cache their addresses under it).
+        self.generation = object()
         self.base = 0  # positions before ``base`` are not mirrored (a shared prefix, cascade.py)
 
     def plan(self, seq_ids: list[int], prefix_lens: list[int], extend_lens: list[int],
@@ -53,6 +56,7 @@ class KVMirror:
             return False
         self.rebuild, self._cap = True, cap
         self.rebuilds += 1
+        self.generation = object()
         return True
 
     @property
