@@ -74,7 +74,10 @@ def compilers(tokenizer: Any) -> dict[str, GrammarCompiler]:
     # forms with flexible whitespace.
     # The compile timeout is lifted: these tests say what is refused, and a loaded machine must
     # not turn a slow compile into a refusal.
-    auto = GrammarCompiler(tokenizer, open_schemas=True, compile_timeout_s=600)
+    # Upgrades at normal priority: a test waits for one, and beside busy processes the default
+    # niceness 19 starves it for tens of minutes.
+    auto = GrammarCompiler(tokenizer, open_schemas=True, compile_timeout_s=600,
+                           upgrade_niceness=0)
     return {"auto": auto, "llguidance": auto.with_backend("llguidance"),
             "xgrammar": GrammarCompiler(tokenizer, backend="xgrammar", json_style="flexible",
                                         open_schemas=True, compile_timeout_s=600)}

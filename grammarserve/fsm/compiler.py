@@ -71,6 +71,8 @@ class GrammarCompiler:
     background_upgrade : bool
         With ``auto``, upgrade reused JSON-schema grammars to xgrammar in the background
         (default True; see ``GrammarConfig``).
+    upgrade_niceness : int
+        CPU niceness of that upgrade (default 19; see ``GrammarConfig``).
     """
 
     def __init__(self, tokenizer: Any, *, backend: BackendName = "auto",
@@ -78,13 +80,15 @@ class GrammarCompiler:
                  max_whitespace: int | None = DEFAULT_MAX_WHITESPACE,
                  json_style: JsonStyle = "auto", open_schemas: bool = False,
                  vocab_size: int | None = None, stop_token_ids: list[int] | None = None,
-                 compile_threads: int = 4, background_upgrade: bool = True) -> None:
+                 compile_threads: int = 4, background_upgrade: bool = True,
+                 upgrade_niceness: int = 19) -> None:
         self.config = GrammarConfig(backend=backend, cache_bytes=cache_bytes,
                                     compile_timeout_s=compile_timeout_s,
                                     max_whitespace=max_whitespace, json_style=json_style,
                                     open_schemas=open_schemas,
                                     compile_threads=compile_threads,
-                                    background_upgrade=background_upgrade)
+                                    background_upgrade=background_upgrade,
+                                    upgrade_niceness=upgrade_niceness)
         self.vocab = VocabInfo.from_tokenizer(tokenizer, vocab_size=vocab_size,
                                               stop_token_ids=stop_token_ids)
         self.policy = BackendPolicy(self.vocab, self.config)

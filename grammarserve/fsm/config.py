@@ -59,6 +59,10 @@ class GrammarConfig:
         With ``auto``, upgrade a reused JSON-schema grammar to xgrammar in the background (see
         ``policy.py``). False keeps every grammar on the backend that compiled it first, so
         which backend walks an input does not depend on timing (tests).
+    upgrade_niceness : int
+        CPU niceness (Linux, per thread) of the background upgrade: 19 (default) runs it only
+        when nothing else wants the CPU; 0 at normal priority (tests that wait for an upgrade:
+        beside busy processes a niceness-19 thread gets ~1% of a core).
     """
 
     backend: BackendName = "auto"
@@ -70,6 +74,7 @@ class GrammarConfig:
     compile_threads: int = 4
     backend_threads: int = 1
     background_upgrade: bool = True
+    upgrade_niceness: int = 19
 
     def __post_init__(self) -> None:
         if self.backend not in ("auto", "xgrammar", "llguidance"):

@@ -38,10 +38,12 @@ AUTO_ORDER: dict[SpecKind, tuple[str, ...]] = {
 }
 
 
-def _lower_priority() -> None:
-    """Run background upgrades at the lowest CPU priority (Linux: per thread)."""
+def _lower_priority(niceness: int) -> None:
+    """Run background upgrades at CPU niceness ``niceness`` (Linux: per thread)."""
+    if niceness <= 0:
+        return
     try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)
     except (AttributeError, OSError):  # not Linux, or not permitted: run at normal priority
         pass
 
@@ -62,6 +64,7 @@ class BackendPolicy:
         # NOTE: one background upgrade at a time: upgrades are optional and must not compete
         # with foreground compiles for the CPU.
         self._upgrades = ThreadPoolExecutor(max_workers=1, initializer=_lower_priority,
+                                            initargs=(config.upgrade_niceness,),
                                             thread_name_prefix="grammarserve-upgrade")
 
     def _schedule_upgrade(self, grammar: CompiledGrammar, spec: GrammarSpec, name: str) -> None:
