@@ -36,28 +36,32 @@ def attention_isa() -> str | None:
         "avx2" if _open("avx2") is not None else None)
 
 
-def decode_attention(q: torch.Tensor, kt: torch.Tensor, vs: torch.Tensor, km: torch.Tensor,
+def decode_attention(q: torch.Tensor, kt: torch.Tensor, vs: torch.Tensor, kmt: torch.Tensor,
                      vm: torch.Tensor, qb: torch.Tensor, qlen: torch.Tensor,
                      isa: str | None = None) -> torch.Tensor:
     """Attention of the real queries ``q [N, H, D]`` (scaled by ``1/sqrt(D)`` already) over the
     shared prefix (``kt [KVH, D, P]`` transposed keys, ``vs [KVH, P, D]``; ``P`` may be 0) and
-    their own rows' first ``qlen[n]`` keys of ``km``/``vm [B, KVH, S, D]`` (row ``qb[n]``).
-    All fp32 and contiguous on CPU; returns ``[N, H, D]``."""
+    their own rows' first ``qlen[n]`` keys (row ``qb[n]``) of the mirror: ``kmt [B, KVH, D, S]``
+    transposed keys, ``vm [B, KVH, S, D]``. All fp32 and contiguous on CPU; returns
+    ``[N, H, D]``."""
     isa = isa or attention_isa()
     lib = _open(isa) if isa else None
     if lib is None:
         raise RuntimeError(f"the decode attention kernel is unavailable: {_errors.get(isa or 'avx2')}")
     n, h, d = q.shape
-    kvh, s = km.shape[1], km.shape[2]
+    kvh, s = vm.shape[1], vm.shape[2]
     p = kt.shape[2] if kt.numel() else 0
-    for name, t in (("q", q), ("kt", kt), ("vs", vs), ("km", km), ("vm", vm)):
+    for name, t in (("q", q), ("kt", kt), ("vs", vs), ("kmt", kmt), ("vm", vm)):
         if t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
             raise ValueError(f"{name} must be contiguous fp32 on CPU")
     if d not in HEAD_DIMS or h % kvh:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS} and heads a multiple of kv heads")
+    if kmt.shape != (vm.shape[0], kvh, d, s):
+        raise ValueError(f"kmt must be [B, KVH, D, S] = {(vm.shape[0], kvh, d, s)}, got "
+                         f"{tuple(kmt.shape)}")
     qb, qlen = qb.to(torch.int64).contiguous(), qlen.to(torch.int64).contiguous()
     out = torch.empty_like(q)
-    lib.gs_decode_attention(q.data_ptr(), kt.data_ptr(), vs.data_ptr(), p, km.data_ptr(),
+    lib.gs_decode_attention(q.data_ptr(), kt.data_ptr(), vs.data_ptr(), p, kmt.data_ptr(),
                             vm.data_ptr(), s, qb.data_ptr(), qlen.data_ptr(), n, h, kvh, d,
                             out.data_ptr(), torch.get_num_threads())
     return out
@@ -71,18 +75,19 @@ def attention_address(isa: str) -> int:
     return ctypes.cast(lib.gs_decode_attention, ctypes.c_void_p).value or 0
 
 
-def decode_attention_ref(q: torch.Tensor, kt: torch.Tensor, vs: torch.Tensor, km: torch.Tensor,
+def decode_attention_ref(q: torch.Tensor, kt: torch.Tensor, vs: torch.Tensor, kmt: torch.Tensor,
                          vm: torch.Tensor, qb: torch.Tensor, qlen: torch.Tensor) -> torch.Tensor:
     """Reference for :func:`decode_attention`: per query, softmax over [shared keys, own keys]."""
     n, h, d = q.shape
-    kvh = km.shape[1]
+    kvh = vm.shape[1]
     group = h // kvh
     out = torch.empty_like(q)
     for i in range(n):
         b, length = int(qb[i]), int(qlen[i])
         for head in range(h):
             kv = head // group
-            keys = torch.cat([kt[kv].t(), km[b, kv, :length]]) if kt.numel() else km[b, kv, :length]
+            own = kmt[b, kv, :, :length].t()
+            keys = torch.cat([kt[kv].t(), own]) if kt.numel() else own
             vals = torch.cat([vs[kv], vm[b, kv, :length]]) if kt.numel() else vm[b, kv, :length]
             out[i, head] = torch.softmax(keys @ q[i, head], 0) @ vals
     return out

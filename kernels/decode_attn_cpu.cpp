@@ -3,14 +3,16 @@
 // attention, as FlashInfer's, fused: no score matrices leave the core).
 //
 // Shapes (fp32, contiguous): q [N, H, D] real queries (already scaled by 1/sqrt(D) by the caller);
-// shared K transposed kt [KVH, D, P] and V vs [KVH, P, D]; own K/V km, vm [B, KVH, S, D] (the
-// decode mirror); qb [N] each query's row b; qlen [N] how many of its row's keys it sees (causal).
-// Query heads h*G .. h*G+G-1 (G = H / KVH) read KV head h. out [N, H, D].
+// shared K transposed kt [KVH, D, P] and V vs [KVH, P, D]; the rows' own K transposed
+// kmt [B, KVH, D, S] and V vm [B, KVH, S, D] (the decode mirror); qb [N] each query's row b;
+// qlen [N] how many of its row's keys it sees (causal). Query heads h*G .. h*G+G-1
+// (G = H / KVH) read KV head h. out [N, H, D].
 //
-// Phase 1, the shared prefix: tasks (KV head, block of QB query heads); keys in chunks of one
-// vector width: scores by broadcasting query elements against rows of the transposed K (no
-// horizontal sums), online softmax per query, V accumulated in registers. Phase 2, per (query,
-// KV head): the row's own keys (two passes over a score buffer), merged with phase 1's partial.
+// Both parts run attend_block: keys in chunks of one vector width, scores by broadcasting query
+// elements against rows of the transposed K (no horizontal sums), vectorized exponentials, online
+// softmax, V accumulated in registers. Phase 1, the shared prefix: tasks (KV head, block of QB
+// query heads of any queries). Phase 2, per (query, KV head): the row's own keys for its G heads,
+// merged with phase 1's partial.
 // One source, one build per instruction set (decode_attn.py), like quant_q8_cpu.cpp.
 #include <immintrin.h>
 #include <omp.h>
@@ -107,21 +109,15 @@ struct Dims {
   int64_t N, H, KVH, G, D, P, S;
 };
 
-// Softmax state of one query head: running max, sum of exponentials, weighted sum of V (acc).
-struct Partial {
-  float m, l;
-};
-
-// Phase 1 for QB query heads (flat indices j0.. of KV head h: query j / G, head h*G + j % G).
+// Online-softmax attention of up to QB query vectors qh[0..nq) over `nkeys` keys given transposed
+// (kt[e * kstride + c], element e of key c) with values vs [nkeys, D]. Keys in chunks of one
+// vector width: scores by broadcasting query elements against rows of the transposed K (no
+// horizontal sums), exponentials vectorized, V accumulated in registers. Returns per query the
+// running max m, the sum of exponentials l and the unnormalized output in acc [nq, D].
 template <int DV, int QB>
-void shared_block(const Dims& dm, const float* q, const float* kt, const float* vs, int64_t h,
-                  int64_t j0, int nq, Partial* part, float* pacc) {
-  const int64_t D = dm.D, P = dm.P;
-  const float* qh[QB];
-  for (int i = 0; i < QB; ++i) {
-    const int64_t j = j0 + std::min(i, nq - 1);
-    qh[i] = q + ((j / dm.G) * dm.H + h * dm.G + j % dm.G) * D;
-  }
+void attend_block(const float* const* qh, int nq, const float* kt, int64_t kstride,
+                  const float* vs, int64_t nkeys, int64_t D, float* m_out, float* l_out,
+                  float* acc_out) {
   VecF acc[QB][DV];
   float m[QB], l[QB];
   for (int i = 0; i < QB; ++i) {
@@ -129,14 +125,12 @@ void shared_block(const Dims& dm, const float* q, const float* kt, const float* 
     for (int v = 0; v < DV; ++v) acc[i][v] = zero();
   }
   alignas(64) float p[QB][kLanes];
-  const float* kth = kt + h * D * P;
-  const float* vsh = vs + h * P * D;
-  for (int64_t c0 = 0; c0 < P; c0 += kLanes) {
-    const int n = static_cast<int>(std::min<int64_t>(kLanes, P - c0));
+  for (int64_t c0 = 0; c0 < nkeys; c0 += kLanes) {
+    const int n = static_cast<int>(std::min<int64_t>(kLanes, nkeys - c0));
     VecF s[QB];
     for (int i = 0; i < QB; ++i) s[i] = zero();
     for (int64_t e = 0; e < D; ++e) {
-      const VecF krow = n == kLanes ? load(kth + e * P + c0) : load_n(kth + e * P + c0, n);
+      const VecF krow = n == kLanes ? load(kt + e * kstride + c0) : load_n(kt + e * kstride + c0, n);
       for (int i = 0; i < QB; ++i) s[i] = fma(bcast(qh[i][e]), krow, s[i]);
     }
     for (int i = 0; i < QB; ++i) {
@@ -151,7 +145,7 @@ void shared_block(const Dims& dm, const float* q, const float* kt, const float* 
       for (int v = 0; v < DV; ++v) acc[i][v] = mul(acc[i][v], cv);
     }
     for (int c = 0; c < n; ++c) {
-      const float* vrow = vsh + (c0 + c) * D;
+      const float* vrow = vs + (c0 + c) * D;
       VecF vv[DV];
       for (int v = 0; v < DV; ++v) vv[v] = load(vrow + v * kLanes);
       for (int i = 0; i < QB; ++i) {
@@ -161,73 +155,79 @@ void shared_block(const Dims& dm, const float* q, const float* kt, const float* 
     }
   }
   for (int i = 0; i < nq; ++i) {
-    part[j0 + i] = {m[i], l[i]};
-    for (int v = 0; v < DV; ++v) store(pacc + (j0 + i) * D + v * kLanes, acc[i][v]);
+    m_out[i] = m[i], l_out[i] = l[i];
+    for (int v = 0; v < DV; ++v) store(acc_out + i * D + v * kLanes, acc[i][v]);
   }
 }
 
-// Phase 2 for query n, KV head h: its row's own keys, merged with the shared partial; writes out.
-template <int DV>
-void own_and_merge(const Dims& dm, const float* q, const float* km, const float* vm,
-                   const int64_t* qb, const int64_t* qlen, const Partial* part,
-                   const float* pacc, int64_t n, int64_t h, std::vector<float>& sc, float* out) {
+// Phase 1 for QB query heads (flat indices j0.. of KV head h: query j / G, head h*G + j % G).
+template <int DV, int QB>
+void shared_block(const Dims& dm, const float* q, const float* kt, const float* vs, int64_t h,
+                  int64_t j0, int nq, float* pm, float* pl, float* pacc) {
+  const float* qh[QB];
+  for (int i = 0; i < QB; ++i) {
+    const int64_t j = j0 + std::min(i, nq - 1);
+    qh[i] = q + ((j / dm.G) * dm.H + h * dm.G + j % dm.G) * dm.D;
+  }
+  attend_block<DV, QB>(qh, nq, kt + h * dm.D * dm.P, dm.P, vs + h * dm.P * dm.D, dm.P, dm.D,
+                       pm + j0, pl + j0, pacc + j0 * dm.D);
+}
+
+// Phase 2 for query n, KV head h: its row's own keys (transposed mirror, the first qlen[n] of S),
+// merged with the shared partial; writes out.
+template <int DV, int QB>
+void own_and_merge(const Dims& dm, const float* q, const float* kmt, const float* vm,
+                   const int64_t* qb, const int64_t* qlen, const float* pm, const float* pl,
+                   const float* pacc, int64_t n, int64_t h, float* out) {
   const int64_t D = dm.D, len = qlen[n];
-  const float* kr = km + (qb[n] * dm.KVH + h) * dm.S * D;
+  const float* kt = kmt + (qb[n] * dm.KVH + h) * D * dm.S;
   const float* vr = vm + (qb[n] * dm.KVH + h) * dm.S * D;
-  if (static_cast<int64_t>(sc.size()) < len) sc.resize(len);
-  for (int64_t g = 0; g < dm.G; ++g) {
-    const int64_t head = h * dm.G + g, j = n * dm.G + g;
-    const float* qv = q + (n * dm.H + head) * D;
-    VecF qr[DV];
-    for (int v = 0; v < DV; ++v) qr[v] = load(qv + v * kLanes);
-    float m = dm.P ? part[j].m : -std::numeric_limits<float>::infinity();
-    for (int64_t t = 0; t < len; ++t) {
-      VecF a = mul(qr[0], load(kr + t * D));
-      for (int v = 1; v < DV; ++v) a = fma(qr[v], load(kr + t * D + v * kLanes), a);
-      sc[t] = hsum(a);
-      m = std::max(m, sc[t]);
+  float m[QB], l[QB];
+  alignas(64) float acc[QB * 128];
+  for (int64_t g0 = 0; g0 < dm.G; g0 += QB) {
+    const int nq = static_cast<int>(std::min<int64_t>(QB, dm.G - g0));
+    const float* qh[QB];
+    for (int i = 0; i < QB; ++i) qh[i] = q + (n * dm.H + h * dm.G + g0 + std::min(i, nq - 1)) * D;
+    attend_block<DV, QB>(qh, nq, kt, dm.S, vr, len, D, m, l, acc);
+    for (int i = 0; i < nq; ++i) {
+      const int64_t g = g0 + i, head = h * dm.G + g, j = n * dm.G + g;
+      float lo = l[i], cs = 0.f, co = 1.f;
+      if (dm.P) {  // one softmax over both parts
+        const float mx = std::max(pm[j], m[i]);
+        cs = std::exp(pm[j] - mx), co = std::exp(m[i] - mx);
+        lo = pl[j] * cs + l[i] * co;
+      }
+      const VecF inv = bcast(1.f / lo), vcs = bcast(cs), vco = bcast(co);
+      for (int v = 0; v < DV; ++v) {
+        VecF a = mul(load(acc + i * D + v * kLanes), vco);
+        if (dm.P) a = fma(load(pacc + j * D + v * kLanes), vcs, a);
+        store(out + (n * dm.H + head) * D + v * kLanes, mul(a, inv));
+      }
     }
-    const float corr = dm.P ? std::exp(part[j].m - m) : 0.f;
-    float l = dm.P ? part[j].l * corr : 0.f;
-    VecF acc[DV];
-    for (int v = 0; v < DV; ++v)
-      acc[v] = dm.P ? mul(load(pacc + j * D + v * kLanes), bcast(corr)) : zero();
-    for (int64_t t = 0; t < len; ++t) {
-      const float e = std::exp(sc[t] - m);
-      l += e;
-      const VecF ev = bcast(e);
-      for (int v = 0; v < DV; ++v) acc[v] = fma(ev, load(vr + t * D + v * kLanes), acc[v]);
-    }
-    const VecF inv = bcast(1.f / l);
-    for (int v = 0; v < DV; ++v) store(out + (n * dm.H + head) * D + v * kLanes, mul(acc[v], inv));
   }
 }
 
 template <int DV>
-void run(const Dims& dm, const float* q, const float* kt, const float* vs, const float* km,
+void run(const Dims& dm, const float* q, const float* kt, const float* vs, const float* kmt,
          const float* vm, const int64_t* qb, const int64_t* qlen, float* out, int threads) {
-  constexpr int QB = DV * kLanes <= 64 ? 4 : 2;  // query heads per phase-1 task (registers)
+  constexpr int QB = DV * kLanes <= 64 ? 4 : 2;  // query heads per task (registers)
   const int64_t per_head = dm.N * dm.G, blocks = (per_head + QB - 1) / QB;
-  std::vector<Partial> part(dm.P ? dm.KVH * per_head : 0);
+  std::vector<float> pm(dm.P ? dm.KVH * per_head : 0), pl(pm.size());
   std::vector<float> pacc(dm.P ? dm.KVH * per_head * dm.D : 0);
   if (dm.P) {
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t task = 0; task < dm.KVH * blocks; ++task) {
       const int64_t h = task / blocks, j0 = (task % blocks) * QB;
       const int nq = static_cast<int>(std::min<int64_t>(QB, per_head - j0));
-      shared_block<DV, QB>(dm, q, kt, vs, h, j0, nq, part.data() + h * per_head,
-                           pacc.data() + h * per_head * dm.D);
+      shared_block<DV, QB>(dm, q, kt, vs, h, j0, nq, pm.data() + h * per_head,
+                           pl.data() + h * per_head, pacc.data() + h * per_head * dm.D);
     }
   }
-#pragma omp parallel num_threads(threads)
-  {
-    std::vector<float> sc(dm.S);
-#pragma omp for schedule(static)
-    for (int64_t task = 0; task < dm.N * dm.KVH; ++task) {
-      const int64_t n = task / dm.KVH, h = task % dm.KVH;
-      own_and_merge<DV>(dm, q, km, vm, qb, qlen, part.data() + h * per_head,
-                        pacc.data() + h * per_head * dm.D, n, h, sc, out);
-    }
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t task = 0; task < dm.N * dm.KVH; ++task) {
+    const int64_t n = task / dm.KVH, h = task % dm.KVH;
+    own_and_merge<DV, QB>(dm, q, kmt, vm, qb, qlen, pm.data() + h * per_head,
+                          pl.data() + h * per_head, pacc.data() + h * per_head * dm.D, n, h, out);
   }
 }
 
@@ -237,14 +237,14 @@ extern "C" {
 
 // Returns 0, or -1 when head_dim D is not one this build handles (64 or 128).
 int gs_decode_attention(const float* q, const float* kt, const float* vs, int64_t P,
-                        const float* km, const float* vm, int64_t S, const int64_t* qb,
+                        const float* kmt, const float* vm, int64_t S, const int64_t* qb,
                         const int64_t* qlen, int64_t N, int64_t H, int64_t KVH, int64_t D,
                         float* out, int threads) {
   const Dims dm{N, H, KVH, H / KVH, D, P, S};
   if (D == 64) {
-    run<64 / kLanes>(dm, q, kt, vs, km, vm, qb, qlen, out, threads);
+    run<64 / kLanes>(dm, q, kt, vs, kmt, vm, qb, qlen, out, threads);
   } else if (D == 128) {
-    run<128 / kLanes>(dm, q, kt, vs, km, vm, qb, qlen, out, threads);
+    run<128 / kLanes>(dm, q, kt, vs, kmt, vm, qb, qlen, out, threads);
   } else {
     return -1;
   }

@@ -69,7 +69,7 @@ class StackDims:
 @dataclass
 class StackKV:
     """Where one step's K/V live, per layer: the pool ``[slots, KVH, D]``, the decode mirror
-    ``[B, KVH, S, D]`` and the shared prefix (``kt [KVH, D, P]``, ``vs [KVH, P, D]``; empty lists:
+    (K transposed ``[B, KVH, D, S]``, V ``[B, KVH, S, D]``) and the shared prefix (``kt [KVH, D, P]``, ``vs [KVH, P, D]``; empty lists:
     no shared prefix); and per new token its pool slot, mirror row and mirror position."""
 
     pool_k: list[torch.Tensor]
@@ -146,7 +146,7 @@ class DecodeStack:
         slots = kv.slots.to(torch.int64).contiguous()
         tables = self._tables(kv, kt, vs)
         step = _Step(h.shape[0], d.hidden, d.heads, d.kv_heads, d.head_dim, d.inter, n,
-                     kv.mirror_k[0].shape[2], p, d.eps, torch.get_num_threads(),
+                     kv.mirror_v[0].shape[2], p, d.eps, torch.get_num_threads(),
                      cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), qb.data_ptr(),
                      qpos.data_ptr(), qlen.data_ptr(), *[ctypes.addressof(t) for t in tables],
                      *self._gemms, self._attn)
@@ -180,7 +180,7 @@ def decode_stack_ref(dims: StackDims, layers: list[StackLayer], h: torch.Tensor,
                          qkv[:, dims.heads + dims.kv_heads:]], 1)
         q, k, v = qkv.split([dims.heads, dims.kv_heads, dims.kv_heads], 1)
         kv.pool_k[i][kv.slots], kv.pool_v[i][kv.slots] = k, v
-        kv.mirror_k[i][kv.qb, :, kv.qpos], kv.mirror_v[i][kv.qb, :, kv.qpos] = k, v
+        kv.mirror_k[i][kv.qb, :, :, kv.qpos], kv.mirror_v[i][kv.qb, :, kv.qpos] = k, v
         kt = kv.kt[i] if kv.kt else h.new_empty(0)
         vs = kv.vs[i] if kv.vs else h.new_empty(0)
         o = decode_attention_ref((q * hd ** -0.5).contiguous(), kt, vs, kv.mirror_k[i],

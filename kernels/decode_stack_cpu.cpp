@@ -54,8 +54,8 @@ struct GsStep {
   const int64_t* qlen;   // [T] mirror keys it sees (qpos + 1)
   float* const* pool_k;  // [layers] -> [slots, KVH, D]
   float* const* pool_v;
-  float* const* mirror_k;  // [layers] -> [B, KVH, S, D]
-  float* const* mirror_v;
+  float* const* mirror_k;  // [layers] -> [B, KVH, D, S] (transposed)
+  float* const* mirror_v;  // [layers] -> [B, KVH, S, D]
   const float* const* kt;  // [layers] -> [KVH, D, P] (P == 0: unused)
   const float* const* vs;  // [layers] -> [KVH, P, D]
   GemmQ8_0 gemm_q8_0;
@@ -129,12 +129,14 @@ void write_kv(const GsStep& st, int64_t layer, const float* qkv) {
       const float* k = qkv + t * width + (st.heads + h) * D;
       const float* v = k + KVH * D;
       const int64_t pool_at = (st.slots[t] * KVH + h) * D;
-      const int64_t mirror_at = ((st.qb[t] * KVH + h) * st.S + st.qpos[t]) * D;
+      const int64_t row = st.qb[t] * KVH + h;
+      float* mk = st.mirror_k[layer] + row * D * st.S + st.qpos[t];  // transposed: stride S
+      float* mv = st.mirror_v[layer] + (row * st.S + st.qpos[t]) * D;
       for (int64_t i = 0; i < D; ++i) {
         st.pool_k[layer][pool_at + i] = k[i];
         st.pool_v[layer][pool_at + i] = v[i];
-        st.mirror_k[layer][mirror_at + i] = k[i];
-        st.mirror_v[layer][mirror_at + i] = v[i];
+        mk[i * st.S] = k[i];
+        mv[i] = v[i];
       }
     }
   }

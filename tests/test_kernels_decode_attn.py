@@ -21,6 +21,8 @@ CASES = [  # N queries, H heads, KV heads, head dim, shared P, rows B, mirror ca
     (3, 8, 2, 128, 37, 2, 20),  # P not a multiple of the vector width
     (12, 9, 3, 64, 70, 4, 50),  # several queries per row (jump-forward spans)
     (1, 4, 4, 64, 1, 1, 1),  # one key of each kind, no grouping
+    (6, 9, 3, 64, 0, 6, 130),  # own keys past a vector width, G not a multiple of the block
+    (4, 16, 2, 128, 20, 4, 75),  # G = 8 query heads per KV head
 ]
 
 
@@ -33,16 +35,16 @@ def test_fused_decode_attention_matches_reference(isa: str, case: tuple[int, ...
     gen = torch.Generator().manual_seed(sum(case))
     q = torch.randn(n, h, d, generator=gen) * 3 / d ** 0.5
     kt, vs = torch.randn(kvh, d, p, generator=gen), torch.randn(kvh, p, d, generator=gen)
-    km, vm = torch.randn(b, kvh, s, d, generator=gen), torch.randn(b, kvh, s, d, generator=gen)
+    kmt, vm = torch.randn(b, kvh, d, s, generator=gen), torch.randn(b, kvh, s, d, generator=gen)
     qb = torch.randint(0, b, (n,), generator=gen)
     qlen = torch.randint(1, s + 1, (n,), generator=gen)
-    got = decode_attention(q, kt, vs, km, vm, qb, qlen, isa=isa)
-    torch.testing.assert_close(got, decode_attention_ref(q, kt, vs, km, vm, qb, qlen),
+    got = decode_attention(q, kt, vs, kmt, vm, qb, qlen, isa=isa)
+    torch.testing.assert_close(got, decode_attention_ref(q, kt, vs, kmt, vm, qb, qlen),
                                rtol=1e-5, atol=1e-5)
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:  # each output has one owning thread: two threads give the same bits
-        assert torch.equal(decode_attention(q, kt, vs, km, vm, qb, qlen, isa=isa), got)
+        assert torch.equal(decode_attention(q, kt, vs, kmt, vm, qb, qlen, isa=isa), got)
     finally:
         torch.set_num_threads(threads)
 
@@ -55,4 +57,8 @@ def test_fused_decode_attention_rejects_what_it_cannot_run() -> None:
                          torch.ones(2))
     with pytest.raises(ValueError, match="q must be contiguous fp32"):
         decode_attention(q.double(), torch.empty(0), torch.empty(0), kv, kv, torch.zeros(2),
+                         torch.ones(2))
+    q, vm = torch.randn(2, 4, 64), torch.randn(1, 2, 4, 64)
+    with pytest.raises(ValueError, match="kmt must be"):  # not transposed
+        decode_attention(q, torch.empty(0), torch.empty(0), vm, vm, torch.zeros(2),
                          torch.ones(2))

@@ -51,7 +51,7 @@ def _kv(layers: int, qb: list[int], qpos: list[int], prefix: int, rows: int = 3,
     slots = torch.randperm(40, generator=gen)[:len(qb)] + 1
     return StackKV([rand(41, d.kv_heads, d.head_dim) for _ in range(layers)],
                    [rand(41, d.kv_heads, d.head_dim) for _ in range(layers)],
-                   [rand(rows, d.kv_heads, cap, d.head_dim) for _ in range(layers)],
+                   [rand(rows, d.kv_heads, d.head_dim, cap) for _ in range(layers)],
                    [rand(rows, d.kv_heads, cap, d.head_dim) for _ in range(layers)],
                    [rand(d.kv_heads, d.head_dim, prefix) for _ in range(layers)] if prefix else [],
                    [rand(d.kv_heads, prefix, d.head_dim) for _ in range(layers)] if prefix else [],

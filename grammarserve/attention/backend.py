@@ -99,8 +99,8 @@ class TorchSDPABackend(AttentionBackend):
         self.decode_stack = decode_stack and self.decode_kernel
         self.req_to_token = req_to_token
         self.sliding_window = sliding_window
-        self.mirror = (KVMirror(pool, mirror_tokens, req_to_token.max_context)
-                       if mirror_tokens else None)
+        self.mirror = (KVMirror(pool, mirror_tokens, req_to_token.max_context,
+                                k_transposed=self.decode_kernel) if mirror_tokens else None)
         self.shared = SharedPrefixKV(pool)
         self._batch: ForwardBatch | None = None
         self._groups: list[_CausalGroup | _PaddedGroup] = []
@@ -281,7 +281,8 @@ class TorchSDPABackend(AttentionBackend):
         if g.own_len is None:
             g.own_len = g.mirror_pos + 1  # a query sees its row's mirror up to its position
         qr = (q[g.out_rows] * q.shape[-1] ** -0.5).contiguous()
-        return decode_attention(qr, kt, vs, km, vm, g.mirror_b, g.own_len)
+        kmt = km.transpose(2, 3)  # the mirror's stored (transposed) K
+        return decode_attention(qr, kt, vs, kmt, vm, g.mirror_b, g.own_len)
 
     @staticmethod
     def _add_mask(g: _PaddedGroup, km: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

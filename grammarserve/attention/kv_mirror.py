@@ -19,10 +19,17 @@ HEADROOM = 64  # extra positions per row so that steady decoding rarely forces a
 
 class KVMirror:
     """Per-layer ``[B, kv_heads, S_cap, head_dim]`` K and V buffers for one group of sequences
-    (head-major: SDPA reads it ~25% faster than a transposed token-major view)."""
+    (head-major: SDPA reads it ~25% faster than a transposed token-major view).
 
-    def __init__(self, pool: KVPool, max_tokens: int, max_context: int) -> None:
+    With ``k_transposed`` the K buffers are stored ``[B, kv_heads, head_dim, S_cap]`` (``k``),
+    as the fused decode attention reads them (scores without horizontal sums); :meth:`update`
+    still returns the ``[B, kv_heads, S_cap, head_dim]`` orientation, as a view.
+    """
+
+    def __init__(self, pool: KVPool, max_tokens: int, max_context: int,
+                 k_transposed: bool = False) -> None:
         self.pool = pool
+        self.k_transposed = k_transposed
         self.max_tokens = max_tokens
         self.max_context = max_context
         self._seq_ids: list[int] = []
@@ -76,16 +83,20 @@ class KVMirror:
         if self.rebuild:
             b, s = kv_slots_full.shape
             flat = kv_slots_full.flatten()
-            k = k_pool.index_select(0, flat).view(b, s, *k_pool.shape[1:]).transpose(1, 2)
-            v = v_pool.index_select(0, flat).view(b, s, *v_pool.shape[1:]).transpose(1, 2)
-            k, v = k.contiguous(), v.contiguous()
+            k = k_pool.index_select(0, flat).view(b, s, *k_pool.shape[1:])
+            k = (k.permute(0, 2, 3, 1) if self.k_transposed else k.transpose(1, 2)).contiguous()
+            v = v_pool.index_select(0, flat).view(b, s, *v_pool.shape[1:])
+            v = v.transpose(1, 2).contiguous()
             if layer < len(self.k):
                 self.k[layer], self.v[layer] = k, v
             else:
                 self.k.append(k)
                 self.v.append(v)
-            return k, v
-        k, v = self.k[layer], self.v[layer]
-        k[new_b, :, new_pos] = k_pool.index_select(0, new_slots)
-        v[new_b, :, new_pos] = v_pool.index_select(0, new_slots)
-        return k, v
+        else:
+            k, v = self.k[layer], self.v[layer]
+            if self.k_transposed:
+                k[new_b, :, :, new_pos] = k_pool.index_select(0, new_slots)
+            else:
+                k[new_b, :, new_pos] = k_pool.index_select(0, new_slots)
+            v[new_b, :, new_pos] = v_pool.index_select(0, new_slots)
+        return (k.transpose(2, 3) if self.k_transposed else k), v
