@@ -1,5 +1,9 @@
 """Roofline of the CPU decode step: the machine's measured peaks, and how close a decode step at
-1, 8 and 32 rows (and a prefill chunk) comes to them, per component.
+1, 8, 32 and 64 rows (and a prefill chunk) comes to them, per component.
+
+Decode steps run all layers in one C++ call (``kernels/decode_stack_cpu.cpp``), so the matmul
+and attention times of a step are those kernels run alone on the step's shapes, and ``rest`` is
+the step minus both (norms, rotary, K/V writes, sampling, the engine's Python).
 
 Peaks, measured here: fp32 FMA GFLOP/s and int8 multiply-add GOP/s per instruction set this CPU
 runs (``roofline/peak.cpp``: independent register-only chains on every thread), and memory read
@@ -22,7 +26,7 @@ import ctypes
 import json
 import platform
 import time
-from collections import Counter
+from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -75,10 +79,10 @@ class _Timers:
     module-level names, which are wrapped here)."""
 
     def __init__(self) -> None:
-        import grammarserve.attention.backend as backend
-        import grammarserve.models.linear as linear
+        from grammarserve.attention import backend
+        from grammarserve.models import linear
 
-        self.acc: Counter[str] = Counter()
+        self.acc: defaultdict[str, float] = defaultdict(float)
         for name in ("quant_matmul_q8", "quant_matmul"):
             setattr(linear, name, self._wrap(getattr(linear, name), "matmul"))
         cls = backend.TorchSDPABackend
@@ -132,7 +136,40 @@ def _estimate(sh: dict[str, Any], rows: int, logit_rows: int, ctx: int, peaks: d
     return {"matmul": mm, "attention": att}
 
 
-def _decode(llm: Any, timers: _Timers, rows: int, ctx: int, steps: int) -> dict[str, float]:
+def _best(fn: Any, repeats: int = 5) -> float:
+    best = 1e9
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _kernel_parts(llm: Any, rows: int, ctx: int) -> dict[str, float]:
+    """Seconds of one decode step's quantized matmuls and attention, each kernel run alone on
+    the step's shapes (a decode step runs all layers in one C++ call, ``decode_stack_cpu.cpp``,
+    whose parts cannot be timed from Python)."""
+    from grammarserve_kernels.decode_attn import decode_attention
+    from grammarserve_kernels.quant_q8 import quant_matmul_q8
+
+    from grammarserve.models.linear import Linear
+
+    model, mc = llm.engine.loaded.model, llm.engine.loaded.config
+    weights = [m.quant_x16 for m in model.modules()
+               if isinstance(m, Linear) and m.quant_x16 is not None]
+    xs = {w.k: torch.randn(rows, w.k) for w in weights}
+    matmul = _best(lambda: [quant_matmul_q8(xs[w.k], w) for w in weights])
+    d, h, kvh = mc.head_dim, mc.num_heads, mc.num_kv_heads
+    q = torch.randn(rows, h, d) * d ** -0.5
+    kmt, vm = torch.randn(rows, kvh, d, ctx), torch.randn(rows, kvh, ctx, d)
+    qb, qlen = torch.arange(rows), torch.full((rows,), ctx)
+    empty = torch.empty(0)
+    attention = _best(lambda: [decode_attention(q, empty, empty, kmt, vm, qb, qlen)
+                               for _ in range(mc.num_layers)])
+    return {"matmul": matmul, "attention": attention}
+
+
+def _decode(llm: Any, rows: int, ctx: int, steps: int) -> dict[str, float]:
     from grammarserve import SamplingParams
 
     eng = llm.engine
@@ -145,14 +182,14 @@ def _decode(llm: Any, timers: _Timers, rows: int, ctx: int, steps: int) -> dict[
                                        eng.scheduler.running):
         eng.step()
     eng.step()
-    timers.acc.clear()
     t0 = time.perf_counter()
     for _ in range(steps):
         eng.step()
     total = (time.perf_counter() - t0) / steps
-    m, a = timers.acc["matmul"] / steps, timers.acc["attention"] / steps
     while eng.has_unfinished():
         eng.step()
+    parts = _kernel_parts(llm, rows, ctx + steps // 2)
+    m, a = parts["matmul"], parts["attention"]
     return {"step": total, "matmul": m, "attention": a, "rest": total - m - a}
 
 
@@ -160,19 +197,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--context", type=int, default=512)
-    ap.add_argument("--rows", default="1,8,32")
+    ap.add_argument("--rows", default="1,8,32,64")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--prefill", type=int, default=256)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    from grammarserve import LLM, SamplingParams
     from grammarserve_kernels.quant_q8 import cpu_isa
+
+    from grammarserve import LLM, SamplingParams
 
     peaks = _peaks(args.threads)
     isa = cpu_isa() or "avx2"
     rows_list = [int(r) for r in args.rows.split(",")]
+    tokens = max(rows_list) * (args.context + args.steps + 16 + 64)  # + the mirror's headroom
     llm = LLM("default", device="cpu", max_num_reqs=max(rows_list), enable_prefix_cache=False,
-              kv_cache_tokens=max(rows_list) * (args.context + args.steps + 16) + 4096)
+              kv_cache_tokens=tokens + 4096, decode_mirror_tokens=tokens)
     timers = _Timers()
     sh = _model_shapes(llm)
     out: dict[str, Any] = {"bench": "roofline", "cpu": _cpu_name(), "isa": isa,
@@ -180,7 +219,7 @@ def main() -> None:
                            "activation_levels": sh["levels"], "steps": []}
     llm.generate([[5] * 32], SamplingParams(max_tokens=2, temperature=0))  # warm-up
     for rows in rows_list:
-        meas = _decode(llm, timers, rows, args.context, args.steps)
+        meas = _decode(llm, rows, args.context, args.steps)
         est = _estimate(sh, rows, rows, args.context, peaks, isa)
         row: dict[str, Any] = {"rows": rows, "step_ms": round(meas["step"] * 1e3, 2),
                                "tok_s": round(rows / meas["step"], 1)}

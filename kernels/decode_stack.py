@@ -98,7 +98,8 @@ class _Layer(ctypes.Structure):
 
 _STEP_INTS = ("tokens", "hidden", "heads", "kv_heads", "head_dim", "inter", "layers", "S", "P")
 _STEP_PTRS = ("cos", "sin", "slots", "qb", "qpos", "qlen", "pool_k", "pool_v", "mirror_k",
-              "mirror_v", "kt", "vs", "gemm_q8_0", "gemm_q4_1", "attn")
+              "mirror_v", "kt", "vs", "gemm_q8_0", "gemm_q4_1", "attn", "seconds")
+PARTS = ("matmul", "attention", "kv_write", "rest")  # what DecodeStack.seconds accumulates
 
 
 class _Step(ctypes.Structure):  # GsStep of decode_stack_cpu.cpp
@@ -126,6 +127,7 @@ class DecodeStack:
         if len(isas) != 1:
             raise ValueError(f"every projection must be packed for one build, got {sorted(isas)}")
         self._cached_tables: tuple[tuple[object, ...], list[_Table]] | None = None
+        self._seconds = (ctypes.c_double * len(PARTS))()
         self._gemms = gemm_addresses(isas.pop())
         self._attn = attention_address(isa)
         self._layers = (_Layer * len(layers))(*[_Layer(
@@ -149,10 +151,16 @@ class DecodeStack:
                      kv.mirror_v[0].shape[2], p, d.eps, torch.get_num_threads(),
                      cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), qb.data_ptr(),
                      qpos.data_ptr(), qlen.data_ptr(), *[ctypes.addressof(t) for t in tables],
-                     *self._gemms, self._attn)
+                     *self._gemms, self._attn, ctypes.addressof(self._seconds))
         rc = self._lib.gs_decode_stack(ctypes.byref(step), self._layers, h.data_ptr())
         if rc:
             raise RuntimeError(f"decode stack kernel failed ({rc})")
+
+    @property
+    def seconds(self) -> dict[str, float]:
+        """Time spent in the kernel so far, by part (:data:`PARTS`; ``rest``: norms, rotary,
+        SiLU, residual adds), for profiles and the roofline benchmark."""
+        return dict(zip(PARTS, self._seconds))
 
     def _tables(self, kv: StackKV, kt: list[torch.Tensor],
                 vs: list[torch.Tensor]) -> list[_Table]:

@@ -15,6 +15,7 @@
 #include <omp.h>
 #include <stdint.h>
 
+#include <chrono>
 #include <cmath>
 #include <vector>
 
@@ -61,6 +62,7 @@ struct GsStep {
   GemmQ8_0 gemm_q8_0;
   GemmQ4_1 gemm_q4_1;
   AttnFn attn;
+  double* seconds;  // optional [4]: time added in matmuls, attention, K/V writes, the rest
 };
 }
 
@@ -174,24 +176,45 @@ int gs_decode_stack(const GsStep* step, const GsLayer* layers, float* h) {
   const int64_t width = (st.heads + 2 * st.kv_heads) * st.head_dim;
   std::vector<float> x(T * E), qkv(T * width), q(T * HD), att(T * HD), y(T * E);
   std::vector<float> gu(T * 2 * st.inter), act(T * st.inter);
+  using Clock = std::chrono::steady_clock;
+  double parts[4] = {0, 0, 0, 0};  // matmul, attention, K/V writes, rest
+  auto t = Clock::now();
+  auto lap = [&](int part) {
+    const auto now = Clock::now();
+    parts[part] += std::chrono::duration<double>(now - t).count();
+    t = now;
+  };
   for (int64_t l = 0; l < st.layers; ++l) {
     const GsLayer& w = layers[l];
     rmsnorm(h, w.norm1, T, E, st.eps, x.data());
+    lap(3);
     linear(st, w.qkv, x.data(), T, qkv.data());
+    lap(0);
     rope_and_split(st, qkv.data(), q.data());
+    lap(3);
     write_kv(st, l, qkv.data());
+    lap(2);
     const int rc = st.attn(q.data(), st.kt[l], st.vs[l], st.P, st.mirror_k[l], st.mirror_v[l],
                            st.S, st.qb, st.qlen, T, st.heads, st.kv_heads, st.head_dim,
                            att.data(), st.threads);
     if (rc) return rc;
+    lap(1);
     linear(st, w.o, att.data(), T, y.data());
+    lap(0);
     add_into(h, y.data(), T * E);
     rmsnorm(h, w.norm2, T, E, st.eps, x.data());
+    lap(3);
     linear(st, w.gate_up, x.data(), T, gu.data());
+    lap(0);
     silu_mul(st, gu.data(), act.data());
+    lap(3);
     linear(st, w.down, act.data(), T, y.data());
+    lap(0);
     add_into(h, y.data(), T * E);
+    lap(3);
   }
+  if (st.seconds)
+    for (int i = 0; i < 4; ++i) st.seconds[i] += parts[i];
   return 0;
 }
 

@@ -12,7 +12,8 @@
 #   RESULTS      [/tmp/side_by_side-<time>.jsonl]   results file (appended to)
 #   REQUESTS [32] CONCURRENCY [8] MAX_TOKENS [160]  per workload; --quick (or QUICK=1): 4 and 2
 #   WARMUP       [1]   untimed requests of each workload before it (0 = measure the cold start)
-#   WORKLOADS    [extraction tools tools-strict chat]; also extraction-compact,
+#   WORKLOADS    [extraction tools tools-strict chat]; also decode (one streamed 256-token
+#                reply at a time, EOS ignored: bench_stream.py), extraction-compact,
 #                extraction-indented, extraction-none (the few-shot answers written compact,
 #                with indent=2, or left out; plain `extraction` is spaced: json.dumps defaults)
 #   DUMP_DIR     if set, each run's replies go to $DUMP_DIR/NAME-WORKLOAD.jsonl (--dump-replies)
@@ -106,6 +107,14 @@ for name in $SERVERS; do
       mkdir -p "$DUMP_DIR"; extra+=(--dump-replies "$DUMP_DIR/$name-$w.jsonl")
     fi
     echo "# $name: $w" >&2
+    if [ "$w" = decode ]; then  # single-stream decode speed (bench_stream.py)
+      if line=$("$PY" "$REPO/benchmarks/bench_stream.py" --base-url "$BASE/v1" --label "$name"); then
+        echo "$line" | tee -a "$RESULTS"
+      else
+        printf '{"server": "%s", "workload": "decode", "event": "bench_failed"}\n' "$name" >>"$RESULTS"
+      fi
+      continue
+    fi
     if line=$("$PY" "$REPO/benchmarks/bench_serving.py" --base-url "$BASE/v1" --label "$name" \
                 "${extra[@]}" --requests "$REQUESTS" --concurrency "$CONCURRENCY" \
                 --max-tokens "$MAX_TOKENS" --warmup "$WARMUP"); then
