@@ -45,6 +45,13 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    action=argparse.BooleanOptionalAction,
                    help="generate anything a schema allows (default: only named properties, "
                         "integers within +-2**53, at most 20 digits in a row)")
+    p.add_argument("--value-checks", default=EngineConfig.grammar_value_checks,
+                   action=argparse.BooleanOptionalAction,
+                   help="check keywords no grammar holds (uniqueItems on strings, contains, "
+                        "what 'not' leaves) when their value closes, rolling back and retrying "
+                        "on failure (--no-value-checks: refuse such schemas)")
+    p.add_argument("--check-retries", type=int, default=EngineConfig.grammar_check_retries,
+                   help="failed value checks a request may retry before it ends with an error")
     p.add_argument("--jump-forward", default=EngineConfig.enable_jump_forward,
                    action=argparse.BooleanOptionalAction,
                    help="feed the tokens a constraint forces without decoding them one by one")
@@ -122,6 +129,8 @@ def _config(args: argparse.Namespace) -> EngineConfig:
                         grammar_max_whitespace=(None if args.grammar_max_whitespace < 0
                                                 else args.grammar_max_whitespace),
                         grammar_open_schemas=args.open_schemas,
+                        grammar_value_checks=args.value_checks,
+                        grammar_check_retries=args.check_retries,
                         enable_jump_forward=args.jump_forward, num_threads=args.num_threads,
                         tool_call_format=args.tool_call_format,
                         tool_call_dedupe=args.tool_call_dedupe, gguf_blocks=args.gguf_blocks,

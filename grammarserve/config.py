@@ -65,6 +65,14 @@ class EngineConfig:
         ``prefixItems`` (unless it says ``items``), integers within +-(2**53 - 1) and runs of
         at most 20 digits, so a small model cannot invent keys or write endless numbers; the
         reply is valid against the schema either way.
+    grammar_value_checks:
+        Keywords no grammar can hold (``uniqueItems`` on open item domains, ``contains``, what
+        ``not`` leaves) are checked when the value carrying them closes; a failed check rolls
+        the request back to where that value began, bans the token that began it there and
+        continues. False refuses such schemas (400), as before.
+    grammar_check_retries:
+        Failed value checks one request may retry; then it ends with ``finish_reason``
+        ``"error"`` and the check's message.
     tool_call_format:
         How tool calls are written when ``tool_choice`` is ``"required"`` or names a function:
         ``"json_array"`` (default: one JSON array of ``{"name", "parameters"}`` objects, like
@@ -119,6 +127,8 @@ class EngineConfig:
     grammar_json_style: Literal["auto", "compact", "spaced", "indented", "flexible"] = "auto"
     grammar_max_whitespace: int | None = 24
     grammar_open_schemas: bool = False
+    grammar_value_checks: bool = True
+    grammar_check_retries: int = 8
     enable_jump_forward: bool = True
     tool_call_format: Literal["hermes", "json_array"] = "json_array"
     tool_call_dedupe: bool = True
@@ -150,6 +160,9 @@ class EngineConfig:
             raise InvalidRequestError(f"grammar_json_style must be auto, compact, spaced, "
                                       f"indented or flexible, got {self.grammar_json_style!r}",
                                       param="grammar_json_style")
+        if self.grammar_check_retries < 0:
+            raise InvalidRequestError("grammar_check_retries must be >= 0",
+                                      param="grammar_check_retries")
         if self.quant_activations not in ("int8x2", "int8", "fp32"):
             raise InvalidRequestError(f"quant_activations must be int8x2, int8 or fp32, got "
                                       f"{self.quant_activations!r}", param="quant_activations")
@@ -167,7 +180,9 @@ class EngineConfig:
                 "compile_timeout_s": self.grammar_compile_timeout_s,
                 "max_whitespace": self.grammar_max_whitespace,
                 "json_style": self.grammar_json_style,
-                "open_schemas": self.grammar_open_schemas}
+                "open_schemas": self.grammar_open_schemas,
+                "value_checks": self.grammar_value_checks,
+                "check_retries": self.grammar_check_retries}
 
     @property
     def torch_dtype(self) -> torch.dtype:

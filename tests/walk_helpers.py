@@ -61,7 +61,8 @@ def walk_jump_forward(matcher: Matcher, text: str, tokenizer: Any, bitmask: torc
                     return False, f"mask allows {piece!r} beside forced {span!r}", n_forced
             for t in forced:
                 matcher.fill_bitmask(bitmask, 0)
-                if not bit(bitmask, 0, t) or not matcher.accept_token(t):
+                if not bit(bitmask, 0, t) or not matcher.accept_token(t) \
+                        or matcher.take_retraction():
                     return False, f"forced token {t} refused: {matcher.error()}", n_forced
             out += span
             n_forced += len(forced)
@@ -72,11 +73,11 @@ def walk_jump_forward(matcher: Matcher, text: str, tokenizer: Any, bitmask: torc
         t = plan[len(out)]
         if not bit(bitmask, 0, t):
             return False, f"next token {t} masked out after {out!r}", n_forced
-        if not matcher.accept_token(t):
+        if not matcher.accept_token(t) or matcher.take_retraction():
             return False, f"token {t} refused after {out!r}: {matcher.error()}", n_forced
         out += token_bytes[t]
     matcher.fill_bitmask(bitmask, 0)
     if not (bit(bitmask, 0, stop_token) and matcher.accept_token(stop_token)
-            and matcher.is_terminated()):
+            and not matcher.take_retraction() and matcher.is_terminated()):
         return False, "the stop token is not accepted at the end", n_forced
     return True, "", n_forced

@@ -33,6 +33,16 @@ class IncrementalDetokenizer:
         self.read_offset = len(self.token_ids)
         return full[len(prefix):]
 
+    def mark(self) -> tuple[int, int]:
+        """The decoding offsets now (for :meth:`truncate`)."""
+        return self.prefix_offset, self.read_offset
+
+    def truncate(self, n: int, mark: tuple[int, int]) -> None:
+        """Go back to the state after the first ``n`` tokens, whose :meth:`mark` was ``mark``
+        (a rolled-back value check; the text returned for them stays returned)."""
+        del self.token_ids[n:]
+        self.prefix_offset, self.read_offset = mark
+
     def flush(self) -> str:
         """Text still held back (at the end of a request, even an incomplete character)."""
         prefix = self._decode(self.token_ids[self.prefix_offset:self.read_offset])

@@ -169,10 +169,16 @@ class Engine:
         if dead:
             self.grammar.dead_end(req)
         if req.error is None and self.grammar.accept(req, token):
+            undo = self.grammar.retraction(req)
+            if undo:  # a value check failed: the token (and those of the value) go back
+                self._retract(req, undo - 1)
+                return
             self._append(req, token, logprob, top)
             m = req.matcher
             if req.finish_reason is None and m is not None:
-                for tok in self.grammar.forced(req):
+                span, undo = self.grammar.forced(req)
+                self._retract(req, undo)
+                for tok in span:
                     # NOTE: a forced token is the only one allowed: probability 1, alone in its
                     # top list; it counts as generated for the penalties (it is in req.tokens).
                     self._append(req, tok, 0.0, [(tok, 0.0)])
@@ -185,6 +191,24 @@ class Engine:
             req.finish_reason = "error"
         if req.finish_reason is not None:
             self.scheduler.finish(req)
+
+    def _retract(self, req: Req, n: int) -> None:
+        """Take back ``req``'s last ``n`` output tokens (their text was held back, see
+        ``stopping.py``); the last token kept is fed again to sample the next one."""
+        if n <= 0:
+            return
+        keep = len(req.output_ids) - n
+        del req.tokens[len(req.prompt_ids) + keep:]
+        del req.logprobs[keep:], req.top_logprobs[keep:]
+        text_len, mark = req.marks[keep - 1] if keep else (0, (0, 0))
+        del req.marks[keep:]
+        full = req.text + req.held_text
+        if text_len < len(req.text):  # NOTE: cannot happen while the hold is right
+            req.fail(ErrorKind.ENGINE_FAILURE, "a value check took back text already sent")
+            req.finish_reason = "error"
+        req.held_text = full[len(req.text):text_len]
+        req.detok.truncate(keep, mark)
+        self.scheduler.rewind(req, len(req.tokens) - 1)
 
     def _append(self, req: Req, token: int, logprob: float, top: list[TopEntry]) -> None:
         append_token(req, token, logprob, eos_ids=self.eos_ids, max_model_len=self.max_model_len)
@@ -238,6 +262,7 @@ class Engine:
             evicted_tokens=self.cache.evicted_tokens if self.cache else 0,
             preemptions=s.num_preemptions, constrained_requests=g.constrained_requests,
             grammar_errors=g.grammar_errors, jump_forward_tokens=g.jump_forward_tokens,
+            check_retries=g.check_retries, check_failures=g.check_failures,
             mask_fill_s=g.mask_fill_s, mask_wait_s=g.mask_wait_s,
             grammar_cache_hits=cache.hits + cache.shared, grammar_cache_misses=cache.misses,
             grammar_compile_s=cache.compile_s_total)

@@ -16,6 +16,7 @@ from grammarserve.config import EngineConfig
 from grammarserve.engine.request import Req
 from grammarserve.errors import ErrorKind, GrammarError
 from grammarserve.fsm import GrammarCompiler
+from grammarserve.fsm.checked import CheckedMatcher
 
 
 @dataclass
@@ -23,6 +24,8 @@ class GrammarCounters:
     constrained_requests: int = 0
     grammar_errors: int = 0
     jump_forward_tokens: int = 0
+    check_retries: int = 0  # value checks that failed and were retried (rolled back)
+    check_failures: int = 0  # requests ended because their value checks kept failing
     mask_fill_s: float = 0.0
     mask_wait_s: float = 0.0  # time the step waited for the bitmask after the forward
 
@@ -102,35 +105,67 @@ class GrammarRunner:
         m = req.matcher
         if m is None or m.accept_token(token):
             return True
-        req.fail(ErrorKind.CONSTRAINT_DEAD_END,
-                 f"the constraint cannot be completed: it reached a dead end: {m.error()}")
-        self.counters.grammar_errors += 1
+        self._fail(req, f"it reached a dead end: {m.error()}")
         return False
+
+    def _fail(self, req: Req, why: str) -> None:
+        m = req.matcher
+        if isinstance(m, CheckedMatcher) and m.exhausted:
+            req.fail(ErrorKind.CONSTRAINT_DEAD_END, f"the constraint cannot be completed: {m.error()}")
+            self.counters.check_failures += 1
+        else:
+            req.fail(ErrorKind.CONSTRAINT_DEAD_END, f"the constraint cannot be completed: {why}")
+        self.counters.grammar_errors += 1
+
+    def retraction(self, req: Req) -> int:
+        """Tokens to take back from ``req`` after its last accepted token (a value check failed
+        and its matcher rolled back; that token counts), counted as one retry."""
+        m = req.matcher
+        n = m.take_retraction() if m is not None else 0
+        if n:
+            self.counters.check_retries += 1
+        return n
 
     def dead_end(self, req: Req) -> None:
         """Fail ``req``: its constraint allowed no token at all (the sampler found none)."""
-        req.fail(ErrorKind.CONSTRAINT_DEAD_END,
-                 "the constraint cannot be completed: it allows no token here (dead end)")
+        self._fail(req, "it allows no token here (dead end)")
 
-    def forced(self, req: Req) -> list[int]:
+    def forced(self, req: Req) -> tuple[list[int], int]:
         """The jump-forward span after the last accepted token (already accepted by the
         matcher), or [] when jump-forward is off for the engine or the request. When the
         grammar is complete and only a stop token may follow, the span ends with that stop
-        token, so the request finishes without another forward."""
+        token, so the request finishes without another forward.
+
+        Returns the tokens to append and how many of ``req``'s tokens to take back first (a
+        value check that failed inside the span rolled the matcher back before it)."""
         m = req.matcher
         if m is None or not (self.jump_forward and req.params.jump_forward):
-            return []
+            return [], 0
         span = m.forced_tokens()
         for i, tok in enumerate(span):
-            if not m.accept_token(tok):  # cannot happen for a sound backend; stay consistent
-                req.fail(ErrorKind.CONSTRAINT_DEAD_END, "the constraint cannot be completed: a "
-                         f"token it forces was rejected: {m.error()}")
-                return span[:i]
+            ok = m.accept_token(tok)
+            undo = self.retraction(req) if ok else 0
+            if undo:
+                kept = i + 1 - undo
+                return (span[:kept], 0) if kept >= 0 else ([], -kept)
+            if not ok:  # cannot happen for a sound backend; stay consistent
+                if isinstance(m, CheckedMatcher) and m.exhausted:
+                    self._fail(req, "")
+                else:
+                    req.fail(ErrorKind.CONSTRAINT_DEAD_END, "the constraint cannot be "
+                             f"completed: a token it forces was rejected: {m.error()}")
+                return span[:i], 0
         stop = self._only_stop(req)
         if stop is not None and m.accept_token(stop):
+            undo = self.retraction(req)
+            if undo:
+                kept = len(span) + 1 - undo
+                return (span[:kept], 0) if kept >= 0 else ([], -kept)
             span.append(stop)
+        elif stop is not None and isinstance(m, CheckedMatcher) and m.exhausted:
+            self._fail(req, "")
         self.counters.jump_forward_tokens += len(span)
-        return span
+        return span, 0
 
     def _only_stop(self, req: Req) -> int | None:
         """The stop token to emit if the matcher allows nothing but stop tokens, else None."""

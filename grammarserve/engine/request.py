@@ -78,6 +78,9 @@ class Req:
     matcher: Matcher | None = None
     num_forced: int = 0  # output tokens that came from jump-forward
     repeat_guard: CallRepeatGuard | None = None  # ends the reply at a repeated tool call
+    # per output token: (text produced through it, the detokenizer's mark), so a value check
+    # can take tokens back (``Engine._retract``)
+    marks: list[tuple[int, tuple[int, int]]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.tokens = list(self.prompt_ids)

@@ -145,6 +145,24 @@ class Scheduler:
             self.cache.unlock(req.cache_node)
         req.cache_node, req.tree_len = node, req.num_computed
 
+    def rewind(self, req: Req, computed: int) -> None:
+        """Forget the KV of positions ``computed ..`` of a running ``req`` (its tokens there
+        were taken back, or are fed again): its own slots there go back to the pool, the
+        tree's stay in the tree, and it locks the tree only up to ``computed``."""
+        if req.status is not ReqStatus.RUNNING or computed >= req.num_allocated:
+            req.num_computed = min(req.num_computed, computed)
+            return
+        tree_len = req.tree_len if self.cache is not None else 0
+        own = self.req_to_token.slots(req.row, req.num_allocated)[max(computed, tree_len):]
+        self.pool.free(own.clone())
+        if self.cache is not None and tree_len > computed:
+            node = self.cache.match_prefix(req.tokens[:computed], req.namespace).node
+            self.cache.lock(node)
+            if req.cache_node is not None:
+                self.cache.unlock(req.cache_node)
+            req.cache_node, req.tree_len = node, computed
+        req.num_computed = req.num_allocated = computed
+
     def _release(self, req: Req) -> None:
         """Give up ``req``'s table row: computed KV goes to the cache, the rest back to the pool."""
         self.cache_prefix(req)

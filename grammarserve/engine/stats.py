@@ -25,6 +25,8 @@ class EngineStats:
     aborted_requests: int = 0  # stopped by Engine.abort (a client disconnect, a cancel)
     grammar_errors: int = 0  # constraints that failed to compile or reached a dead end
     jump_forward_tokens: int = 0  # output tokens fed without their own decode step
+    check_retries: int = 0  # value checks that failed and were rolled back and retried
+    check_failures: int = 0  # requests ended because their value checks kept failing
     mask_fill_s: float = 0.0  # time spent filling bitmasks (overlapped with the forward)
     mask_wait_s: float = 0.0  # time the step waited for bitmasks after the forward
     grammar_cache_hits: int = 0

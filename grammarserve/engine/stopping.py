@@ -3,6 +3,10 @@
 Stop strings: text that could be the beginning of a stop string is held back (``req.held_text``)
 until the next tokens show whether it is, so streamed text never contains part of a stop string.
 
+Value checks (``req.matcher.held_from()``, see :mod:`grammarserve.fsm.checked`): the text from
+the first token a check may still take back is held back too, so a streamed reply never shows
+text that a retry replaces.
+
 Repeated tool calls (``req.repeat_guard``, see :mod:`grammarserve.fsm.repeats`): the text after
 the last complete call is held back while it may still become a copy of an earlier call; when a
 call closes that equals an earlier one, the reply ends (``stop``) right after the call before it,
@@ -22,6 +26,7 @@ def append_token(req: Req, token: int, logprob: float, *, eos_ids: frozenset[int
     req.logprobs.append(logprob)
     if (token in eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
         _finish(req, "stop", req.held_text + req.detok.flush())
+        _mark(req)
         return
     new = req.detok.add([token])
     buf = req.held_text + new
@@ -36,14 +41,30 @@ def append_token(req: Req, token: int, logprob: float, *, eos_ids: frozenset[int
             hits.append(max(cut - len(req.text), 0))
     if hits:
         _finish(req, "stop", buf[:min(hits)])
+        _mark(req)
         return
     keep = _stop_prefix_len(buf, stops)
     if guard is not None:
         keep = max(keep, min(guard.held, len(buf)))
+    keep = max(keep, _checked_len(req, len(req.text) + len(buf), len(buf)))
     _release(req, buf[:len(buf) - keep])
     req.held_text = buf[len(buf) - keep:]
+    _mark(req)
     if len(req.output_ids) >= p.max_tokens or len(req.tokens) >= max_model_len:
         _finish(req, "length", req.held_text + req.detok.flush())
+
+
+def _checked_len(req: Req, total: int, available: int) -> int:
+    """How much of the unreleased text a value check may still take back."""
+    first = req.matcher.held_from() if req.matcher is not None else None
+    if first is None or first > len(req.marks):
+        return 0
+    start = req.marks[first - 1][0] if first > 0 else 0
+    return min(max(total - start, 0), available)
+
+
+def _mark(req: Req) -> None:
+    req.marks.append((len(req.text) + len(req.held_text), req.detok.mark()))
 
 
 def _stop_prefix_len(text: str, stops: tuple[str, ...]) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import threading
 from collections import OrderedDict
@@ -16,6 +17,7 @@ import torch
 from grammarserve.errors import GrammarError
 from grammarserve.fsm import text_grammars
 from grammarserve.fsm.cache import CacheStats, GrammarCache
+from grammarserve.fsm.checked import CheckedGrammar, CheckSet
 from grammarserve.fsm.closed import close_schema, has_long_numbers
 from grammarserve.fsm.config import (
     DEFAULT_MAX_WHITESPACE,
@@ -34,6 +36,7 @@ from grammarserve.fsm.rewrite import rewrite_schema
 from grammarserve.fsm.runs import MAX_DIGITS
 from grammarserve.fsm.strict import check_strict
 from grammarserve.fsm.tools import normalize_tools
+from grammarserve.fsm.value_check import ValueCheck
 from grammarserve.fsm.vocab import VocabInfo
 
 #: Validated front-end results kept for repeated inputs.
@@ -73,6 +76,11 @@ class GrammarCompiler:
         (default True; see ``GrammarConfig``).
     upgrade_niceness : int
         CPU niceness of that upgrade (default 19; see ``GrammarConfig``).
+    value_checks : bool
+        Check the keywords no grammar can hold when their values close, with rollback and
+        retries (default True), instead of refusing them; see ``GrammarConfig``.
+    check_retries : int
+        Retries of a matcher's failed value checks before it fails (default 8).
     """
 
     def __init__(self, tokenizer: Any, *, backend: BackendName = "auto",
@@ -81,14 +89,16 @@ class GrammarCompiler:
                  json_style: JsonStyle = "auto", open_schemas: bool = False,
                  vocab_size: int | None = None, stop_token_ids: list[int] | None = None,
                  compile_threads: int = 4, background_upgrade: bool = True,
-                 upgrade_niceness: int = 19) -> None:
+                 upgrade_niceness: int = 19, value_checks: bool = True,
+                 check_retries: int = 8) -> None:
         self.config = GrammarConfig(backend=backend, cache_bytes=cache_bytes,
                                     compile_timeout_s=compile_timeout_s,
                                     max_whitespace=max_whitespace, json_style=json_style,
                                     open_schemas=open_schemas,
                                     compile_threads=compile_threads,
                                     background_upgrade=background_upgrade,
-                                    upgrade_niceness=upgrade_niceness)
+                                    upgrade_niceness=upgrade_niceness,
+                                    value_checks=value_checks, check_retries=check_retries)
         self.vocab = VocabInfo.from_tokenizer(tokenizer, vocab_size=vocab_size,
                                               stop_token_ids=stop_token_ids)
         self.policy = BackendPolicy(self.vocab, self.config)
@@ -188,7 +198,14 @@ class GrammarCompiler:
             failed.set_exception(e)
             return failed
         key = spec.key(self.vocab.fingerprint, self.config.backend)
-        return self.cache.get_or_compile(key, lambda: self.policy.compile(spec))
+        return self.cache.get_or_compile(key, lambda: self._compile(spec))
+
+    def _compile(self, spec: GrammarSpec) -> CompiledGrammar:
+        grammar = self.policy.compile(spec)
+        if not spec.checks:
+            return grammar
+        checks = CheckSet(spec.checks, self.policy.token_bytes(), self.config.check_retries)
+        return CheckedGrammar(grammar, checks, self.vocab)
 
     # -- front ends ------------------------------------------------------------------------
     def _memo_spec(self, kind: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> GrammarSpec:
@@ -226,10 +243,17 @@ class GrammarCompiler:
         return (("json_style", c.json_style), ("max_digits", digits),
                 ("max_whitespace", c.max_whitespace))
 
-    def _check_schema(self, schema: Any, strict: bool, path: str = "$") -> dict[str, Any]:
+    def _check_schema(self, schema: Any, strict: bool, path: str = "$",
+                      checks: list[ValueCheck] | None = None) -> dict[str, Any]:
+        """The schema the grammar is compiled from; with ``checks`` (a list), what no grammar
+        can hold may be left to run-time checks, appended to it (``rewrite.py``)."""
+        rewrite: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        if not strict:
+            rewrite = rewrite_schema if checks is None else functools.partial(
+                rewrite_schema, checks=checks)
         try:
             # NOTE: strict mode refuses every keyword the rewrites remove: check it as written.
-            prepared = prepare_schema(schema, rewrite=None if strict else rewrite_schema)
+            prepared = prepare_schema(schema, rewrite=rewrite, checked=checks is not None)
             check_finite(prepared)
             if strict:
                 check_strict(prepared)
@@ -244,9 +268,12 @@ class GrammarCompiler:
         return prepared
 
     def _json_spec(self, schema: Any, *, strict: bool = False) -> GrammarSpec:
-        source = canonical_json(self._check_schema(schema, strict))
+        checks: list[ValueCheck] | None = [] if self.config.value_checks and not strict \
+            else None
+        source = canonical_json(self._check_schema(schema, strict, checks=checks))
         return GrammarSpec("json_schema", source,
-                           self._json_options(source) + (("strict", strict),))
+                           self._json_options(source) + (("strict", strict),),
+                           tuple(checks or ()))
 
     def _regex_spec(self, pattern: str) -> GrammarSpec:
         return GrammarSpec("regex", text_grammars.check_regex(pattern))

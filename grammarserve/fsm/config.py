@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from grammarserve.fsm.value_check import ValueCheck
+
 BackendName = Literal["auto", "xgrammar", "llguidance"]
 SpecKind = Literal["json_schema", "regex", "lark", "ebnf", "choice", "tool_calls"]
 #: How JSON separators and whitespace are written (see ``style.py``). ``auto`` follows the model:
@@ -63,6 +65,14 @@ class GrammarConfig:
         CPU niceness (Linux, per thread) of the background upgrade: 19 (default) runs it only
         when nothing else wants the CPU; 0 at normal priority (tests that wait for an upgrade:
         beside busy processes a niceness-19 thread gets ~1% of a core).
+    value_checks : bool
+        Keywords no grammar can hold (``uniqueItems`` on open item domains, ``contains``, what
+        ``not`` leaves) are checked when the value carrying them closes (``checks.py``,
+        ``checked.py``) instead of refused; the grammar is compiled without them and carries
+        its checks (``CompiledGrammar.value_checks``). False refuses them (400), as before.
+    check_retries : int
+        A matcher whose value fails its check rolls back to where the value started, bans the
+        token that began it there and continues; after this many retries the request fails.
     """
 
     backend: BackendName = "auto"
@@ -75,6 +85,8 @@ class GrammarConfig:
     backend_threads: int = 1
     background_upgrade: bool = True
     upgrade_niceness: int = 19
+    value_checks: bool = True
+    check_retries: int = 8
 
     def __post_init__(self) -> None:
         if self.backend not in ("auto", "xgrammar", "llguidance"):
@@ -92,6 +104,8 @@ class GrammarConfig:
                              f"'flexible', got {self.json_style!r}")
         if self.compile_threads < 1:
             raise ValueError(f"compile_threads must be >= 1, got {self.compile_threads}")
+        if self.check_retries < 0:
+            raise ValueError(f"check_retries must be >= 0, got {self.check_retries}")
 
 
 @dataclass(frozen=True)
@@ -99,12 +113,14 @@ class GrammarSpec:
     """A validated, normalized grammar request: what a backend compiles and the cache keys on.
 
     ``source`` is canonical text: sorted-key compact JSON for JSON-based kinds, the grammar text
-    otherwise. ``options`` is a sorted tuple of ``(name, value)`` pairs.
+    otherwise. ``options`` is a sorted tuple of ``(name, value)`` pairs. ``checks`` are what the
+    grammar of ``source`` does not hold, checked at run time (``value_check.py``).
     """
 
     kind: SpecKind
     source: str
     options: tuple[tuple[str, Any], ...] = ()
+    checks: tuple[ValueCheck, ...] = ()
 
     def option(self, name: str, default: Any = None) -> Any:
         """The value of option ``name`` (``default`` if absent)."""
@@ -117,12 +133,15 @@ class GrammarSpec:
         """This spec with option ``name`` set to ``value``."""
         options = dict(self.options)
         options[name] = value
-        return GrammarSpec(self.kind, self.source, tuple(sorted(options.items())))
+        return GrammarSpec(self.kind, self.source, tuple(sorted(options.items())), self.checks)
 
     def key(self, fingerprint: str, backend: str) -> str:
-        """Cache key: canonical JSON of kind, source, options, tokenizer fingerprint, backend."""
-        return json.dumps([self.kind, self.source, list(self.options), fingerprint, backend],
-                          sort_keys=True, separators=(",", ":"))
+        """Cache key: canonical JSON of kind, source, options, tokenizer fingerprint, backend
+        (and the checks, if any)."""
+        parts: list[Any] = [self.kind, self.source, list(self.options), fingerprint, backend]
+        if self.checks:
+            parts.append([c.key() for c in self.checks])
+        return json.dumps(parts, sort_keys=True, separators=(",", ":"))
 
 
 def canonical_json(value: Any) -> str:

@@ -54,7 +54,8 @@ def walk(matcher: Matcher, tokens: list[int], stop_token: int, bitmask: torch.Te
     -------
     (bool, str)
         ``(True, "")`` if every token was allowed and accepted and the matcher terminated;
-        else ``(False, reason)``.
+        else ``(False, reason)`` (also when a token closed a value failing its run-time check,
+        see ``checked.py``).
     """
     for i, tok in enumerate(tokens + [stop_token]):
         if mask_times is None:
@@ -67,6 +68,8 @@ def walk(matcher: Matcher, tokens: list[int], stop_token: int, bitmask: torch.Te
             return False, f"token {i} ({tok}) masked out"
         if not matcher.accept_token(tok):
             return False, f"token {i} ({tok}) allowed by the mask but refused: {matcher.error()}"
+        if matcher.take_retraction():
+            return False, f"token {i} ({tok}) closed a value that fails its check"
     if not matcher.is_terminated():
         return False, "not terminated after the stop token"
     return True, ""

@@ -159,9 +159,12 @@ def resolve_pointer(root: Any, ref: str) -> Any:
 REWRITABLE = frozenset({"not", "if", "dependentRequired", "uniqueItems"})
 
 
+#: What the rewrites may also hand to run-time value checks (``checks.py``).
+CHECKED = frozenset({"contains"})
+
 #: Keywords that make the rewrites worth running (some are removed without being refused).
 _REWRITE_TRIGGERS = ("not", "if", "then", "else", "dependentRequired", "dependencies",
-                     "uniqueItems")
+                     "uniqueItems", "contains")
 
 
 def check_keywords(schema: dict[str, Any], *, skip: frozenset[str] = frozenset()) -> bool:
@@ -233,14 +236,15 @@ def _check_ref(root: dict[str, Any], ref: Any, parts: tuple[str | int, ...]) -> 
 
 
 def prepare_schema(schema: dict[str, Any] | str | bool,
-                   rewrite: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-                   ) -> dict[str, Any]:
+                   rewrite: Callable[[dict[str, Any]], dict[str, Any]] | None = None, *,
+                   checked: bool = False) -> dict[str, Any]:
     """Parse, meta-validate and check ``schema``; return a deep copy ready for a backend
     (``true`` becomes ``{}``; ``false`` is refused since nothing can be generated).
 
     ``rewrite`` (``rewrite.rewrite_schema``) replaces keywords no backend enforces by exact
     equivalents, on the copy, before what is left is refused; the keywords it cannot touch are
-    refused first, so a schema is refused for the same reason with or without it."""
+    refused first, so a schema is refused for the same reason with or without it. ``checked``:
+    the rewrite may also turn ``contains`` into run-time checks, so it is not refused first."""
     parsed = parse_schema(schema)
     meta_validate(parsed)
     if parsed is True:
@@ -254,7 +258,8 @@ def prepare_schema(schema: dict[str, Any] | str | bool,
     out.pop("x-guidance", None)  # backend options are ours to set, not the user's
     try:
         # NOTE: the rewrites (and the second check) run only where they have work
-        if rewrite is None or check_keywords(out, skip=REWRITABLE):
+        skip = REWRITABLE | CHECKED if checked else REWRITABLE
+        if rewrite is None or check_keywords(out, skip=skip):
             if rewrite is not None:
                 out = rewrite(out)
             check_keywords(out)

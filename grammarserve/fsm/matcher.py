@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from grammarserve.fsm.runs import RunTracker
+from grammarserve.fsm.value_check import ValueCheck
 from grammarserve.fsm.vocab import VocabInfo
 
 
@@ -219,6 +220,19 @@ class Matcher(ABC):
         del self._head[self._pos:]
         self._terminated = False
 
+    def take_retraction(self) -> int:
+        """How many of the last accepted tokens the caller must drop, counted since the last
+        call (then reset). Non-zero only for grammars with value checks (``checked.py``): a
+        token that closed a value failing its check was accepted, then rolled back with the
+        tokens since the value began; the caller drops them from its output too (the token
+        just accepted counts)."""
+        return 0
+
+    def held_from(self) -> int | None:
+        """The first accepted token (0-based position) that a value check may still roll
+        back: callers hold back the text from there (streaming). None: nothing can be."""
+        return None
+
     def is_terminated(self) -> bool:
         """True once a stop token was accepted where the grammar may end."""
         return self._terminated
@@ -268,6 +282,12 @@ class CompiledGrammar:
     def backend(self) -> str:
         """The backend new matchers use."""
         return self._backend
+
+    @property
+    def value_checks(self) -> tuple[ValueCheck, ...]:
+        """What the grammar does not hold itself and its matchers check when the values close
+        (``checked.py``); empty for most grammars."""
+        return ()
 
     @property
     def size_bytes(self) -> int:

@@ -96,6 +96,12 @@ class BackendPolicy:
                 self._backends[name] = create_backend(name, self.vocab, self.config)
             return self._backends[name]
 
+    def token_bytes(self) -> list[bytes]:
+        """Each token's bytes (empty for special tokens), from the llguidance backend."""
+        backend = self.backend("llguidance")
+        table: list[bytes] = backend.token_bytes()  # type: ignore[attr-defined]
+        return table
+
     def order(self, kind: SpecKind) -> tuple[str, ...]:
         """Backends to try for ``kind``, in order."""
         if self.config.backend == "auto":

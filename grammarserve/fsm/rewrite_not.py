@@ -10,6 +10,7 @@ member). A ``not`` without an exact rewrite is refused with its path, naming wha
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from grammarserve.errors import UnsupportedSchemaError
@@ -26,9 +27,15 @@ _LOWER = frozenset({"minLength", "minItems", "minProperties", "minimum", "exclus
 _UPPER = frozenset({"maxLength", "maxItems", "maxProperties", "maximum", "exclusiveMaximum"})
 
 
-def rewrite_not(schema: dict[str, Any]) -> dict[str, Any]:
+#: Offered a keyword without an exact rewrite (its subschema's path, the keyword); True if it
+#: took it (``checks.CheckCollector.take``: removed, to be checked at run time).
+Leftover = Callable[[tuple[str | int, ...], str], bool]
+
+
+def rewrite_not(schema: dict[str, Any], leftover: Leftover | None = None) -> dict[str, Any]:
     """Replace every ``not`` of ``schema`` (in place) by its exact negation; raise
-    :class:`UnsupportedSchemaError` at the first one that has none."""
+    :class:`UnsupportedSchemaError` at the first one that has none, unless ``leftover`` takes
+    it."""
     negator = Negator(schema)
     for sub, parts in reversed(list(iter_subschemas(schema))):
         if "not" not in sub:
@@ -38,6 +45,8 @@ def rewrite_not(schema: dict[str, Any]) -> dict[str, Any]:
         try:
             negated = emit(restrict(negator.negative(sub["not"]), domains_of(sub.get("type"))))
         except Unexpressible as e:
+            if leftover is not None and leftover(parts, "not"):
+                continue
             raise UnsupportedSchemaError(
                 f"unsupported keyword 'not' at {where}: it has no exact rewrite the grammar can "
                 f"enforce ({e}); state the allowed values positively instead",

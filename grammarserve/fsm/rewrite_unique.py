@@ -19,7 +19,7 @@ import jsonschema
 from grammarserve.errors import UnsupportedSchemaError
 from grammarserve.fsm.json_schema import iter_subschemas, json_path
 from grammarserve.fsm.negate import ANNOTATIONS
-from grammarserve.fsm.rewrite_not import attach
+from grammarserve.fsm.rewrite_not import Leftover, attach
 from grammarserve.fsm.rewrite_oneof import deref
 from grammarserve.fsm.typed_union import (
     DOMAINS,
@@ -35,14 +35,19 @@ MAX_ARRAYS = 64
 _OPEN = frozenset({"contains", "unevaluatedItems", "minContains", "maxContains"})
 
 
-def rewrite_unique(schema: dict[str, Any]) -> dict[str, Any]:
-    """Apply the rewrite above to every ``uniqueItems`` of ``schema`` (in place)."""
+def rewrite_unique(schema: dict[str, Any], leftover: Leftover | None = None
+                   ) -> dict[str, Any]:
+    """Apply the rewrite above to every ``uniqueItems`` of ``schema`` (in place); offer those
+    without an exact rewrite (open domains, too many arrays) to ``leftover``."""
     for sub, parts in reversed(list(iter_subschemas(schema))):
         if sub.get("uniqueItems") is False:
             del sub["uniqueItems"]
         if sub.get("uniqueItems") is not True or _OPEN & set(sub):
             continue
         arrays = unique_arrays(schema, sub)
+        if (arrays is None or len(arrays) > MAX_ARRAYS) and leftover is not None \
+                and leftover(parts, "uniqueItems"):
+            continue  # left to a run-time check
         if arrays is None:
             continue
         where = json_path(parts + ("uniqueItems",))
@@ -125,11 +130,11 @@ def finite_values(root: dict[str, Any], schema: Any) -> list[Any] | None:
         return None
     distinct: dict[str, Any] = {}
     for v in values:
-        distinct.setdefault(_identity(v), v)
+        distinct.setdefault(identity(v), v)
     return list(distinct.values())
 
 
-def _identity(value: Any) -> str:
+def identity(value: Any) -> str:
     """One key per JSON value up to JSON Schema equality (``1`` and ``1.0`` share one)."""
     if isinstance(value, bool) or value is None or isinstance(value, str):
         return json.dumps(value)
@@ -137,9 +142,9 @@ def _identity(value: Any) -> str:
         return f"n:{value!r}" if isinstance(value, int) or not value.is_integer() \
             else f"n:{int(value)!r}"
     if isinstance(value, list):
-        return "[" + ",".join(_identity(v) for v in value) + "]"
+        return "[" + ",".join(identity(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ",".join(f"{json.dumps(k)}:{_identity(v)}"
+        return "{" + ",".join(f"{json.dumps(k)}:{identity(v)}"
                               for k, v in sorted(value.items())) + "}"
     return repr(value)
 

@@ -30,6 +30,9 @@ _HELP = {
     "kv_free": "Free KV slots",
     "kv_cached": "KV slots owned by the radix cache",
     "jump_forward_tokens": "Output tokens fed by jump-forward (no decode step of their own)",
+    "check_retries": ("Value checks (keywords no grammar holds, checked when the value closes) "
+                      "that failed and were rolled back and retried"),
+    "check_failures": "Requests ended because their value checks kept failing",
     "grammar_compile_s": "Engine time spent compiling grammars",
     "grammar_cache_hits": "Engine grammar cache hits",
     "grammar_cache_misses": "Engine grammar cache misses",

@@ -1,0 +1,194 @@
+"""Value checks, model-free: the front end leaves what no grammar holds (``uniqueItems`` on open
+domains, ``contains``, what ``not`` leaves) to checks where that is exact (``fsm/checks.py``),
+and the streaming JSON tracker finds the values they check (``fsm/json_track.py``)."""
+
+from __future__ import annotations
+
+import functools
+import json
+import random
+from typing import Any
+
+import jsonschema
+import pytest
+
+from grammarserve.errors import UnsupportedSchemaError
+from grammarserve.fsm.checked import make_validator
+from grammarserve.fsm.json_schema import prepare_schema
+from grammarserve.fsm.json_track import JsonTracker
+from grammarserve.fsm.rewrite import rewrite_schema
+from grammarserve.fsm.rewrite_unique import identity
+from grammarserve.fsm.value_check import ValueCheck
+
+
+def prepared(schema: Any) -> tuple[dict[str, Any], list[ValueCheck]]:
+    """The grammar's schema and the checks, as ``GrammarCompiler`` makes them."""
+    checks: list[ValueCheck] = []
+    out = prepare_schema(schema, rewrite=functools.partial(rewrite_schema, checks=checks),
+                         checked=True)
+    return out, checks
+
+
+def _values(doc: Any, path: tuple[str | int, ...] = ()) -> list[tuple[tuple[str | int, ...],
+                                                                     Any]]:
+    out = [(path, doc)]
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            out += _values(v, path + (k,))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            out += _values(v, path + (i,))
+    return out
+
+
+def passes(doc: Any, grammar_schema: dict[str, Any], checks: list[ValueCheck]) -> bool:
+    """What generation accepts: the grammar's schema, then every check at its values."""
+    if not jsonschema.Draft202012Validator(grammar_schema).is_valid(doc):
+        return False
+    for path, value in _values(doc):
+        for c in checks:
+            if not c.matches(path):
+                continue
+            if c.kind == "unique" and isinstance(value, list):
+                keys = [identity(v) for v in value]
+                if len(set(keys)) != len(keys):
+                    return False
+            elif c.kind != "unique" and make_validator(c.schema)(value) is not None:
+                return False
+    return True
+
+
+POOL: list[Any] = [
+    None, 0, 1, 2, 3, 1.0, "a", "b", "ab", "abc", "bz", [], ["a"], ["a", "b"], ["a", "a"],
+    ["b", "a", "b"], [1, 1.0], [1, 2], [3], [3, 3], [1, 3], [1, 2, 3, 3], [[1], [1]],
+    {"tags": ["x", "y"]}, {"tags": ["x", "x"]}, {"tags": []}, {"tags": "x"},
+    {"name": "abz"}, {"name": "abc"}, {"name": 1}, {"a": ["p", "p"], "b": ["p", "p"]},
+    {"a": ["p", "q"], "b": ["q", "q"]}, {"a": ["p"], "b": ["q", "p"]}, {"x": ["u", "u"]},
+    {"x": ["u", "v"]}, {"tags": None}, {"tags": ["x", "y", "x"]}, {"name": "zz", "tags": []},
+]
+
+EXACT_WITH_CHECKS = [
+    {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+    {"type": "object", "properties": {"tags": {"type": "array", "items": {"type": "string"},
+                                               "uniqueItems": True}}},
+    {"type": "object", "properties": {"name": {"type": "string", "not": {"pattern": "^a.*z$"}}}},
+    {"$defs": {"S": {"type": "array", "uniqueItems": True}},
+     "type": "object", "properties": {"a": {"$ref": "#/$defs/S"}, "b": {"$ref": "#/$defs/S"}}},
+    {"type": "object", "properties": {"tags": {"anyOf": [
+        {"type": "array", "uniqueItems": True}, {"type": "null"}]}}},
+    {"type": "array", "contains": {"const": 3}, "maxContains": 1},
+    {"type": "array", "prefixItems": [{"type": "integer"}], "items": {
+        "type": "array", "uniqueItems": True}},
+    {"type": "object", "properties": {"tags": {}},
+     "additionalProperties": {"type": "array", "uniqueItems": True}},
+    {"not": {"multipleOf": 2}},
+    {"type": "array", "items": {"enum": list(range(8))}, "uniqueItems": True},
+]
+
+
+@pytest.mark.parametrize("schema", EXACT_WITH_CHECKS)
+def test_grammar_plus_checks_is_the_schema(schema: dict[str, Any]) -> None:
+    out, checks = prepared(schema)
+    assert checks, "expected run-time checks"
+    assert not any(k in json.dumps(out) for k in ('"uniqueItems": true', '"contains"'))
+    original = jsonschema.Draft202012Validator(schema)
+    for doc in POOL:
+        assert passes(doc, out, checks) == original.is_valid(doc), doc
+
+
+def test_locations_and_kinds() -> None:
+    _, checks = prepared(EXACT_WITH_CHECKS[3])
+    assert sorted(c.location for c in checks) == [(("key", "a"),), (("key", "b"),)]
+    assert {c.kind for c in checks} == {"unique"}
+    _, checks = prepared(EXACT_WITH_CHECKS[6])
+    assert [c.location for c in checks] == [(("from", 1),)]
+    _, checks = prepared(EXACT_WITH_CHECKS[7])
+    assert [c.location for c in checks] == [(("other", ("tags",)),)]
+    assert checks[0].matches(("x",)) and not checks[0].matches(("tags",))
+    _, checks = prepared(EXACT_WITH_CHECKS[4])
+    (c,) = checks
+    assert c.kind == "schema" and c.location == (("key", "tags"),)  # the anyOf, checked whole
+    (c,) = prepared(EXACT_WITH_CHECKS[5])[1]
+    assert c.kind == "contains" and json.loads(c.item_schema) == {"allOf": [{"const": 3}]}
+    assert c.where() == "/" and c.schema_path == "$.contains"
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "integer", "not": {"minimum": 3}},
+    {"type": "array", "items": {"enum": ["x", "y"]}, "uniqueItems": True},
+    {"properties": {"a": {"not": {"required": ["b"]}}}},
+])
+def test_what_is_exact_stays_in_the_grammar(schema: dict[str, Any]) -> None:
+    out, checks = prepared(schema)
+    assert checks == [] and "not" not in json.dumps(out)
+
+
+@pytest.mark.parametrize("schema, keyword", [
+    ({"oneOf": [{"type": "string", "not": {"pattern": "b+"}}, {"type": "integer"}]}, "not"),
+    ({"$defs": {"t": {"type": "array", "items": {"$ref": "#/$defs/t"}, "uniqueItems": True}},
+      "$ref": "#/$defs/t"}, "uniqueItems"),
+    ({"properties": {"a": {"contains": {"type": "integer"}}, "b": {"$ref": "#/properties/a"}}},
+     "contains"),
+    ({"if": {"type": "array", "uniqueItems": True}, "then": {"minItems": 1}}, "uniqueItems"),
+    ({"properties": {"a": {"$ref": "#/properties/b/contains"},
+                     "b": {"contains": {"type": "integer"}}}}, "contains"),
+])
+def test_what_cannot_be_checked_exactly_is_refused(schema: dict[str, Any], keyword: str) -> None:
+    with pytest.raises(UnsupportedSchemaError) as info:
+        prepared(schema)
+    assert info.value.keyword in (keyword, "if")
+
+
+def test_without_checks_the_keywords_are_refused_as_before() -> None:
+    schema = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
+    with pytest.raises(UnsupportedSchemaError):
+        prepare_schema(schema, rewrite=rewrite_schema)
+    with pytest.raises(UnsupportedSchemaError, match="contains"):
+        prepare_schema({"contains": {"const": 1}}, rewrite=rewrite_schema)
+
+
+# -- the tracker -------------------------------------------------------------------------------
+DOCS = [
+    {"a": [1, "x", {"b": None}], "c": -2.5e3, "d": "q\"u\\o\u00e9"},
+    [[], {}, [[1]], "", True, False, 0],
+    "plain",
+    123,
+    {"k\"ey": {"n\u00e9": [1, 2, [3, {"z": "}]"}]]}},
+]
+
+
+def _expected(doc: Any) -> list[tuple[tuple[str | int, ...], Any]]:
+    return sorted(((p, json.dumps(v)) for p, v in _values(doc)), key=repr)
+
+
+@pytest.mark.parametrize("doc", DOCS)
+@pytest.mark.parametrize("spaced", [False, True])
+def test_tracker_reports_every_value_once_whatever_the_chunks(doc: Any, spaced: bool) -> None:
+    text = json.dumps(doc, ensure_ascii=False,
+                      separators=(", ", ": ") if spaced else (",", ":")).encode()
+    rng = random.Random(len(text))
+    for _ in range(5):
+        tracker, closed, i = JsonTracker(), [], 0
+        while i < len(text):
+            j = i + rng.randint(1, 4)
+            closed += tracker.feed(text[i:j])
+            i = j
+        closed += tracker.end()
+        got = sorted(((c.path, json.dumps(json.loads(text[c.start:c.end]))) for c in closed),
+                     key=repr)
+        assert got == _expected(doc)
+        assert tracker.open_values() == []
+
+
+def test_tracker_open_values_siblings_and_truncate() -> None:
+    t = JsonTracker()
+    events = t.feed(b'{"tags": ["a", "b"')
+    assert [(e.path, e.siblings) for e in events] == [(("tags", 0), ()),
+                                                     (("tags", 1), ((10, 13),))]
+    assert t.open_values() == [((), 0), (("tags",), 9)]
+    t.truncate(14)  # back to '{"tags": ["a",'
+    assert t.open_values() == [((), 0), (("tags",), 9)]
+    (item,) = t.feed(b' "c"')
+    assert item.path == ("tags", 1) and item.siblings == ((10, 13),)
+    (arr,) = t.feed(b"]")
+    assert arr.path == ("tags",) and arr.items == ((10, 13), (15, 18))
