@@ -23,6 +23,7 @@ _SOURCE = Path(__file__).with_name("decode_attn_cpu.cpp")
 _COMMON = _Q8_COMMON  # the same compiler flags and instruction-set builds as the matmuls
 _ISA_FLAGS = {isa: _Q8_ISA_FLAGS[isa] for isa in ("avx2", "avx512")}
 HEAD_DIMS = (64, 128)
+KEY_TILE = 16  # keys per tile of the mirror's K layout (decode_attn_cpu.cpp)
 _libs: dict[str, ctypes.CDLL] = {}
 _errors: dict[str, str] = {}
 
@@ -41,8 +42,9 @@ def decode_attention(q: torch.Tensor, kt: torch.Tensor, vs: torch.Tensor, kmt: t
                      isa: str | None = None) -> torch.Tensor:
     """Attention of the real queries ``q [N, H, D]`` (scaled by ``1/sqrt(D)`` already) over the
     shared prefix (``kt [KVH, D, P]`` transposed keys, ``vs [KVH, P, D]``; ``P`` may be 0) and
-    their own rows' first ``qlen[n]`` keys (row ``qb[n]``) of the mirror: ``kmt [B, KVH, D, S]``
-    transposed keys, ``vm [B, KVH, S, D]``. All fp32 and contiguous on CPU; returns
+    their own rows' first ``qlen[n]`` keys (row ``qb[n]``) of the mirror: ``kmt
+    [B, KVH, S/16, D, 16]`` keys in tiles of :data:`KEY_TILE` (transposed within a tile; see
+    :func:`tile_keys`), ``vm [B, KVH, S, D]``. All fp32 and contiguous on CPU; returns
     ``[N, H, D]``."""
     isa = isa or attention_isa()
     lib = _open(isa) if isa else None
@@ -56,15 +58,28 @@ def decode_attention(q: torch.Tensor, kt: torch.Tensor, vs: torch.Tensor, kmt: t
             raise ValueError(f"{name} must be contiguous fp32 on CPU")
     if d not in HEAD_DIMS or h % kvh:
         raise ValueError(f"head_dim must be one of {HEAD_DIMS} and heads a multiple of kv heads")
-    if kmt.shape != (vm.shape[0], kvh, d, s):
-        raise ValueError(f"kmt must be [B, KVH, D, S] = {(vm.shape[0], kvh, d, s)}, got "
-                         f"{tuple(kmt.shape)}")
+    tiled = (vm.shape[0], kvh, s // KEY_TILE, d, KEY_TILE)
+    if s % KEY_TILE or kmt.shape != tiled:
+        raise ValueError(f"kmt must be [B, KVH, S/16, D, 16] = {tiled} with S a multiple of "
+                         f"{KEY_TILE}, got {tuple(kmt.shape)}")
     qb, qlen = qb.to(torch.int64).contiguous(), qlen.to(torch.int64).contiguous()
     out = torch.empty_like(q)
     lib.gs_decode_attention(q.data_ptr(), kt.data_ptr(), vs.data_ptr(), p, kmt.data_ptr(),
                             vm.data_ptr(), s, qb.data_ptr(), qlen.data_ptr(), n, h, kvh, d,
                             out.data_ptr(), torch.get_num_threads())
     return out
+
+
+def tile_keys(k: torch.Tensor) -> torch.Tensor:
+    """``k [B, KVH, S, D]`` (S a multiple of :data:`KEY_TILE`) -> ``[B, KVH, S/16, D, 16]``."""
+    b, h, s, d = k.shape
+    return k.view(b, h, s // KEY_TILE, KEY_TILE, d).transpose(3, 4).contiguous()
+
+
+def untile_keys(kmt: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`tile_keys`."""
+    b, h, tiles, d, t = kmt.shape
+    return kmt.transpose(3, 4).reshape(b, h, tiles * t, d)
 
 
 def attention_address(isa: str) -> int:
@@ -86,7 +101,7 @@ def decode_attention_ref(q: torch.Tensor, kt: torch.Tensor, vs: torch.Tensor, km
         b, length = int(qb[i]), int(qlen[i])
         for head in range(h):
             kv = head // group
-            own = kmt[b, kv, :, :length].t()
+            own = untile_keys(kmt)[b, kv, :length]
             keys = torch.cat([kt[kv].t(), own]) if kt.numel() else own
             vals = torch.cat([vs[kv], vm[b, kv, :length]]) if kt.numel() else vm[b, kv, :length]
             out[i, head] = torch.softmax(keys @ q[i, head], 0) @ vals

@@ -3,8 +3,9 @@
 // attention, as FlashInfer's, fused: no score matrices leave the core).
 //
 // Shapes (fp32, contiguous): q [N, H, D] real queries (already scaled by 1/sqrt(D) by the caller);
-// shared K transposed kt [KVH, D, P] and V vs [KVH, P, D]; the rows' own K transposed
-// kmt [B, KVH, D, S] and V vm [B, KVH, S, D] (the decode mirror); qb [N] each query's row b;
+// shared K transposed kt [KVH, D, P] and V vs [KVH, P, D]; the rows' own K in tiles of 16 keys
+// kmt [B, KVH, S/16, D, 16] and V vm [B, KVH, S, D] (the decode mirror; S a multiple of 16);
+// qb [N] each query's row b;
 // qlen [N] how many of its row's keys it sees (causal). Query heads h*G .. h*G+G-1
 // (G = H / KVH) read KV head h. out [N, H, D].
 //
@@ -114,7 +115,17 @@ struct Dims {
 // vector width: scores by broadcasting query elements against rows of the transposed K (no
 // horizontal sums), exponentials vectorized, V accumulated in registers. Returns per query the
 // running max m, the sum of exponentials l and the unnormalized output in acc [nq, D].
-template <int DV, int QB>
+constexpr int64_t kTile = 16;  // keys per tile of the mirror's K layout
+
+// Element e of keys c .. c + kLanes - 1: transposed K [D, kstride], or (kTiled) tiles of 16 keys
+// [nkeys / 16, D, 16] (one tile is one contiguous read).
+template <bool kTiled>
+inline const float* key_row(const float* kt, int64_t kstride, int64_t D, int64_t e, int64_t c) {
+  if constexpr (kTiled) return kt + (c / kTile) * D * kTile + e * kTile + c % kTile;
+  return kt + e * kstride + c;
+}
+
+template <int DV, int QB, bool kTiled = false>
 void attend_block(const float* const* qh, int nq, const float* kt, int64_t kstride,
                   const float* vs, int64_t nkeys, int64_t D, float* m_out, float* l_out,
                   float* acc_out) {
@@ -130,7 +141,8 @@ void attend_block(const float* const* qh, int nq, const float* kt, int64_t kstri
     VecF s[QB];
     for (int i = 0; i < QB; ++i) s[i] = zero();
     for (int64_t e = 0; e < D; ++e) {
-      const VecF krow = n == kLanes ? load(kt + e * kstride + c0) : load_n(kt + e * kstride + c0, n);
+      const float* kr = key_row<kTiled>(kt, kstride, D, e, c0);
+      const VecF krow = n == kLanes ? load(kr) : load_n(kr, n);
       for (int i = 0; i < QB; ++i) s[i] = fma(bcast(qh[i][e]), krow, s[i]);
     }
     for (int i = 0; i < QB; ++i) {
@@ -173,14 +185,14 @@ void shared_block(const Dims& dm, const float* q, const float* kt, const float* 
                        pm + j0, pl + j0, pacc + j0 * dm.D);
 }
 
-// Phase 2 for query n, KV head h: its row's own keys (transposed mirror, the first qlen[n] of S),
-// merged with the shared partial; writes out.
+// Phase 2 for query n, KV head h: its row's own keys (the mirror's tiled K, the first qlen[n] of
+// S), merged with the shared partial; writes out.
 template <int DV, int QB>
 void own_and_merge(const Dims& dm, const float* q, const float* kmt, const float* vm,
                    const int64_t* qb, const int64_t* qlen, const float* pm, const float* pl,
                    const float* pacc, int64_t n, int64_t h, float* out) {
   const int64_t D = dm.D, len = qlen[n];
-  const float* kt = kmt + (qb[n] * dm.KVH + h) * D * dm.S;
+  const float* kt = kmt + (qb[n] * dm.KVH + h) * D * dm.S;  // S / 16 tiles of D * 16
   const float* vr = vm + (qb[n] * dm.KVH + h) * dm.S * D;
   float m[QB], l[QB];
   alignas(64) float acc[QB * 128];
@@ -188,7 +200,7 @@ void own_and_merge(const Dims& dm, const float* q, const float* kmt, const float
     const int nq = static_cast<int>(std::min<int64_t>(QB, dm.G - g0));
     const float* qh[QB];
     for (int i = 0; i < QB; ++i) qh[i] = q + (n * dm.H + h * dm.G + g0 + std::min(i, nq - 1)) * D;
-    attend_block<DV, QB>(qh, nq, kt, dm.S, vr, len, D, m, l, acc);
+    attend_block<DV, QB, true>(qh, nq, kt, dm.S, vr, len, D, m, l, acc);
     for (int i = 0; i < nq; ++i) {
       const int64_t g = g0 + i, head = h * dm.G + g, j = n * dm.G + g;
       float lo = l[i], cs = 0.f, co = 1.f;
@@ -235,11 +247,13 @@ void run(const Dims& dm, const float* q, const float* kt, const float* vs, const
 
 extern "C" {
 
-// Returns 0, or -1 when head_dim D is not one this build handles (64 or 128).
+// Returns 0, -1 when head_dim D is not one this build handles (64 or 128), -2 when S is not a
+// whole number of tiles.
 int gs_decode_attention(const float* q, const float* kt, const float* vs, int64_t P,
                         const float* kmt, const float* vm, int64_t S, const int64_t* qb,
                         const int64_t* qlen, int64_t N, int64_t H, int64_t KVH, int64_t D,
                         float* out, int threads) {
+  if (S % kTile) return -2;
   const Dims dm{N, H, KVH, H / KVH, D, P, S};
   if (D == 64) {
     run<64 / kLanes>(dm, q, kt, vs, kmt, vm, qb, qlen, out, threads);

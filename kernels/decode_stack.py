@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from grammarserve_kernels.cpu_build import open_cached
 from grammarserve_kernels.decode_attn import (
     HEAD_DIMS,
+    KEY_TILE,
     attention_address,
     attention_isa,
     decode_attention_ref,
@@ -69,7 +70,7 @@ class StackDims:
 @dataclass
 class StackKV:
     """Where one step's K/V live, per layer: the pool ``[slots, KVH, D]``, the decode mirror
-    (K transposed ``[B, KVH, D, S]``, V ``[B, KVH, S, D]``) and the shared prefix (``kt [KVH, D, P]``, ``vs [KVH, P, D]``; empty lists:
+    (K in tiles ``[B, KVH, S/16, D, 16]``, V ``[B, KVH, S, D]``) and the shared prefix (``kt [KVH, D, P]``, ``vs [KVH, P, D]``; empty lists:
     no shared prefix); and per new token its pool slot, mirror row and mirror position."""
 
     pool_k: list[torch.Tensor]
@@ -188,7 +189,8 @@ def decode_stack_ref(dims: StackDims, layers: list[StackLayer], h: torch.Tensor,
                          qkv[:, dims.heads + dims.kv_heads:]], 1)
         q, k, v = qkv.split([dims.heads, dims.kv_heads, dims.kv_heads], 1)
         kv.pool_k[i][kv.slots], kv.pool_v[i][kv.slots] = k, v
-        kv.mirror_k[i][kv.qb, :, :, kv.qpos], kv.mirror_v[i][kv.qb, :, kv.qpos] = k, v
+        kv.mirror_k[i][kv.qb, :, kv.qpos // KEY_TILE, :, kv.qpos % KEY_TILE] = k
+        kv.mirror_v[i][kv.qb, :, kv.qpos] = v
         kt = kv.kt[i] if kv.kt else h.new_empty(0)
         vs = kv.vs[i] if kv.vs else h.new_empty(0)
         o = decode_attention_ref((q * hd ** -0.5).contiguous(), kt, vs, kv.mirror_k[i],

@@ -55,7 +55,7 @@ struct GsStep {
   const int64_t* qlen;   // [T] mirror keys it sees (qpos + 1)
   float* const* pool_k;  // [layers] -> [slots, KVH, D]
   float* const* pool_v;
-  float* const* mirror_k;  // [layers] -> [B, KVH, D, S] (transposed)
+  float* const* mirror_k;  // [layers] -> [B, KVH, S/16, D, 16] (tiles of 16 keys)
   float* const* mirror_v;  // [layers] -> [B, KVH, S, D]
   const float* const* kt;  // [layers] -> [KVH, D, P] (P == 0: unused)
   const float* const* vs;  // [layers] -> [KVH, P, D]
@@ -131,13 +131,14 @@ void write_kv(const GsStep& st, int64_t layer, const float* qkv) {
       const float* k = qkv + t * width + (st.heads + h) * D;
       const float* v = k + KVH * D;
       const int64_t pool_at = (st.slots[t] * KVH + h) * D;
-      const int64_t row = st.qb[t] * KVH + h;
-      float* mk = st.mirror_k[layer] + row * D * st.S + st.qpos[t];  // transposed: stride S
+      const int64_t row = st.qb[t] * KVH + h, pos = st.qpos[t];
+      // K in tiles of 16 keys [S/16, D, 16]: element i of key pos at stride 16
+      float* mk = st.mirror_k[layer] + row * D * st.S + (pos / 16) * D * 16 + pos % 16;
       float* mv = st.mirror_v[layer] + (row * st.S + st.qpos[t]) * D;
       for (int64_t i = 0; i < D; ++i) {
         st.pool_k[layer][pool_at + i] = k[i];
         st.pool_v[layer][pool_at + i] = v[i];
-        mk[i * st.S] = k[i];
+        mk[i * 16] = k[i];
         mv[i] = v[i];
       }
     }

@@ -8,7 +8,12 @@ import shutil
 
 import pytest
 import torch
-from grammarserve_kernels.decode_attn import decode_attention, decode_attention_ref
+from grammarserve_kernels.decode_attn import (
+    KEY_TILE,
+    decode_attention,
+    decode_attention_ref,
+    tile_keys,
+)
 from grammarserve_kernels.quant_q8 import supported_isas
 
 can_build = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and bool(
@@ -35,7 +40,9 @@ def test_fused_decode_attention_matches_reference(isa: str, case: tuple[int, ...
     gen = torch.Generator().manual_seed(sum(case))
     q = torch.randn(n, h, d, generator=gen) * 3 / d ** 0.5
     kt, vs = torch.randn(kvh, d, p, generator=gen), torch.randn(kvh, p, d, generator=gen)
-    kmt, vm = torch.randn(b, kvh, d, s, generator=gen), torch.randn(b, kvh, s, d, generator=gen)
+    s = -(-s // KEY_TILE) * KEY_TILE  # the mirror's capacity is whole tiles
+    kmt = tile_keys(torch.randn(b, kvh, s, d, generator=gen))
+    vm = torch.randn(b, kvh, s, d, generator=gen)
     qb = torch.randint(0, b, (n,), generator=gen)
     qlen = torch.randint(1, s + 1, (n,), generator=gen)
     got = decode_attention(q, kt, vs, kmt, vm, qb, qlen, isa=isa)
@@ -58,7 +65,7 @@ def test_fused_decode_attention_rejects_what_it_cannot_run() -> None:
     with pytest.raises(ValueError, match="q must be contiguous fp32"):
         decode_attention(q.double(), torch.empty(0), torch.empty(0), kv, kv, torch.zeros(2),
                          torch.ones(2))
-    q, vm = torch.randn(2, 4, 64), torch.randn(1, 2, 4, 64)
-    with pytest.raises(ValueError, match="kmt must be"):  # not transposed
+    q, vm = torch.randn(2, 4, 64), torch.randn(1, 2, 16, 64)
+    with pytest.raises(ValueError, match="kmt must be"):  # not tiled
         decode_attention(q, torch.empty(0), torch.empty(0), vm, vm, torch.zeros(2),
                          torch.ones(2))

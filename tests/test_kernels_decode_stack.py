@@ -45,13 +45,13 @@ def _layers(kind: str, isa: str, n: int = 2, bias: bool = False) -> list[StackLa
 
 
 def _kv(layers: int, qb: list[int], qpos: list[int], prefix: int, rows: int = 3,
-        cap: int = 24) -> StackKV:
+        cap: int = 32) -> StackKV:
     d, gen = DIMS, torch.Generator().manual_seed(3)
     rand = lambda *shape: torch.randn(*shape, generator=gen)
     slots = torch.randperm(40, generator=gen)[:len(qb)] + 1
     return StackKV([rand(41, d.kv_heads, d.head_dim) for _ in range(layers)],
                    [rand(41, d.kv_heads, d.head_dim) for _ in range(layers)],
-                   [rand(rows, d.kv_heads, d.head_dim, cap) for _ in range(layers)],
+                   [rand(rows, d.kv_heads, cap // 16, d.head_dim, 16) for _ in range(layers)],
                    [rand(rows, d.kv_heads, cap, d.head_dim) for _ in range(layers)],
                    [rand(d.kv_heads, d.head_dim, prefix) for _ in range(layers)] if prefix else [],
                    [rand(d.kv_heads, prefix, d.head_dim) for _ in range(layers)] if prefix else [],

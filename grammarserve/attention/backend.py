@@ -94,13 +94,16 @@ class TorchSDPABackend(AttentionBackend):
                  sliding_window: int | None = None, mirror_tokens: int | None = None,
                  decode_kernel: bool = True, decode_stack: bool = True) -> None:
         self.pool = pool
+        # NOTE: with the kernel, every mirrored group in fp32 takes it (any span length), so the
+        # mirror can keep K in the kernel's tiled layout.
         self.decode_kernel = (decode_kernel and sliding_window is None
-                              and pool.k[0].device.type == "cpu" and attention_isa() is not None)
+                              and pool.k[0].device.type == "cpu" and attention_isa() is not None
+                              and pool.dtype == torch.float32 and pool.k[0].shape[-1] in HEAD_DIMS)
         self.decode_stack = decode_stack and self.decode_kernel
         self.req_to_token = req_to_token
         self.sliding_window = sliding_window
         self.mirror = (KVMirror(pool, mirror_tokens, req_to_token.max_context,
-                                k_transposed=self.decode_kernel) if mirror_tokens else None)
+                                tiled_k=self.decode_kernel) if mirror_tokens else None)
         self.shared = SharedPrefixKV(pool)
         self._batch: ForwardBatch | None = None
         self._groups: list[_CausalGroup | _PaddedGroup] = []
@@ -179,6 +182,8 @@ class TorchSDPABackend(AttentionBackend):
                 self._causal(layer, q, g, out)
             elif g.mirror_b is None or self.mirror is None:
                 self._padded_sdpa(layer, q, g, out)
+            elif self.decode_kernel and q.dtype == torch.float32:
+                out[g.out_rows] = self._fused(layer, q, g)
             elif g.cap_mask is None:
                 self._mirrored_sdpa(layer, q, g, out)
             elif g.base:
@@ -196,8 +201,7 @@ class TorchSDPABackend(AttentionBackend):
         if not self.decode_stack or len(self._groups) != 1 or self.mirror is None:
             return None
         g = self._groups[0]
-        if not isinstance(g, _PaddedGroup) or g.mirror_b is None or g.mirror_pos is None or (
-                g.cap_mask is None or self.pool.dtype != torch.float32):
+        if not isinstance(g, _PaddedGroup) or g.mirror_b is None or g.mirror_pos is None:
             return None
         layers = range(len(self.pool.k))
         if self.mirror.rebuild:  # the new tokens' slots are gathered too; the kernel overwrites
@@ -230,27 +234,29 @@ class TorchSDPABackend(AttentionBackend):
         self._sdpa(q, g, kg, vg, out)
 
     def _mirror_kv(self, layer: int, g: _PaddedGroup) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append the group's new K/V to the mirror; its ``[B, Hkv, S_cap, d]`` K and V."""
+        """Append the group's new K/V to the mirror; its stored K and V (see KVMirror)."""
         assert self._batch is not None and self.mirror is not None
         assert g.mirror_b is not None and g.mirror_pos is not None
         return self.mirror.update(layer, g.kv_slots, g.mirror_b, g.mirror_pos,
                                   self._batch.out_cache_loc[g.out_rows])
 
+    def _mirror_rows(self, layer: int, g: _PaddedGroup) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_mirror_kv` with K as ``[B, Hkv, S_cap, d]`` (the torch paths)."""
+        km, vm = self._mirror_kv(layer, g)
+        assert self.mirror is not None
+        return self.mirror.key_rows(km), vm
+
     def _mirrored_sdpa(self, layer: int, q: torch.Tensor, g: _PaddedGroup,
                        out: torch.Tensor) -> None:
         """Padded SDPA reading K/V from the decode mirror (longer query spans)."""
-        km, vm = self._mirror_kv(layer, g)
+        km, vm = self._mirror_rows(layer, g)
         s = g.mask.shape[-1]
         self._sdpa(q, g, km[:, :, :s].to(q.dtype), vm[:, :, :s].to(q.dtype), out)
 
     def _mirrored_matmul(self, layer: int, q: torch.Tensor, g: _PaddedGroup,
                          out: torch.Tensor) -> None:
         """Short decode group: two batched matmuls over the whole mirror capacity."""
-        km, vm = self._mirror_kv(layer, g)
-        if self._fused_ok(q, km):
-            empty = q.new_empty(0)
-            out[g.out_rows] = self._fused(q, g, km, vm, empty, empty)
-            return
+        km, vm = self._mirror_rows(layer, g)
         add_mask = self._add_mask(g, km, q)
         o = matmul_attention(q[g.q_rows].transpose(1, 2), km.to(q.dtype), vm.to(q.dtype),
                              add_mask)
@@ -259,29 +265,22 @@ class TorchSDPABackend(AttentionBackend):
     def _cascade(self, layer: int, q: torch.Tensor, g: _PaddedGroup, out: torch.Tensor) -> None:
         """Decode group behind a shared prefix: the prefix scored once, each row's suffix apart
         (cascade.py)."""
-        km, vm = self._mirror_kv(layer, g)
+        km, vm = self._mirror_rows(layer, g)
         kt, vs = self.shared.kv(layer)
-        if self._fused_ok(q, km):
-            out[g.out_rows] = self._fused(q, g, km, vm, kt, vs)
-            return
         add_mask = self._add_mask(g, km, q)
         out[g.out_rows] = cascade_attention(
             q[g.q_rows].transpose(1, 2), g.valid, km.to(q.dtype), vm.to(q.dtype), add_mask,
             (kt.to(q.dtype), vs.to(q.dtype)))
 
-    def _fused_ok(self, q: torch.Tensor, km: torch.Tensor) -> bool:
-        return (self.decode_kernel and q.dtype == km.dtype == torch.float32
-                and q.shape[-1] in HEAD_DIMS)
-
-    @staticmethod
-    def _fused(q: torch.Tensor, g: _PaddedGroup, km: torch.Tensor, vm: torch.Tensor,
-               kt: torch.Tensor, vs: torch.Tensor) -> torch.Tensor:
-        """The group's real queries through the fused kernel (``kt``/``vs`` empty: no prefix)."""
+    def _fused(self, layer: int, q: torch.Tensor, g: _PaddedGroup) -> torch.Tensor:
+        """A mirrored group's real queries through the fused kernel, over the shared prefix (if
+        the group has one) and each row's mirror up to the query's position."""
         assert g.mirror_b is not None and g.mirror_pos is not None
+        kmt, vm = self._mirror_kv(layer, g)
+        kt, vs = self.shared.kv(layer) if g.base else (q.new_empty(0), q.new_empty(0))
         if g.own_len is None:
             g.own_len = g.mirror_pos + 1  # a query sees its row's mirror up to its position
         qr = (q[g.out_rows] * q.shape[-1] ** -0.5).contiguous()
-        kmt = km.transpose(2, 3)  # the mirror's stored (transposed) K
         return decode_attention(qr, kt, vs, kmt, vm, g.mirror_b, g.own_len)
 
     @staticmethod
