@@ -70,8 +70,11 @@ def main() -> None:
                                "dequantized, fp32)", "prompt_len": args.prompt_len,
                                "new_tokens": args.new_tokens, "threads": args.threads,
                                "cpu": platform.processor() or platform.machine(), "runs": []}
-    _grammarserve([[1, 2, 3]], 2, llm)  # warm-up
-    _transformers([[1, 2, 3]], 2, hf)
+    # Warm-up at the prompt length: the first prefill of a shape pays one-time costs (BLAS
+    # kernel selection, thread pools) that would otherwise count as prefill time.
+    warm = torch.randint(100, vocab, (1, args.prompt_len), generator=gen).tolist()
+    _grammarserve(warm, 2, llm)
+    _transformers(warm, 2, hf)
     for b in batches:
         prompts = torch.randint(100, vocab, (b, args.prompt_len), generator=gen).tolist()
         row: dict[str, Any] = {"batch": b}

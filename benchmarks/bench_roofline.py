@@ -149,7 +149,7 @@ def _kernel_parts(llm: Any, rows: int, ctx: int) -> dict[str, float]:
     """Seconds of one decode step's quantized matmuls and attention, each kernel run alone on
     the step's shapes (a decode step runs all layers in one C++ call, ``decode_stack_cpu.cpp``,
     whose parts cannot be timed from Python)."""
-    from grammarserve_kernels.decode_attn import decode_attention
+    from grammarserve_kernels.decode_attn import KEY_TILE, decode_attention, tile_keys
     from grammarserve_kernels.quant_q8 import quant_matmul_q8
 
     from grammarserve.models.linear import Linear
@@ -161,11 +161,14 @@ def _kernel_parts(llm: Any, rows: int, ctx: int) -> dict[str, float]:
     matmul = _best(lambda: [quant_matmul_q8(xs[w.k], w) for w in weights])
     d, h, kvh = mc.head_dim, mc.num_heads, mc.num_kv_heads
     q = torch.randn(rows, h, d) * d ** -0.5
-    kmt, vm = torch.randn(rows, kvh, d, ctx), torch.randn(rows, kvh, ctx, d)
+    cap = -(-ctx // KEY_TILE) * KEY_TILE  # the mirror: whole tiles of keys
+    # one mirror per layer, as in a step (30 layers' K/V do not stay in the cache)
+    kmt = [tile_keys(torch.randn(rows, kvh, cap, d)) for _ in range(mc.num_layers)]
+    vm = [torch.randn(rows, kvh, cap, d) for _ in range(mc.num_layers)]
     qb, qlen = torch.arange(rows), torch.full((rows,), ctx)
     empty = torch.empty(0)
-    attention = _best(lambda: [decode_attention(q, empty, empty, kmt, vm, qb, qlen)
-                               for _ in range(mc.num_layers)])
+    attention = _best(lambda: [decode_attention(q, empty, empty, kmt[i], vm[i], qb, qlen)
+                               for i in range(mc.num_layers)])
     return {"matmul": matmul, "attention": attention}
 
 

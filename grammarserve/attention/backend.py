@@ -24,6 +24,7 @@ from grammarserve.attention.cascade import (
 from grammarserve.attention.forward_batch import ForwardBatch
 from grammarserve.attention.kv_mirror import KVMirror
 from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
+from grammarserve.attention.row_mirror import RowMirror
 
 # Requests with at most this many new tokens (decode steps, jump-forward spans) are attended
 # together in one padded call; longer extends run one call each so no query padding is wasted.
@@ -102,8 +103,12 @@ class TorchSDPABackend(AttentionBackend):
         self.decode_stack = decode_stack and self.decode_kernel
         self.req_to_token = req_to_token
         self.sliding_window = sliding_window
-        self.mirror = (KVMirror(pool, mirror_tokens, req_to_token.max_context,
-                                tiled_k=self.decode_kernel) if mirror_tokens else None)
+        self.mirror: KVMirror | RowMirror | None = None
+        if mirror_tokens and self.decode_kernel:
+            self.mirror = RowMirror(pool, req_to_token.table, mirror_tokens,
+                                    req_to_token.max_context)
+        elif mirror_tokens:
+            self.mirror = KVMirror(pool, mirror_tokens, req_to_token.max_context)
         self.shared = SharedPrefixKV(pool)
         self._batch: ForwardBatch | None = None
         self._groups: list[_CausalGroup | _PaddedGroup] = []
@@ -123,20 +128,29 @@ class TorchSDPABackend(AttentionBackend):
                 self._groups.append(self._padded(batch, [i]))
         if short:
             base = 0
+            table_rows = torch.tensor([batch.req_pool_indices[i] for i in short])
             if self.sliding_window is None and batch.input_ids.device.type == "cpu":
-                table_rows = torch.tensor([batch.req_pool_indices[i] for i in short])
                 base = self.shared.plan(self.req_to_token.table[
                     table_rows, :min(batch.prefix_lens[i] for i in short)])
-            mirrored = self.mirror is not None and self.mirror.plan(
-                [batch.seq_ids[i] for i in short], [batch.prefix_lens[i] for i in short],
-                [batch.extend_lens[i] for i in short], base=base)
-            if self.mirror is not None and mirrored and self.mirror.rebuild:
-                self.shared.invalidate()
+            seq_ids = [batch.seq_ids[i] for i in short]
+            prefix = [batch.prefix_lens[i] for i in short]
+            extend = [batch.extend_lens[i] for i in short]
+            mirror_rows: list[int] | None = None
+            if isinstance(self.mirror, RowMirror):
+                mirror_rows = self.mirror.plan(seq_ids, prefix, extend, table_rows, base=base)
+                mirrored = mirror_rows is not None
+            else:
+                mirrored = self.mirror is not None and self.mirror.plan(
+                    seq_ids, prefix, extend, base=base)
+                if self.mirror is not None and mirrored and self.mirror.rebuild:
+                    self.shared.invalidate()
             self._groups.append(self._padded(batch, short, mirrored=mirrored,
-                                             base=base if mirrored else 0))
+                                             base=base if mirrored else 0, rows=mirror_rows))
 
     def _padded(self, batch: ForwardBatch, members: list[int], *,
-                mirrored: bool = False, base: int = 0) -> _PaddedGroup:
+                mirrored: bool = False, base: int = 0,
+                rows: list[int] | None = None) -> _PaddedGroup:
+        """``rows``: the members' rows of a :class:`RowMirror` (else row b is member b)."""
         device = batch.input_ids.device
         starts, prefix, extend = batch.starts, batch.prefix_lens, batch.extend_lens
         lq = max(extend[i] for i in members)
@@ -158,7 +172,8 @@ class TorchSDPABackend(AttentionBackend):
         valid = real.flatten().nonzero().squeeze(1)
         m_b = m_pos = cap_mask = None
         if mirrored:
-            b_idx = torch.arange(len(members), device=device)[:, None].expand_as(q_pos)
+            b_idx = (torch.tensor(rows, device=device) if rows is not None else
+                     torch.arange(len(members), device=device))[:, None].expand_as(q_pos)
             m_b, m_pos = b_idx.flatten()[valid], q_pos.flatten()[valid] - base
             if (lq <= MATMUL_MAX_QUERIES or base) and device.type == "cpu":
                 # Over the whole capacity, so the mirror is read in place (k_pos <= q_pos
@@ -182,7 +197,7 @@ class TorchSDPABackend(AttentionBackend):
                 self._causal(layer, q, g, out)
             elif g.mirror_b is None or self.mirror is None:
                 self._padded_sdpa(layer, q, g, out)
-            elif self.decode_kernel and q.dtype == torch.float32:
+            elif isinstance(self.mirror, RowMirror):
                 out[g.out_rows] = self._fused(layer, q, g)
             elif g.cap_mask is None:
                 self._mirrored_sdpa(layer, q, g, out)
@@ -203,18 +218,14 @@ class TorchSDPABackend(AttentionBackend):
         g = self._groups[0]
         if not isinstance(g, _PaddedGroup) or g.mirror_b is None or g.mirror_pos is None:
             return None
-        layers = range(len(self.pool.k))
-        if self.mirror.rebuild:  # the new tokens' slots are gathered too; the kernel overwrites
-            for layer in layers:
-                self.mirror.update(layer, g.kv_slots, g.mirror_b, g.mirror_pos, g.mirror_pos)
-        shared = [self.shared.kv(layer) for layer in layers] if g.base else []
+        if not isinstance(self.mirror, RowMirror):
+            return None
+        shared = [self.shared.kv(layer) for layer in range(len(self.pool.k))] if g.base else []
         assert self._batch is not None
-        # NOTE: the shared prefix is regathered only after a mirror rebuild (invalidate), so the
-        # mirror's generation and the base identify every tensor of the lists.
         return StackKV(self.pool.k, self.pool.v, self.mirror.k, self.mirror.v,
                        [k for k, _ in shared], [v for _, v in shared],
                        self._batch.out_cache_loc, g.mirror_b, g.mirror_pos,
-                       key=(self.pool, self.mirror.generation, g.base))
+                       key=(self.pool, self.mirror.generation, self.shared.generation, g.base))
 
     def _causal(self, layer: int, q: torch.Tensor, g: _CausalGroup, out: torch.Tensor) -> None:
         """A request with no cached prefix: causal SDPA over its own new tokens."""
@@ -234,29 +245,23 @@ class TorchSDPABackend(AttentionBackend):
         self._sdpa(q, g, kg, vg, out)
 
     def _mirror_kv(self, layer: int, g: _PaddedGroup) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append the group's new K/V to the mirror; its stored K and V (see KVMirror)."""
-        assert self._batch is not None and self.mirror is not None
+        """Append the group's new K/V to the mirror; its ``[B, Hkv, S_cap, d]`` K and V."""
+        assert self._batch is not None and isinstance(self.mirror, KVMirror)
         assert g.mirror_b is not None and g.mirror_pos is not None
         return self.mirror.update(layer, g.kv_slots, g.mirror_b, g.mirror_pos,
                                   self._batch.out_cache_loc[g.out_rows])
 
-    def _mirror_rows(self, layer: int, g: _PaddedGroup) -> tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`_mirror_kv` with K as ``[B, Hkv, S_cap, d]`` (the torch paths)."""
-        km, vm = self._mirror_kv(layer, g)
-        assert self.mirror is not None
-        return self.mirror.key_rows(km), vm
-
     def _mirrored_sdpa(self, layer: int, q: torch.Tensor, g: _PaddedGroup,
                        out: torch.Tensor) -> None:
         """Padded SDPA reading K/V from the decode mirror (longer query spans)."""
-        km, vm = self._mirror_rows(layer, g)
+        km, vm = self._mirror_kv(layer, g)
         s = g.mask.shape[-1]
         self._sdpa(q, g, km[:, :, :s].to(q.dtype), vm[:, :, :s].to(q.dtype), out)
 
     def _mirrored_matmul(self, layer: int, q: torch.Tensor, g: _PaddedGroup,
                          out: torch.Tensor) -> None:
         """Short decode group: two batched matmuls over the whole mirror capacity."""
-        km, vm = self._mirror_rows(layer, g)
+        km, vm = self._mirror_kv(layer, g)
         add_mask = self._add_mask(g, km, q)
         o = matmul_attention(q[g.q_rows].transpose(1, 2), km.to(q.dtype), vm.to(q.dtype),
                              add_mask)
@@ -265,7 +270,7 @@ class TorchSDPABackend(AttentionBackend):
     def _cascade(self, layer: int, q: torch.Tensor, g: _PaddedGroup, out: torch.Tensor) -> None:
         """Decode group behind a shared prefix: the prefix scored once, each row's suffix apart
         (cascade.py)."""
-        km, vm = self._mirror_rows(layer, g)
+        km, vm = self._mirror_kv(layer, g)
         kt, vs = self.shared.kv(layer)
         add_mask = self._add_mask(g, km, q)
         out[g.out_rows] = cascade_attention(
@@ -275,13 +280,15 @@ class TorchSDPABackend(AttentionBackend):
     def _fused(self, layer: int, q: torch.Tensor, g: _PaddedGroup) -> torch.Tensor:
         """A mirrored group's real queries through the fused kernel, over the shared prefix (if
         the group has one) and each row's mirror up to the query's position."""
-        assert g.mirror_b is not None and g.mirror_pos is not None
-        kmt, vm = self._mirror_kv(layer, g)
+        assert g.mirror_b is not None and g.mirror_pos is not None and self._batch is not None
+        assert isinstance(self.mirror, RowMirror)
+        kmt, vm = self.mirror.write_new(layer, g.mirror_b, g.mirror_pos,
+                                        self._batch.out_cache_loc[g.out_rows])
         kt, vs = self.shared.kv(layer) if g.base else (q.new_empty(0), q.new_empty(0))
         if g.own_len is None:
             g.own_len = g.mirror_pos + 1  # a query sees its row's mirror up to its position
-        qr = (q[g.out_rows] * q.shape[-1] ** -0.5).contiguous()
-        return decode_attention(qr, kt, vs, kmt, vm, g.mirror_b, g.own_len)
+        qr = (q[g.out_rows].float() * q.shape[-1] ** -0.5).contiguous()
+        return decode_attention(qr, kt, vs, kmt, vm, g.mirror_b, g.own_len).to(q.dtype)
 
     @staticmethod
     def _add_mask(g: _PaddedGroup, km: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

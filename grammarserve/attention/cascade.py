@@ -32,6 +32,7 @@ class SharedPrefixKV:
         self.length = 0
         self._slots: torch.Tensor | None = None
         self._stale = True
+        self.generation = object()  # renewed whenever the tensors in k and v will be replaced
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
 
@@ -48,11 +49,15 @@ class SharedPrefixKV:
             p = old  # keep P (and the mirror behind it) until the common prefix has doubled
         if p < MIN_SHARED:
             p = 0
-        self.length, self._slots = p, rows[0, :p].clone() if p else None
+        slots = rows[0, :p].clone() if p else None
+        if slots is None or self._slots is None or not torch.equal(slots, self._slots):
+            self.invalidate()  # another prefix (same length or not): gather it again
+        self.length, self._slots = p, slots
         return p
 
     def invalidate(self) -> None:
         self._stale = True
+        self.generation = object()  # the next kv() replaces the tensors
 
     def kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The shared K (transposed), V of ``layer``, gathered from the pool when stale."""

@@ -11,8 +11,6 @@ token budget and skipped when the group does not fit.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
-from grammarserve_kernels.decode_attn import KEY_TILE
 
 from grammarserve.attention.kv_pool import KVPool
 
@@ -20,17 +18,12 @@ HEADROOM = 64  # extra positions per row so that steady decoding rarely forces a
 
 
 class KVMirror:
-    """Per-layer K and V buffers for one group of sequences: V ``[B, kv_heads, S, head_dim]``
-    (head-major: SDPA reads it ~25% faster than a transposed token-major view), K the same or,
-    with ``tiled_k``, in the fused decode attention's layout ``[B, kv_heads, S/16, head_dim, 16]``
-    (keys in tiles of 16, transposed within a tile: scores without horizontal sums, each tile one
-    contiguous read). ``S`` is the capacity, rounded up to a whole tile when tiled.
-    """
+    """Per-layer ``[B, kv_heads, S_cap, head_dim]`` K and V buffers for one group of sequences
+    (head-major: SDPA reads it ~25% faster than a transposed token-major view). Used by the torch
+    attention paths; the fused CPU kernel has its own (``row_mirror.py``)."""
 
-    def __init__(self, pool: KVPool, max_tokens: int, max_context: int,
-                 tiled_k: bool = False) -> None:
+    def __init__(self, pool: KVPool, max_tokens: int, max_context: int) -> None:
         self.pool = pool
-        self.tiled_k = tiled_k
         self.max_tokens = max_tokens
         self.max_context = max_context
         self._seq_ids: list[int] = []
@@ -40,9 +33,6 @@ class KVMirror:
         self.v: list[torch.Tensor] = []
         self.rebuild = True  # set by plan(): gather from the pool this step
         self.rebuilds = 0
-        # A new object at every rebuild: while it is the same, so are the tensors in k and v
-        # (callers may cache their addresses under it).
-        self.generation = object()
         self.base = 0  # positions before ``base`` are not mirrored (a shared prefix, cascade.py)
 
     def plan(self, seq_ids: list[int], prefix_lens: list[int], extend_lens: list[int],
@@ -64,7 +54,6 @@ class KVMirror:
             return False
         self.rebuild, self._cap = True, cap
         self.rebuilds += 1
-        self.generation = object()
         return True
 
     @property
@@ -73,25 +62,18 @@ class KVMirror:
 
     def update(self, layer: int, kv_slots_full: torch.Tensor, new_b: torch.Tensor,
                new_pos: torch.Tensor, new_slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Bring layer ``layer`` up to date and return its stored K and V (see the class; the
-        torch attention paths read K through :meth:`key_rows`).
+        """Bring layer ``layer`` up to date and return its K, V ``[B, h, S_cap, d]``.
 
         ``kv_slots_full`` ``[B, S_cap]``: slots of every mirrored position (0 = padding), used to
         rebuild; this step's new tokens sit in rows ``new_b`` at mirror positions ``new_pos``
-        (absolute position - ``base``), with pool slots ``new_slots`` (all ``[N]``).
+        (absolute position - ``base``), with pool slots
+        ``new_slots`` (all ``[N]``).
         """
         k_pool, v_pool = self.pool.k[layer], self.pool.v[layer]
         if self.rebuild:
             b, s = kv_slots_full.shape
-            if self.tiled_k and s % KEY_TILE:  # whole tiles; slot 0 is the padding slot
-                kv_slots_full = F.pad(kv_slots_full, (0, KEY_TILE - s % KEY_TILE))
-                s = kv_slots_full.shape[1]
             flat = kv_slots_full.flatten()
-            k = k_pool.index_select(0, flat).view(b, s, *k_pool.shape[1:])
-            if self.tiled_k:  # [B, S/16, 16, h, d] -> [B, h, S/16, d, 16]
-                k = k.view(b, s // KEY_TILE, KEY_TILE, *k_pool.shape[1:]).permute(0, 3, 1, 4, 2)
-            else:
-                k = k.transpose(1, 2)
+            k = k_pool.index_select(0, flat).view(b, s, *k_pool.shape[1:]).transpose(1, 2)
             v = v_pool.index_select(0, flat).view(b, s, *v_pool.shape[1:]).transpose(1, 2)
             k, v = k.contiguous(), v.contiguous()
             if layer < len(self.k):
@@ -101,16 +83,6 @@ class KVMirror:
                 self.v.append(v)
             return k, v
         k, v = self.k[layer], self.v[layer]
-        if self.tiled_k:
-            k[new_b, :, new_pos // KEY_TILE, :, new_pos % KEY_TILE] = k_pool.index_select(0, new_slots)
-        else:
-            k[new_b, :, new_pos] = k_pool.index_select(0, new_slots)
+        k[new_b, :, new_pos] = k_pool.index_select(0, new_slots)
         v[new_b, :, new_pos] = v_pool.index_select(0, new_slots)
         return k, v
-
-    def key_rows(self, k: torch.Tensor) -> torch.Tensor:
-        """Stored K as ``[B, kv_heads, S_cap, head_dim]`` (a copy when tiled)."""
-        if not self.tiled_k:
-            return k
-        b, h, tiles, d, t = k.shape
-        return k.permute(0, 1, 2, 4, 3).reshape(b, h, tiles * t, d)[:, :, :self._cap]

@@ -1,0 +1,162 @@
+"""The decode mirror of the fused CPU attention: one row per decoding sequence, kept across steps.
+
+Like :class:`~grammarserve.attention.kv_mirror.KVMirror` it holds the decoding requests' K/V
+contiguous (positions ``base ..`` of each sequence; the shared prefix before ``base`` lives in
+``SharedPrefixKV``), so that decode attention streams it instead of gathering from the token-slot
+pool. Unlike it, a change of membership does not rebuild it: the fused kernel finds each query's
+row through an index (``qb``), so a sequence keeps its row while it decodes, a new sequence takes a
+free row and only that row is gathered from the pool, and a finished one leaves its row to be
+reused. Continuous batching changes membership on most steps while requests arrive and finish; a
+full rebuild then copied every row's K/V on every such step (64 rows of 600 tokens: 1.7 GB).
+
+K is stored in the kernel's tiles of 16 keys ``[R, kv_heads, S/16, head_dim, 16]`` and V as
+``[R, kv_heads, S, head_dim]``; ``R`` rows and ``S`` positions (whole tiles) grow when needed, up
+to ``max_tokens`` in all (a reallocation copies the rows once).
+"""
+
+from __future__ import annotations
+
+import torch
+from grammarserve_kernels.decode_attn import KEY_TILE
+
+from grammarserve.attention.kv_pool import KVPool
+
+HEADROOM = 64  # positions added past the longest sequence when the capacity grows
+
+
+class RowMirror:
+    """Rows of decode K/V for the fused kernel (see the module docstring)."""
+
+    def __init__(self, pool: KVPool, table: torch.Tensor, max_tokens: int,
+                 max_context: int) -> None:
+        self.pool = pool
+        self.table = table  # the request-to-token table: slots of each sequence's positions
+        self.max_tokens = max_tokens
+        self.max_context = max_context
+        self.k: list[torch.Tensor] = []
+        self.v: list[torch.Tensor] = []
+        self.rows = 0  # R
+        self.capacity = 0  # S
+        self.base = -1
+        self._row_of: dict[int, int] = {}  # seq_id -> row
+        self._seq_of: list[int | None] = []  # row -> seq_id
+        self._len: list[int] = []  # row -> positions mirrored (from base)
+        self._used: list[int] = []  # row -> last step that used it
+        self._step = 0
+        # A new object whenever the tensors in k and v are replaced (callers cache addresses).
+        self.generation = object()
+        self.reallocations = 0
+        self.gathered_rows = 0
+
+    def plan(self, seq_ids: list[int], prefix_lens: list[int], extend_lens: list[int],
+             table_rows: torch.Tensor, base: int = 0) -> list[int] | None:
+        """Rows for this step's sequences (``table_rows``: their request-to-token table rows),
+        with every position before this step's new tokens mirrored (gathered from the pool
+        where missing); None when the group does not fit in ``max_tokens``."""
+        self._step += 1
+        need = max(p + e for p, e in zip(prefix_lens, extend_lens)) - base
+        if base != self.base:  # another shared prefix: every row's positions move
+            self._row_of, self.base = {}, base
+            self._seq_of = [None] * self.rows
+            self._len = [0] * self.rows
+        if not self._fit(len(seq_ids), need, base):
+            return None
+        present = {s for s in seq_ids if s >= 0}
+        rows: list[int] = []
+        for sid, p, e, trow in zip(seq_ids, prefix_lens, extend_lens, table_rows.tolist()):
+            row = self._row_of.get(sid) if sid >= 0 else None
+            if row is None:
+                row = self._free_row(present, rows)
+                old = self._seq_of[row]
+                if old is not None:
+                    self._row_of.pop(old, None)
+                self._seq_of[row], self._len[row] = sid, 0
+                if sid >= 0:
+                    self._row_of[sid] = row
+            have, want = self._len[row], p - base
+            if have < want:  # positions computed outside the mirror (or a new row): the pool
+                self._gather(row, int(trow), have, want)
+            self._len[row] = want + e  # this step's forward writes the new tokens
+            self._used[row] = self._step
+            rows.append(row)
+        return rows
+
+    def write_new(self, layer: int, rows: torch.Tensor, pos: torch.Tensor,
+                  slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copy this step's new tokens (already in the pool at ``slots``) of ``layer`` to mirror
+        ``rows`` at positions ``pos``; returns the layer's K and V."""
+        k, v = self.k[layer], self.v[layer]
+        k[rows, :, pos // KEY_TILE, :, pos % KEY_TILE] = self.pool.k[layer].index_select(0, slots)
+        v[rows, :, pos] = self.pool.v[layer].index_select(0, slots)
+        return k, v
+
+    def _fit(self, n: int, need: int, base: int) -> bool:
+        """Grow rows and positions to hold ``n`` rows of ``need`` positions, within budget."""
+        if n <= self.rows and need <= self.capacity:
+            return True
+        limit = -(-(self.max_context - base) // KEY_TILE) * KEY_TILE
+        cap = self.capacity
+        if need > cap:
+            cap = min(-(-(need + HEADROOM) // KEY_TILE) * KEY_TILE, limit)
+        rows = max(self.rows, n)
+        if rows * cap > self.max_tokens:
+            rows = n  # drop rows of sequences not in this step
+            if rows * cap > self.max_tokens:
+                return False
+        self._reallocate(rows, cap)
+        return True
+
+    def _reallocate(self, rows: int, cap: int) -> None:
+        pool = self.pool
+        kvh, d = pool.k[0].shape[1], pool.k[0].shape[2]
+        keep_rows, keep_tiles = min(rows, self.rows), self.capacity // KEY_TILE
+        for layer in range(len(pool.k)):
+            k = torch.zeros(rows, kvh, cap // KEY_TILE, d, KEY_TILE, dtype=pool.dtype)
+            v = torch.zeros(rows, kvh, cap, d, dtype=pool.dtype)
+            if layer < len(self.k) and keep_rows:
+                k[:keep_rows, :, :keep_tiles] = self.k[layer][:keep_rows]
+                v[:keep_rows, :, :self.capacity] = self.v[layer][:keep_rows]
+                self.k[layer], self.v[layer] = k, v
+            elif layer < len(self.k):
+                self.k[layer], self.v[layer] = k, v
+            else:
+                self.k.append(k)
+                self.v.append(v)
+        for row in range(rows, self.rows):  # rows dropped: their sequences are forgotten
+            sid = self._seq_of[row]
+            if sid is not None:
+                self._row_of.pop(sid, None)
+        extra = rows - keep_rows
+        self._seq_of = self._seq_of[:keep_rows] + [None] * extra
+        self._len = self._len[:keep_rows] + [0] * extra
+        self._used = self._used[:keep_rows] + [0] * extra
+        self.rows, self.capacity = rows, cap
+        self.generation = object()
+        self.reallocations += 1
+
+    def _free_row(self, present: set[int], taken: list[int]) -> int:
+        """A row no sequence of this step holds: unused first, else the least recently used."""
+        best, best_used = -1, None
+        for row in range(self.rows):
+            sid = self._seq_of[row]
+            if row in taken or (sid is not None and sid in present):
+                continue
+            if sid is None:
+                return row
+            if best_used is None or self._used[row] < best_used:
+                best, best_used = row, self._used[row]
+        assert best >= 0, "the mirror has a row for every sequence of the step"
+        return best
+
+    def _gather(self, row: int, table_row: int, start: int, end: int) -> None:
+        """Positions ``start .. end`` (from base) of ``row``, every layer, from the pool."""
+        if end <= start:
+            return
+        slots = self.table[table_row, self.base + start:self.base + end]
+        pos = torch.arange(start, end)
+        tile, lane = pos // KEY_TILE, pos % KEY_TILE
+        for layer in range(len(self.k)):
+            self.k[layer][row, :, tile, :, lane] = self.pool.k[layer].index_select(0, slots)
+            self.v[layer][row, :, start:end] = self.pool.v[layer].index_select(0, slots).transpose(
+                0, 1)
+        self.gathered_rows += 1

@@ -1,0 +1,119 @@
+"""The fused kernel's decode mirror (grammarserve/attention/row_mirror.py) on a small pool with
+known values: rows kept across steps and across changes of membership, only new or behind rows
+gathered, capacity and row growth, eviction within the token budget, a new shared base."""
+
+from __future__ import annotations
+
+import torch
+from grammarserve_kernels.decode_attn import untile_keys
+
+from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
+from grammarserve.attention.row_mirror import RowMirror
+
+LAYERS, KVH, D = 2, 2, 4
+
+
+def _setup(max_tokens: int = 4096) -> tuple[KVPool, ReqToTokenPool, RowMirror]:
+    pool = KVPool(capacity=400, num_layers=LAYERS, num_kv_heads=KVH, head_dim=D,
+                  dtype=torch.float32)
+    for layer in range(LAYERS):  # every slot's K/V tells where it came from
+        slot = torch.arange(401, dtype=torch.float32)[:, None, None]
+        pool.k[layer][:] = slot + 1000 * layer
+        pool.v[layer][:] = -(slot + 1000 * layer)
+    table = ReqToTokenPool(max_reqs=8, max_context=256)
+    return pool, table, RowMirror(pool, table.table, max_tokens, 256)
+
+
+def _add(pool: KVPool, table: ReqToTokenPool, row: int, n: int) -> None:
+    table.write(row, 0, pool.alloc(n))
+
+
+def _check(mirror: RowMirror, table: ReqToTokenPool, mrow: int, trow: int, n: int,
+           base: int = 0) -> None:
+    """Mirror row ``mrow`` holds table row ``trow``'s positions base .. base + n."""
+    slots = table.table[trow, base:base + n].float()
+    for layer in range(LAYERS):
+        k = untile_keys(mirror.k[layer])[mrow, :, :n]  # [KVH, n, D]
+        v = mirror.v[layer][mrow, :, :n]
+        want = (slots + 1000 * layer)[None, :, None].expand(KVH, n, D)
+        assert torch.equal(k, want) and torch.equal(v, -want)
+
+
+def _step(mirror: RowMirror, table: ReqToTokenPool, members: dict[int, int],
+          lens: dict[int, int], base: int = 0) -> list[int] | None:
+    """One decode step of ``members`` (seq id -> table row) at ``lens``; the forward's writes of
+    the new token are simulated from the pool, as ``write_new`` does."""
+    ids = list(members)
+    rows = mirror.plan(ids, [lens[s] for s in ids], [1] * len(ids),
+                       torch.tensor([members[s] for s in ids]), base=base)
+    if rows is not None:
+        slots = torch.stack([table.table[members[s], lens[s]] for s in ids])
+        for layer in range(LAYERS):
+            mirror.write_new(layer, torch.tensor(rows), torch.tensor([lens[s] - base for s in ids]),
+                             slots)
+        for s in ids:
+            lens[s] += 1
+    return rows
+
+
+def test_rows_are_kept_and_only_newcomers_are_gathered() -> None:
+    pool, table, mirror = _setup()
+    for r in range(4):
+        _add(pool, table, r, 60)
+    lens = {10: 20, 11: 30, 12: 25, 13: 40}
+    rows = _step(mirror, table, {10: 0, 11: 1}, lens)
+    assert rows == [0, 1] and mirror.gathered_rows == 2
+    _step(mirror, table, {10: 0, 11: 1}, lens)
+    rows = _step(mirror, table, {11: 1, 12: 2, 10: 0}, lens)  # a newcomer, another order
+    assert rows == [1, 2, 0] and mirror.gathered_rows == 3
+    _step(mirror, table, {12: 2}, lens)  # 10 and 11 sit out a step: their rows stay
+    rows = _step(mirror, table, {10: 0, 11: 1, 12: 2}, lens)
+    assert rows == [0, 1, 2]  # each sequence back in its own row
+    assert mirror.gathered_rows == 3
+    for sid, trow in ((10, 0), (11, 1), (12, 2)):
+        _check(mirror, table, rows[[10, 11, 12].index(sid)], trow, lens[sid])
+
+
+def test_a_row_behind_the_pool_is_completed_and_a_finished_row_reused() -> None:
+    pool, table, mirror = _setup()
+    for r in range(3):
+        _add(pool, table, r, 80)
+    lens = {1: 10, 2: 12}
+    _step(mirror, table, {1: 0, 2: 1}, lens)
+    lens[1] += 5  # five tokens of 1 computed outside the mirror (a long jump-forward span)
+    rows = _step(mirror, table, {1: 0, 2: 1}, lens)
+    assert rows is not None
+    _check(mirror, table, rows[0], 0, lens[1])
+    rows = _step(mirror, table, {1: 0, 3: 2}, lens | {3: 7})  # 2 finished, 3 takes its row
+    assert rows == [0, 1]
+    _check(mirror, table, 1, 2, 8)
+
+
+def test_capacity_and_rows_grow_and_the_budget_evicts_absent_rows() -> None:
+    pool, table, mirror = _setup(max_tokens=4 * 96)
+    for r in range(5):
+        _add(pool, table, r, 70)
+    lens = {0: 10, 1: 10}
+    _step(mirror, table, {0: 0, 1: 1}, lens)
+    assert (mirror.rows, mirror.capacity) == (2, 80)  # 11 + 64 headroom, whole tiles
+    lens |= {2: 10, 3: 10}
+    rows = _step(mirror, table, {0: 0, 1: 1, 2: 2, 3: 3}, lens)
+    assert rows is not None and mirror.rows == 4 and mirror.reallocations == 2
+    _check(mirror, table, rows[0], 0, lens[0])  # copied by the reallocation
+    assert _step(mirror, table, {s: s for s in range(5)}, {s: 10 for s in range(5)}) is None
+    lens[4] = 10  # 4 joins while 2 and 3 sit out: their rows are taken, within the budget
+    rows = _step(mirror, table, {0: 0, 1: 1, 4: 4}, lens)
+    assert rows is not None and mirror.rows * mirror.capacity <= 4 * 96
+    _check(mirror, table, rows[2], 4, lens[4])
+
+
+def test_a_new_shared_base_restarts_every_row() -> None:
+    pool, table, mirror = _setup()
+    for r in range(2):
+        _add(pool, table, r, 90)
+    lens = {0: 40, 1: 40}
+    _step(mirror, table, {0: 0, 1: 1}, lens)
+    gathered = mirror.gathered_rows
+    rows = _step(mirror, table, {0: 0, 1: 1}, lens, base=16)
+    assert rows is not None and mirror.gathered_rows == gathered + 2
+    _check(mirror, table, rows[1], 1, lens[1] - 16, base=16)
