@@ -29,6 +29,11 @@ from grammarserve.attention.row_mirror import RowMirror
 # Requests with at most this many new tokens (decode steps, jump-forward spans) are attended
 # together in one padded call; longer extends run one call each so no query padding is wasted.
 SHORT_EXTEND = 16
+# With the fused CPU kernel (RowMirror) the short group takes extends up to this long: a prefill
+# on top of a cached prompt (the next request behind a shared few-shot prompt, a tool result) or
+# a long jump-forward span then runs in the same one-call decode step as the decoding rows,
+# instead of one padded SDPA group per request over K/V gathered from the pool every layer.
+FUSED_EXTEND = 256
 # Mirrored (decode) groups whose longest extend is at most this many queries attend with two
 # batched matmuls instead of SDPA: CPU flash attention's cost grows with the padded query length,
 # so one jump-forward span in the group made every row pay for it (2x at 4 queries, measured).
@@ -117,12 +122,13 @@ class TorchSDPABackend(AttentionBackend):
         self._batch = batch
         self._groups = []
         short: list[int] = []
+        limit = FUSED_EXTEND if isinstance(self.mirror, RowMirror) else SHORT_EXTEND
         for i, (start, p, n) in enumerate(zip(batch.starts, batch.prefix_lens, batch.extend_lens)):
             window_ok = self.sliding_window is None or n <= self.sliding_window
             if p == 0 and n > 1 and window_ok:
                 rows = slice(start, start + n)
                 self._groups.append(_CausalGroup(rows, batch.out_cache_loc[rows]))
-            elif n <= SHORT_EXTEND:
+            elif n <= limit:
                 short.append(i)
             else:
                 self._groups.append(self._padded(batch, [i]))
