@@ -1,9 +1,10 @@
 """Roofline of the CPU decode step: the machine's measured peaks, and how close a decode step at
 1, 8, 32 and 64 rows (and a prefill chunk) comes to them, per component.
 
-Decode steps run all layers in one C++ call (``kernels/decode_stack_cpu.cpp``), so the matmul
-and attention times of a step are those kernels run alone on the step's shapes, and ``rest`` is
-the step minus both (norms, rotary, K/V writes, sampling, the engine's Python).
+Decode steps run all layers in one C++ call (``kernels/decode_stack_cpu.cpp``), which times its
+own parts (``DecodeStack.seconds``): the matmul and attention times of a step are those, plus the
+LM head timed from Python; ``rest`` is the step minus both (norms, rotary, K/V writes, sampling,
+the engine's Python).
 
 Peaks, measured here: fp32 FMA GFLOP/s and int8 multiply-add GOP/s per instruction set this CPU
 runs (``roofline/peak.cpp``: independent register-only chains on every thread), and memory read
@@ -136,46 +137,15 @@ def _estimate(sh: dict[str, Any], rows: int, logit_rows: int, ctx: int, peaks: d
     return {"matmul": mm, "attention": att}
 
 
-def _best(fn: Any, repeats: int = 5) -> float:
-    best = 1e9
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
-def _kernel_parts(llm: Any, rows: int, ctx: int) -> dict[str, float]:
-    """Seconds of one decode step's quantized matmuls and attention, each kernel run alone on
-    the step's shapes (a decode step runs all layers in one C++ call, ``decode_stack_cpu.cpp``,
-    whose parts cannot be timed from Python)."""
-    from grammarserve_kernels.decode_attn import KEY_TILE, decode_attention, tile_keys
-    from grammarserve_kernels.quant_q8 import quant_matmul_q8
-
-    from grammarserve.models.linear import Linear
-
-    model, mc = llm.engine.loaded.model, llm.engine.loaded.config
-    weights = [m.quant_x16 for m in model.modules()
-               if isinstance(m, Linear) and m.quant_x16 is not None]
-    xs = {w.k: torch.randn(rows, w.k) for w in weights}
-    matmul = _best(lambda: [quant_matmul_q8(xs[w.k], w) for w in weights])
-    d, h, kvh = mc.head_dim, mc.num_heads, mc.num_kv_heads
-    q = torch.randn(rows, h, d) * d ** -0.5
-    cap = -(-ctx // KEY_TILE) * KEY_TILE  # the mirror: whole tiles of keys
-    # one mirror per layer, as in a step (30 layers' K/V do not stay in the cache)
-    kmt = [tile_keys(torch.randn(rows, kvh, cap, d)) for _ in range(mc.num_layers)]
-    vm = [torch.randn(rows, kvh, cap, d) for _ in range(mc.num_layers)]
-    qb, qlen = torch.arange(rows), torch.full((rows,), ctx)
-    empty = torch.empty(0)
-    attention = _best(lambda: [decode_attention(q, empty, empty, kmt[i], vm[i], qb, qlen)
-                               for i in range(mc.num_layers)])
-    return {"matmul": matmul, "attention": attention}
-
-
-def _decode(llm: Any, rows: int, ctx: int, steps: int) -> dict[str, float]:
+def _decode(llm: Any, timers: _Timers, rows: int, ctx: int, steps: int) -> dict[str, float]:
+    """One decode step's seconds: the whole step, and inside it the quantized matmuls and the
+    attention, as the decode-stack kernel times its own parts (``DecodeStack.seconds``) plus the
+    LM head (timed from Python); ``rest`` is everything else (norms, rotary, K/V writes,
+    sampling, the engine's Python)."""
     from grammarserve import SamplingParams
 
     eng = llm.engine
+    stack = eng.loaded.model.decode_stack
     gen = torch.Generator().manual_seed(rows)
     for i in range(rows):
         ids = torch.randint(100, 40000, (ctx,), generator=gen).tolist()
@@ -185,14 +155,18 @@ def _decode(llm: Any, rows: int, ctx: int, steps: int) -> dict[str, float]:
                                        eng.scheduler.running):
         eng.step()
     eng.step()
+    timers.acc.clear()
+    before = dict(stack.seconds) if stack is not None else {}
     t0 = time.perf_counter()
     for _ in range(steps):
         eng.step()
     total = (time.perf_counter() - t0) / steps
+    after = dict(stack.seconds) if stack is not None else {}
     while eng.has_unfinished():
         eng.step()
-    parts = _kernel_parts(llm, rows, ctx + steps // 2)
-    m, a = parts["matmul"], parts["attention"]
+    inside = {k: (after[k] - before[k]) / steps for k in after}
+    m = inside.get("matmul", 0.0) + timers.acc["matmul"] / steps
+    a = inside.get("attention", 0.0) + timers.acc["attention"] / steps
     return {"step": total, "matmul": m, "attention": a, "rest": total - m - a}
 
 
@@ -222,7 +196,7 @@ def main() -> None:
                            "activation_levels": sh["levels"], "steps": []}
     llm.generate([[5] * 32], SamplingParams(max_tokens=2, temperature=0))  # warm-up
     for rows in rows_list:
-        meas = _decode(llm, rows, args.context, args.steps)
+        meas = _decode(llm, timers, rows, args.context, args.steps)
         est = _estimate(sh, rows, rows, args.context, peaks, isa)
         row: dict[str, Any] = {"rows": rows, "step_ms": round(meas["step"] * 1e3, 2),
                                "tok_s": round(rows / meas["step"], 1)}

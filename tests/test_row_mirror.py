@@ -100,7 +100,8 @@ def test_capacity_and_rows_grow_and_the_budget_evicts_absent_rows() -> None:
     rows = _step(mirror, table, {0: 0, 1: 1, 2: 2, 3: 3}, lens)
     assert rows is not None and mirror.rows == 4 and mirror.reallocations == 2
     _check(mirror, table, rows[0], 0, lens[0])  # copied by the reallocation
-    assert _step(mirror, table, {s: s for s in range(5)}, {s: 10 for s in range(5)}) is None
+    # five rows of 69 positions: 5 x 80 > 384 even without headroom
+    assert _step(mirror, table, {s: s for s in range(5)}, {s: 68 for s in range(5)}) is None
     lens[4] = 10  # 4 joins while 2 and 3 sit out: their rows are taken, within the budget
     rows = _step(mirror, table, {0: 0, 1: 1, 4: 4}, lens)
     assert rows is not None and mirror.rows * mirror.capacity <= 4 * 96
@@ -117,3 +118,17 @@ def test_a_new_shared_base_restarts_every_row() -> None:
     rows = _step(mirror, table, {0: 0, 1: 1}, lens, base=16)
     assert rows is not None and mirror.gathered_rows == gathered + 2
     _check(mirror, table, rows[1], 1, lens[1] - 16, base=16)
+
+
+def test_the_headroom_gives_way_before_the_budget_refuses() -> None:
+    pool, table, mirror = _setup(max_tokens=2 * 48)
+    for r in range(3):
+        _add(pool, table, r, 100)
+    lens = {0: 30, 1: 40}
+    rows = _step(mirror, table, {0: 0, 1: 1}, lens)  # 41 + 64 headroom would not fit: 48
+    assert rows is not None and mirror.capacity == 48
+    lens[2] = 20  # a third row needs 3 x 48 > 96 tokens: refused
+    assert _step(mirror, table, {0: 0, 1: 1, 2: 2}, lens) is None
+    rows = _step(mirror, table, {2: 2}, lens)  # 0 and 1 absent: a row of theirs is reused
+    assert rows is not None
+    _check(mirror, table, rows[0], 2, lens[2])

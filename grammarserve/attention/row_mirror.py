@@ -95,27 +95,28 @@ class RowMirror:
         if n <= self.rows and need <= self.capacity:
             return True
         limit = -(-(self.max_context - base) // KEY_TILE) * KEY_TILE
+        tight = -(-need // KEY_TILE) * KEY_TILE
         cap = self.capacity
         if need > cap:
             cap = min(-(-(need + HEADROOM) // KEY_TILE) * KEY_TILE, limit)
         rows = max(self.rows, n)
-        if rows * cap > self.max_tokens:
-            rows = n  # drop rows of sequences not in this step
-            if rows * cap > self.max_tokens:
-                return False
-        self._reallocate(rows, cap)
-        return True
+        # Within the budget: drop rows of sequences not in this step, then the headroom.
+        for rows, cap in ((rows, cap), (n, cap), (n, tight)):
+            if rows * cap <= self.max_tokens:
+                self._reallocate(rows, cap)
+                return True
+        return False
 
     def _reallocate(self, rows: int, cap: int) -> None:
         pool = self.pool
         kvh, d = pool.k[0].shape[1], pool.k[0].shape[2]
-        keep_rows, keep_tiles = min(rows, self.rows), self.capacity // KEY_TILE
+        keep_rows, keep = min(rows, self.rows), min(cap, self.capacity)  # keep: whole tiles
         for layer in range(len(pool.k)):
             k = torch.zeros(rows, kvh, cap // KEY_TILE, d, KEY_TILE, dtype=pool.dtype)
             v = torch.zeros(rows, kvh, cap, d, dtype=pool.dtype)
             if layer < len(self.k) and keep_rows:
-                k[:keep_rows, :, :keep_tiles] = self.k[layer][:keep_rows]
-                v[:keep_rows, :, :self.capacity] = self.v[layer][:keep_rows]
+                k[:keep_rows, :, :keep // KEY_TILE] = self.k[layer][:keep_rows, :, :keep // KEY_TILE]
+                v[:keep_rows, :, :keep] = self.v[layer][:keep_rows, :, :keep]
                 self.k[layer], self.v[layer] = k, v
             elif layer < len(self.k):
                 self.k[layer], self.v[layer] = k, v
@@ -128,7 +129,8 @@ class RowMirror:
                 self._row_of.pop(sid, None)
         extra = rows - keep_rows
         self._seq_of = self._seq_of[:keep_rows] + [None] * extra
-        self._len = self._len[:keep_rows] + [0] * extra
+        # a shrunk capacity cuts rows of absent sequences: gathered again if they come back
+        self._len = [min(n, cap) for n in self._len[:keep_rows]] + [0] * extra
         self._used = self._used[:keep_rows] + [0] * extra
         self.rows, self.capacity = rows, cap
         self.generation = object()
