@@ -99,11 +99,10 @@ class RowMirror:
         cap = self.capacity
         if need > cap:
             cap = min(-(-(need + HEADROOM) // KEY_TILE) * KEY_TILE, limit)
-        rows = max(self.rows, n)
         # Within the budget: drop rows of sequences not in this step, then the headroom.
-        for rows, cap in ((rows, cap), (n, cap), (n, tight)):
-            if rows * cap <= self.max_tokens:
-                self._reallocate(rows, cap)
+        for r, c in ((max(self.rows, n), cap), (n, cap), (n, tight)):
+            if r * c <= self.max_tokens:
+                self._reallocate(r, c)
                 return True
         return False
 
