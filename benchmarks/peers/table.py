@@ -7,7 +7,8 @@ One row per (workload, server). The headline columns come first, for constrained
 replies per second), validity among the replies not cut by ``max_tokens``, and the number cut.
 Ratio columns compare grammarserve with each peer on the same workload: goodput, req/s and tok/s
 as grammarserve/peer (> 1: grammarserve better), p50 latency as grammarserve/peer (< 1:
-grammarserve faster). For each server and workload the last line wins.
+grammarserve faster). For each server and workload the last line wins. ``decode`` rows
+(bench_stream.py) show single-stream decode tokens/s in the tok/s column and its TTFT.
 
 Lines written before bench_serving.py reported the success figures (no ``success_pct``) get
 them derived from ``valid_pct``, ``completed``, ``cut_by_length`` and ``wall_s`` (the same
@@ -85,6 +86,9 @@ def main() -> None:
             elif r.get("event"):
                 failed.append(f"{server}: {r['event']}" + (f" ({r['workload']})"
                                                              if "workload" in r else ""))
+            elif r.get("bench") == "stream":  # bench_stream.py: single-stream decode tok/s
+                rows[(variant(r), server)] = {**r, "completion_tok_per_s": r.get("decode_tok_s"),
+                                              "ttft_p50": r.get("ttft_s")}
             elif "workload" in r:
                 rows[(variant(r), server)] = with_success(r)
     workloads = list(dict.fromkeys(w for w, _ in rows))
