@@ -97,10 +97,13 @@ class RowMirror:
         limit = -(-(self.max_context - base) // KEY_TILE) * KEY_TILE
         tight = -(-need // KEY_TILE) * KEY_TILE
         cap = self.capacity
-        if need > cap:
-            cap = min(-(-(need + HEADROOM) // KEY_TILE) * KEY_TILE, limit)
+        if need > cap:  # geometric growth: a reallocation copies every row
+            cap = min(-(-(need + max(HEADROOM, need // 4)) // KEY_TILE) * KEY_TILE, limit)
+        rows = max(self.rows, n)
+        if n > self.rows:  # likewise: rows double (sequences join a few per step)
+            rows = max(n, min(2 * self.rows, self.max_tokens // cap))
         # Within the budget: drop rows of sequences not in this step, then the headroom.
-        for r, c in ((max(self.rows, n), cap), (n, cap), (n, tight)):
+        for r, c in ((rows, cap), (n, cap), (n, tight)):
             if r * c <= self.max_tokens:
                 self._reallocate(r, c)
                 return True
