@@ -16,6 +16,7 @@ so the copy is neither streamed nor returned.
 from __future__ import annotations
 
 from grammarserve.engine.request import Req
+from grammarserve.fsm.checked import CheckedMatcher
 
 
 def append_token(req: Req, token: int, logprob: float, *, eos_ids: frozenset[int],
@@ -64,7 +65,8 @@ def _checked_len(req: Req, total: int, available: int) -> int:
 
 
 def _mark(req: Req) -> None:
-    req.marks.append((len(req.text) + len(req.held_text), req.detok.mark()))
+    if isinstance(req.matcher, CheckedMatcher):  # NOTE: only these take tokens back
+        req.marks.append((len(req.text) + len(req.held_text), req.detok.mark()))
 
 
 def _stop_prefix_len(text: str, stops: tuple[str, ...]) -> int:
