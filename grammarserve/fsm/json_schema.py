@@ -180,8 +180,9 @@ def _fast_meta_validator() -> Callable[[Any], bool] | None:
     except ImportError:  # pragma: no cover - jsonschema_rs is optional at run time
         return None
     checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
-    formats = {name: functools.partial(_conforms, checker, name)
-               for name in _formats_used(_flat_meta_schema())}
+    formats: dict[str, Callable[..., bool]] = {
+        name: functools.partial(_conforms, checker, name)
+        for name in _formats_used(_flat_meta_schema())}
     validator = jsonschema_rs.Draft202012Validator(_flat_meta_schema(), validate_formats=True,
                                                    formats=formats)
     return validator.is_valid  # type: ignore[no-any-return]
@@ -200,6 +201,13 @@ def _conforms(checker: jsonschema.FormatChecker, name: str, value: Any) -> bool:
     return name not in checker.checkers or bool(checker.conforms(value, name))
 
 
+def _accepts(fast: Callable[[Any], bool], schema: Any) -> bool:
+    try:
+        return fast(schema)
+    except Exception:  # noqa: BLE001 - e.g. a value it cannot convert: jsonschema decides
+        return False
+
+
 def meta_validate(schema: dict[str, Any] | bool, *, shallow: bool | None = None) -> None:
     """Check ``schema`` against the Draft 2020-12 meta-schema.
 
@@ -215,12 +223,8 @@ def meta_validate(schema: dict[str, Any] | bool, *, shallow: bool | None = None)
             shallow = True
         except (_TooDeep, RecursionError):
             shallow = False
-    if fast is not None and shallow:
-        try:
-            if fast(schema):
-                return
-        except Exception:  # noqa: BLE001 - e.g. a value it cannot convert: decide slowly
-            pass
+    if fast is not None and shallow and _accepts(fast, schema):
+        return
     try:
         error = jsonschema.exceptions.best_match(_meta_validator().iter_errors(schema))
     except RecursionError:
