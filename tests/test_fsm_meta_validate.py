@@ -50,7 +50,8 @@ def test_deep_schema_is_refused_not_crashed() -> None:
 
 
 def test_prepared_schema_is_a_copy() -> None:
-    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"enum": [[1]]}}}}
+    schema: dict[str, Any] = {
+        "type": "object", "properties": {"a": {"type": "array", "items": {"enum": [[1]]}}}}
     out = prepare_schema(schema)
     out["properties"]["a"]["items"]["enum"][0].append(2)
     assert schema["properties"]["a"]["items"]["enum"] == [[1]]
