@@ -86,6 +86,8 @@ def test_bad_requests_get_400_envelope(server: dict[str, Any], name: str, patch:
     assert set(err) == {"message", "type", "param", "code"}
     assert err["type"] == "invalid_request_error" and err["param"] == param
     assert re.search(message, err["message"]), err["message"]
+    # OpenAI's code for a prompt (plus max_tokens) over the context; no other case has a code
+    assert err["code"] == ("context_length_exceeded" if name == "context too long" else None)
 
 
 def test_sdk_raises_bad_request_and_server_keeps_serving(client: openai.OpenAI,

@@ -31,7 +31,7 @@ class ErrorStatus:
 #: The one mapping from error kind to HTTP status and OpenAI error ``type`` / ``code``.
 STATUS: dict[ErrorKind, ErrorStatus] = {
     ErrorKind.INVALID_REQUEST: ErrorStatus(400, "invalid_request_error"),
-    ErrorKind.PROMPT_TOO_LONG: ErrorStatus(400, "invalid_request_error"),
+    ErrorKind.PROMPT_TOO_LONG: ErrorStatus(400, "invalid_request_error", "context_length_exceeded"),
     ErrorKind.CONSTRAINT_INVALID: ErrorStatus(400, "invalid_request_error"),
     # NOTE: a constraint "cannot be completed" when it requires text the model's tokenizer cannot
     # produce (e.g. a character whose bytes have no token): every mask is sound, yet nothing can
