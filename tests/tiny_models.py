@@ -65,6 +65,21 @@ def tiny_tokenizer() -> Any:
     return PreTrainedTokenizerFast(tokenizer_object=tok)
 
 
+def eos_byte_tokenizer() -> Any:
+    """A byte-level BPE tokenizer with no merges and an ``<eos>`` token at id 0 (each byte's
+    character follows, in ``ByteLevel.alphabet()`` order): grammars over single bytes."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<eos>": 0}
+    for ch in sorted(ByteLevel.alphabet()):
+        vocab[ch] = len(vocab)
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<eos>")
+
 
 def to_legacy_config(folder: Path) -> None:
     """Rewrite config.json the way transformers 4.x (and most Hub checkpoints) store RoPE:
