@@ -7,7 +7,6 @@ from __future__ import annotations
 import enum
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +22,7 @@ from grammarserve.fsm.conformance import (
     load_suite,
     walk,
 )
+from grammarserve.fsm.conformance import refusal_keyword as conformance_refusal_keyword
 
 pytestmark = pytest.mark.model  # every test here uses the embedded model
 
@@ -93,16 +93,9 @@ _NAMED = [
 
 
 def refusal_keyword(e: GrammarError) -> str:
-    """The keyword a refusal names: the last step of its JSON path, else the one the backend's
-    message names, else the kind of error."""
-    if e.path:
-        last = re.split(r"\.|\[", e.path)[-1].strip('"]')
-        return "(no instance)" if last in ("", "$") else last
-    for pattern, keyword in _NAMED:
-        named = re.search(pattern, str(e))
-        if named:
-            return keyword or named.group(1)
-    return type(e).__name__
+    """The keyword a refusal names (see ``conformance.refusal_keyword``), with this corpus's
+    table of backend messages."""
+    return conformance_refusal_keyword(e, _NAMED)
 
 
 def _run_cases(compiler: GrammarCompiler, tokenizer: Any, cases: list[SuiteCase],

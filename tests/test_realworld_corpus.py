@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ import pytest
 
 from grammarserve.errors import GrammarError
 from grammarserve.fsm.conformance import SuiteCase, instance_texts, load_corpus, walk
+from grammarserve.fsm.conformance import refusal_keyword as conformance_refusal_keyword
 
 REPO = Path(__file__).resolve().parents[1]
 REALWORLD = REPO / "schemas" / "realworld"
@@ -89,16 +89,9 @@ _NAMED = [
 
 
 def refusal_keyword(e: GrammarError) -> str:
-    """The keyword a refusal names: the last step of its JSON path, else the one the backend's
-    message names, else the kind of error (which the expected file then shows)."""
-    if e.path:
-        last = re.split(r"\.|\[", e.path)[-1].strip('"]')
-        return "(no instance)" if last in ("", "$") else last
-    for pattern, keyword in _NAMED:
-        named = re.search(pattern, str(e))
-        if named:
-            return keyword or named.group(1)
-    return type(e).__name__
+    """The keyword a refusal names (see ``conformance.refusal_keyword``), with this corpus's
+    table of backend messages."""
+    return conformance_refusal_keyword(e, _NAMED)
 
 
 def run_corpus(compiler: Any, tokenizer: Any, cases: list[SuiteCase]) -> dict[str, Any]:

@@ -4,6 +4,7 @@ tests and ``benchmarks/bench_grammar.py``)."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from typing import Any
 
 import torch
 
+from grammarserve.errors import GrammarError
 from grammarserve.fsm.matcher import Matcher
 
 
@@ -83,3 +85,17 @@ def load_corpus(folder: str | Path) -> Iterator[SuiteCase]:
                       [(f"invalid[{i}]", v, False) for i, v in enumerate(doc.get("invalid", []))])
         yield SuiteCase(path.name, doc.get("description", doc.get("name", path.stem)),
                         doc["schema"], tests)
+
+
+def refusal_keyword(e: GrammarError, named: list[tuple[str, str | None]]) -> str:
+    """The keyword a refusal names: the last step of its JSON path, else the first of ``named``
+    (regex of a backend's message, keyword or None for the regex's group) that matches, else the
+    kind of error."""
+    if e.path:
+        last = re.split(r"\.|\[", e.path)[-1].strip('"]')
+        return "(no instance)" if last in ("", "$") else last
+    for pattern, keyword in named:
+        found = re.search(pattern, str(e))
+        if found:
+            return keyword or found.group(1)
+    return type(e).__name__
