@@ -74,8 +74,9 @@ class _PaddedGroup:
     """Several requests padded to a common query length and key length."""
 
     q_rows: torch.Tensor  # [B, Lq] row of each query (padding repeats a valid row)
-    kv_slots: torch.Tensor  # [B, S] KV slot of each key (padding = slot 0)
-    mask: torch.Tensor  # [B, 1, Lq, S] True where attention is allowed
+    # The torch paths' inputs (None for a RowMirror group: the fused kernel needs neither)
+    kv_slots: torch.Tensor | None  # [B, S] KV slot of each key (padding = slot 0)
+    mask: torch.Tensor | None  # [B, 1, Lq, S] True where attention is allowed
     valid: torch.Tensor  # [N] flat indices into B*Lq of real queries
     out_rows: torch.Tensor  # [N] batch rows those queries belong to
     mirror_b: torch.Tensor | None = None  # [N] group row of each new token, when mirrored
@@ -168,27 +169,30 @@ class TorchSDPABackend(AttentionBackend):
         pre_t = torch.tensor([prefix[i] for i in members], device=device)
         real = q_off[None, :] < ext_t[:, None]  # [B, Lq]
         q_rows = start_t[:, None] + torch.minimum(q_off[None, :], ext_t[:, None] - 1)
-        rows_idx = torch.tensor([batch.req_pool_indices[i] for i in members], device=device)
-        kv_slots = self.req_to_token.table[rows_idx, base:base + s_slots]
         q_pos = pre_t[:, None] + q_off[None, :]  # [B, Lq] absolute position of each query
-        k_pos = torch.arange(s, device=device)
-        mask = k_pos[None, None, :] <= q_pos[:, :, None]
-        if self.sliding_window is not None:
-            mask = mask & (k_pos[None, None, :] > q_pos[:, :, None] - self.sliding_window)
         valid = real.flatten().nonzero().squeeze(1)
+        kv_slots = mask = None
+        if rows is None:  # NOTE: [B, Lq, S] masks: skipped for the fused kernel's groups
+            rows_idx = torch.tensor([batch.req_pool_indices[i] for i in members], device=device)
+            kv_slots = self.req_to_token.table[rows_idx, base:base + s_slots]
+            k_pos = torch.arange(s, device=device)
+            mask = k_pos[None, None, :] <= q_pos[:, :, None]
+            if self.sliding_window is not None:
+                mask = mask & (k_pos[None, None, :] > q_pos[:, :, None] - self.sliding_window)
+            mask = mask[:, None]
         m_b = m_pos = cap_mask = None
         if mirrored:
             b_idx = (torch.tensor(rows, device=device) if rows is not None else
                      torch.arange(len(members), device=device))[:, None].expand_as(q_pos)
             m_b, m_pos = b_idx.flatten()[valid], q_pos.flatten()[valid] - base
-            if (lq <= MATMUL_MAX_QUERIES or base) and device.type == "cpu":
+            if rows is None and (lq <= MATMUL_MAX_QUERIES or base) and device.type == "cpu":
                 # Over the whole capacity, so the mirror is read in place (k_pos <= q_pos
                 # already excludes every position past a row's own length).
                 k_cap = base + torch.arange(s_slots, device=device)
                 cap_mask = k_cap[None, None, :] <= q_pos[:, :, None]
                 if self.sliding_window is not None:
                     cap_mask &= k_cap[None, None, :] > q_pos[:, :, None] - self.sliding_window
-        return _PaddedGroup(q_rows, kv_slots, mask[:, None], valid, q_rows.flatten()[valid],
+        return _PaddedGroup(q_rows, kv_slots, mask, valid, q_rows.flatten()[valid],
                             m_b, m_pos, cap_mask, base=base)
 
     def forward(
@@ -246,6 +250,7 @@ class TorchSDPABackend(AttentionBackend):
                      out: torch.Tensor) -> None:
         """Padded SDPA over K/V gathered from the pool by slot (no mirror)."""
         k_buf, v_buf = self.pool.k[layer], self.pool.v[layer]
+        assert g.kv_slots is not None
         kg = _gather(k_buf, g.kv_slots).to(q.dtype).transpose(1, 2)  # [B, Hkv, S, d]
         vg = _gather(v_buf, g.kv_slots).to(q.dtype).transpose(1, 2)
         self._sdpa(q, g, kg, vg, out)
@@ -253,7 +258,7 @@ class TorchSDPABackend(AttentionBackend):
     def _mirror_kv(self, layer: int, g: _PaddedGroup) -> tuple[torch.Tensor, torch.Tensor]:
         """Append the group's new K/V to the mirror; its ``[B, Hkv, S_cap, d]`` K and V."""
         assert self._batch is not None and isinstance(self.mirror, KVMirror)
-        assert g.mirror_b is not None and g.mirror_pos is not None
+        assert g.mirror_b is not None and g.mirror_pos is not None and g.kv_slots is not None
         return self.mirror.update(layer, g.kv_slots, g.mirror_b, g.mirror_pos,
                                   self._batch.out_cache_loc[g.out_rows])
 
@@ -261,6 +266,7 @@ class TorchSDPABackend(AttentionBackend):
                        out: torch.Tensor) -> None:
         """Padded SDPA reading K/V from the decode mirror (longer query spans)."""
         km, vm = self._mirror_kv(layer, g)
+        assert g.mask is not None
         s = g.mask.shape[-1]
         self._sdpa(q, g, km[:, :, :s].to(q.dtype), vm[:, :, :s].to(q.dtype), out)
 
@@ -308,6 +314,7 @@ class TorchSDPABackend(AttentionBackend):
     def _sdpa(q: torch.Tensor, g: _PaddedGroup, kg: torch.Tensor, vg: torch.Tensor,
               out: torch.Tensor) -> None:
         """Masked SDPA of the group's padded queries; real query rows are written to ``out``."""
+        assert g.mask is not None  # (None would be no mask at all)
         qg = q[g.q_rows].transpose(1, 2)  # [B, H, Lq, d]
         o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, enable_gqa=True)
         out[g.out_rows] = o.transpose(1, 2).flatten(0, 1)[g.valid]  # [B*Lq, H, d] -> real rows
