@@ -18,6 +18,8 @@ class ErrorKind(str, enum.Enum):
     CONSTRAINT_INVALID = "constraint_invalid"  # the schema/grammar cannot be compiled or enforced
     CONSTRAINT_DEAD_END = "constraint_dead_end"  # the constraint cannot be completed by the model
     NOT_FOUND = "not_found"  # an unknown id or route
+    UNAUTHORIZED = "unauthorized"  # no API key, or not one the server knows
+    TOO_LARGE = "too_large"  # the request body or upload is over the server's size limit
     ENGINE_UNAVAILABLE = "engine_unavailable"  # loading, crashed or shut down
     OVERLOADED = "overloaded"  # too many requests in flight
     ENGINE_FAILURE = "engine_failure"  # a bug or an unexpected failure inside grammarserve

@@ -38,6 +38,10 @@ STATUS: dict[ErrorKind, ErrorStatus] = {
     # follow. The request is at fault, not the server.
     ErrorKind.CONSTRAINT_DEAD_END: ErrorStatus(400, "invalid_request_error"),
     ErrorKind.NOT_FOUND: ErrorStatus(404, "not_found_error"),
+    # OpenAI answers a missing key with code null and a wrong one with "invalid_api_key"
+    # (the code is then given explicitly).
+    ErrorKind.UNAUTHORIZED: ErrorStatus(401, "invalid_request_error"),
+    ErrorKind.TOO_LARGE: ErrorStatus(413, "invalid_request_error", "request_too_large"),
     ErrorKind.ENGINE_UNAVAILABLE: ErrorStatus(503, "unavailable_error", "engine_unavailable"),
     ErrorKind.OVERLOADED: ErrorStatus(503, "unavailable_error", "server_overloaded"),
     ErrorKind.ENGINE_FAILURE: ErrorStatus(500, "server_error"),
