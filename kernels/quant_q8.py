@@ -162,6 +162,17 @@ def quantize_activations_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return q.view(r, k), amax / 127.0
 
 
+def quantize_residual_ref(x: torch.Tensor, q: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
+    """The second activation level: ``x - dx * q`` on the fixed grid ``dx / 256`` (int8 values,
+    clamped to +-127), as the kernel quantizes it; its scale is ``dx / 256``."""
+    r, k = x.shape
+    blocks = x.float().view(r, k // 32, 32)
+    rest = blocks - q.float().view(r, k // 32, 32) * dx[..., None]
+    amax = blocks.abs().amax(-1)
+    inv = torch.where(amax > 0, torch.tensor(256.0 * 127.0) / amax, torch.zeros(()))
+    return torch.round(rest * inv[..., None]).clamp(-127, 127).to(torch.int8).view(r, k)
+
+
 def quant_matmul_q8_ref(x: torch.Tensor, w: QuantWeight, levels: int = 2) -> torch.Tensor:
     """Reference for :func:`quant_matmul_q8`: the same quantized product, in float64."""
     n, k = w.shape
@@ -169,8 +180,7 @@ def quant_matmul_q8_ref(x: torch.Tensor, w: QuantWeight, levels: int = 2) -> tor
     q, dx = quantize_activations_ref(x)
     parts = [(q, dx)]
     if levels == 2:
-        deq = q.float().view(r, k // 32, 32) * dx[..., None]
-        parts.append(quantize_activations_ref((x.float().view(r, k // 32, 32) - deq).view(r, k)))
+        parts.append((quantize_residual_ref(x, q, dx), dx / 256.0))
     out = torch.zeros(r, n, dtype=torch.float64)
     for q, dx in parts:
         qx = q.double().view(r, k // 32, 32)

@@ -22,6 +22,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -30,25 +31,33 @@ namespace {
 constexpr int kTile = 16;  // weight rows per tile (lanes of a 512-bit vector of int32/float)
 
 // Activations of R rows, quantized per block of 32, natural order. With two levels, the residual
-// x - dx * q is quantized the same way (q2, dx2): x = dx * q + dx2 * q2 to ~1/64000 of the block's
-// largest value, against ~1/250 for one level.
+// x - dx * q is quantized on the fixed finer grid dx / 256 (q2, clamped to +-127): x = dx * q +
+// dx / 256 * q2 to ~1/65000 of the block's largest value, against ~1/250 for one level. The fixed
+// ratio lets a block's two integer dot products be one: 256 * dot(q) + dot(q2) (int32: at most
+// 256 * 32 * 255 * 127 + 32 * 255 * 127 < 2^31), so the second level costs integer work only.
 struct Q8Rows {
-  std::vector<int8_t> q, q2;   // [R, K]
-  std::vector<float> dx, dx2;  // [R, nb] block scales
-  std::vector<float> sx;       // [R, nb] dx * sum(q) + dx2 * sum(q2)
+  std::vector<int8_t> q, q2;  // [R, K]
+  std::vector<float> dx;      // [R, nb] block scales (two levels: dx / 256, the scale of the sum)
+  std::vector<float> sx;      // [R, nb] dx * sum(q) + dx / 256 * sum(q2)
 };
 
-// One block of 32 values to int8; returns the scale, adds sum(q) to *sum. `rest` (if not null)
-// receives x - scale * q.
-inline float quantize_block(const float* xb, int8_t* q, int* sum, float* rest) {
+// One block of 32 values to int8 (scale amax / 127); returns the scale, adds sum(q) to *sum and,
+// with `q2`, quantizes the residual x - scale * q on the grid scale / 256 into q2 (sum to *sum2).
+inline float quantize_block(const float* xb, int8_t* q, int* sum, int8_t* q2, int* sum2) {
   float amax = 0.f;
   for (int j = 0; j < 32; ++j) amax = std::fmax(amax, std::fabs(xb[j]));
   const float id = amax > 0.f ? 127.f / amax : 0.f, d = amax / 127.f;
+  const float id2 = amax > 0.f ? 256.f * 127.f / amax : 0.f;
   for (int j = 0; j < 32; ++j) {
     const int v = static_cast<int>(std::nearbyint(xb[j] * id));
     *sum += v;
     q[j] = static_cast<int8_t>(v);
-    if (rest) rest[j] = xb[j] - d * static_cast<float>(v);  // built with -ffp-contract=off
+    if (q2) {
+      const float rest = xb[j] - d * static_cast<float>(v);  // built with -ffp-contract=off
+      const int v2 = std::max(-127, std::min(127, static_cast<int>(std::nearbyint(rest * id2))));
+      *sum2 += v2;
+      q2[j] = static_cast<int8_t>(v2);
+    }
   }
   return d;
 }
@@ -57,17 +66,14 @@ Q8Rows quantize_rows(const float* x, int64_t R, int64_t K, bool two, int threads
   const int64_t nb = K / 32;
   Q8Rows a;
   a.q.resize(R * K), a.dx.resize(R * nb), a.sx.resize(R * nb);
-  if (two) a.q2.resize(R * K), a.dx2.resize(R * nb);
+  if (two) a.q2.resize(R * K);
 #pragma omp parallel for schedule(static) num_threads(threads) if (R * nb >= 512)
   for (int64_t rb = 0; rb < R * nb; ++rb) {
-    float rest[32];
     int s1 = 0, s2 = 0;
-    a.dx[rb] = quantize_block(x + rb * 32, a.q.data() + rb * 32, &s1, two ? rest : nullptr);
-    a.sx[rb] = a.dx[rb] * static_cast<float>(s1);
-    if (two) {
-      a.dx2[rb] = quantize_block(rest, a.q2.data() + rb * 32, &s2, nullptr);
-      a.sx[rb] += a.dx2[rb] * static_cast<float>(s2);
-    }
+    const float d = quantize_block(x + rb * 32, a.q.data() + rb * 32, &s1,
+                                   two ? a.q2.data() + rb * 32 : nullptr, &s2);
+    a.dx[rb] = two ? d / 256.f : d;
+    a.sx[rb] = two ? a.dx[rb] * static_cast<float>(256 * s1 + s2) : d * static_cast<float>(s1);
   }
   return a;
 }
@@ -96,6 +102,7 @@ inline VecF fma(VecF a, VecF b, VecF c) { return _mm512_fmadd_ps(a, b, c); }
 inline VecF mul(VecF a, VecF b) { return _mm512_mul_ps(a, b); }
 inline VecI add16(VecI a, VecI b) { return _mm512_add_epi16(a, b); }
 inline VecI add32(VecI a, VecI b) { return _mm512_add_epi32(a, b); }
+inline VecI shl8(VecI v) { return _mm512_slli_epi32(v, 8); }
 inline VecI maddubs(VecI u, VecI s) { return _mm512_maddubs_epi16(u, s); }
 inline VecI madd1(VecI v) { return _mm512_madd_epi16(v, _mm512_set1_epi16(1)); }
 inline VecI abs8(VecI v) { return _mm512_abs_epi8(v); }
@@ -131,6 +138,7 @@ inline VecF fma(VecF a, VecF b, VecF c) { return _mm256_fmadd_ps(a, b, c); }
 inline VecF mul(VecF a, VecF b) { return _mm256_mul_ps(a, b); }
 inline VecI add16(VecI a, VecI b) { return _mm256_add_epi16(a, b); }
 inline VecI add32(VecI a, VecI b) { return _mm256_add_epi32(a, b); }
+inline VecI shl8(VecI v) { return _mm256_slli_epi32(v, 8); }
 inline VecI maddubs(VecI u, VecI s) { return _mm256_maddubs_epi16(u, s); }
 inline VecI madd1(VecI v) { return _mm256_madd_epi16(v, _mm256_set1_epi16(1)); }
 inline VecI abs8(VecI v) { return _mm256_sign_epi8(v, v); }
@@ -147,12 +155,14 @@ constexpr int kHalves = kTile / kLanes;  // 1 (AVX-512) or 2 (AVX2) passes per t
 
 // Integer dot products of 32 activations `xb` with the kLanes weight rows of one block, as int32
 // lanes: `u` the weights as u8 (groups g: elements 4g..4g+3), `w` Q8_0's signed weights.
+// `init`: the running sum the block's products are added to (VNNI accumulates in place).
 template <bool kQ4>
-inline VecI block_dot(const VecI* u, const VecI* w, const int8_t* xb) {
+inline VecI block_dot(const VecI* u, const VecI* w, const int8_t* xb, VecI init) {
   VecI dot;
   if constexpr (kVnni) {
-    dot = izero();
+    dot = init;
     for (int g = 0; g < 8; ++g) dot = dpbusd(dot, u[g], bcast_i(group4(xb + 4 * g)));
+    return dot;
   } else if constexpr (kQ4) {  // 8 * 2 * 15 * 127 fits int16
     VecI s16 = maddubs(u[0], bcast_i(group4(xb)));
     for (int g = 1; g < 8; ++g) s16 = add16(s16, maddubs(u[g], bcast_i(group4(xb + 4 * g))));
@@ -162,7 +172,14 @@ inline VecI block_dot(const VecI* u, const VecI* w, const int8_t* xb) {
     for (int g = 1; g < 8; ++g)
       dot = add32(dot, madd1(maddubs(u[g], sign8(bcast_i(group4(xb + 4 * g)), w[g]))));
   }
-  return dot;
+  return add32(dot, init);
+}
+
+// VNNI: RT rows' products with one block (activations of row r at xb + r * stride), added to dot.
+template <int RT>
+inline void rows_dot(const VecI* u, const int8_t* xb, int64_t stride, VecI* dot) {
+  for (int g = 0; g < 8; ++g)
+    for (int r = 0; r < RT; ++r) dot[r] = dpbusd(dot[r], u[g], bcast_i(group4(xb + r * stride + 4 * g)));
 }
 
 // Rows r0..r0+RT-1 against the kLanes weight rows of (tile, half). G = groups per block.
@@ -191,14 +208,24 @@ inline void tile_rows(const Q8Rows& a, int64_t K, int64_t r0, const uint8_t* qt,
     const VecF dw = load_f(dt + b * kTile + half * kLanes);
     const VecF mw = kQ4 ? load_f(mt + b * kTile + half * kLanes)
                         : mul(dw, bcast_f(kVnni ? -128.f : 0.f));
+    VecI dot[RT];
+    if constexpr (kVnni) {  // the rows' chains interleaved: each VPDPBUSD waits on none before it
+      for (int r = 0; r < RT; ++r) dot[r] = izero();
+      rows_dot<RT>(u, a.q.data() + ((r0 * nb) + b) * 32, nb * 32, dot);
+      if constexpr (kTwo) {
+        for (int r = 0; r < RT; ++r) dot[r] = shl8(dot[r]);
+        rows_dot<RT>(u, a.q2.data() + ((r0 * nb) + b) * 32, nb * 32, dot);
+      }
+    } else {
+      for (int r = 0; r < RT; ++r) {
+        const int64_t rb = (r0 + r) * nb + b;
+        dot[r] = block_dot<kQ4>(u, w, a.q.data() + rb * 32, izero());
+        if constexpr (kTwo) dot[r] = block_dot<kQ4>(u, w, a.q2.data() + rb * 32, shl8(dot[r]));
+      }
+    }
     for (int r = 0; r < RT; ++r) {
       const int64_t rb = (r0 + r) * nb + b;
-      const VecI dot = block_dot<kQ4>(u, w, a.q.data() + rb * 32);
-      acc[r] = fma(to_f(dot), mul(dw, bcast_f(a.dx[rb])), acc[r]);
-      if constexpr (kTwo) {
-        const VecI dot2 = block_dot<kQ4>(u, w, a.q2.data() + rb * 32);
-        acc[r] = fma(to_f(dot2), mul(dw, bcast_f(a.dx2[rb])), acc[r]);
-      }
+      acc[r] = fma(to_f(dot[r]), mul(dw, bcast_f(a.dx[rb])), acc[r]);
       if (kQ4 || kVnni) acc[r] = fma(mw, bcast_f(a.sx[rb]), acc[r]);
     }
   }
