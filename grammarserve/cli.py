@@ -14,7 +14,7 @@ from grammarserve.batch import cli as batch_cli
 from grammarserve.config import EngineConfig
 from grammarserve.errors import GrammarserveError, ModelLoadError
 from grammarserve.sampling_params import SamplingParams
-from grammarserve.server.config import ServerConfig
+from grammarserve.server.config import RestartPolicy, ServerConfig
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -89,6 +89,34 @@ def _sampling_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
 
 
+def _server_args(p: argparse.ArgumentParser) -> None:
+    """``serve``'s limits, engine supervision and API keys."""
+    d, r = ServerConfig, RestartPolicy
+    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes,
+                   help="largest request body (413 beyond; /v1/files has its own limit)")
+    p.add_argument("--max-upload-bytes", type=int, default=d.max_upload_bytes,
+                   help="largest /v1/files upload (413 beyond; streamed to disk)")
+    p.add_argument("--max-prompt-chars", type=int, default=None,
+                   help="characters of a prompt refused before tokenizing (default: context "
+                        "length x the longest token, a bound no prompt that fits can exceed)")
+    p.add_argument("--max-request-choices", type=int, default=d.max_request_choices,
+                   help="engine requests (prompts x n) one request may ask for (400 beyond)")
+    p.add_argument("--engine-max-restarts", type=int, default=r.max_restarts,
+                   help="restarts of a dead engine allowed within --engine-restart-window; one "
+                        "more death and the server exits with status 2 (0: never restart)")
+    p.add_argument("--engine-restart-window", type=float, default=r.window_s,
+                   help="seconds --engine-max-restarts counts in")
+    p.add_argument("--engine-restart-backoff", type=float, default=r.backoff_s,
+                   help="seconds before the first restart, doubled per death in the window "
+                        f"(at most {r.max_backoff_s:.0f})")
+    p.add_argument("--api-key", action="append", default=[], metavar="'KEY [TENANT]'",
+                   help="accept 'Authorization: Bearer KEY' (repeatable); a tenant, if given, "
+                        "is the key's cache namespace and owns its files and batches")
+    p.add_argument("--api-keys-file", type=Path, default=None,
+                   help="API keys, one 'KEY [TENANT]' per line (# comments); keeps keys out "
+                        "of the process list")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grammarserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -114,6 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
                        choices=["debug", "info", "warning", "error"])
     serve.add_argument("--data-dir", type=Path, default=None,
                        help="batch API files and state (default ~/.local/share/grammarserve)")
+    _server_args(serve)
     batch_cli.add_parser(sub, _engine_args)
     return parser
 
@@ -149,9 +178,23 @@ def _serve(args: argparse.Namespace) -> int:
         default_model_path()  # fail now, not after the server started, if it is missing
     elif not Path(args.model).expanduser().exists():
         raise ModelLoadError(f"model path {args.model!r} does not exist")
+    from grammarserve.server.auth import load_api_keys
+
+    keys = load_api_keys(args.api_key, args.api_keys_file)
+    restart = RestartPolicy(max_restarts=args.engine_max_restarts,
+                            window_s=args.engine_restart_window,
+                            backoff_s=args.engine_restart_backoff)
     config = ServerConfig(engine=_config(args), served_model_name=args.served_model_name,
                           max_n=args.max_n, max_pending_requests=args.max_pending_requests,
-                          data_dir=args.data_dir)
+                          data_dir=args.data_dir, restart=restart,
+                          max_body_bytes=args.max_body_bytes,
+                          max_upload_bytes=args.max_upload_bytes,
+                          max_prompt_chars=args.max_prompt_chars,
+                          max_request_choices=args.max_request_choices, api_keys=keys)
+    if not keys and not _loopback(args.host):
+        logging.getLogger("grammarserve").warning(
+            "serving on %s without API keys: anyone who can reach it may use the model and "
+            "read every file and batch (give --api-key or --api-keys-file)", args.host)
     failure: list[str] = []
     server: uvicorn.Server | None = None
 
@@ -169,6 +212,18 @@ def _serve(args: argparse.Namespace) -> int:
     if failure:
         raise GrammarserveError(failure[0])
     return 0
+
+
+def _loopback(host: str) -> bool:
+    """Whether ``host`` binds only the loopback interface."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
 
 
 def _params(args: argparse.Namespace) -> SamplingParams:

@@ -16,7 +16,7 @@ from grammarserve.batch.lines import error_line, index_input, response_line
 from grammarserve.batch.results import ResultFile, recover, scan, todo_lines
 from grammarserve.batch.store import BatchStore
 from grammarserve.errors import GrammarserveError
-from grammarserve.server.batches import parse_multipart
+from grammarserve.server.uploads import receive_upload
 
 CHAT: Final = "/v1/chat/completions"
 
@@ -99,13 +99,20 @@ def test_store_files_batches_pages_and_status_flow(tmp_path: Path) -> None:
     again.close()
 
 
-def test_parse_multipart_keeps_bytes() -> None:
+def test_streamed_upload_keeps_bytes(tmp_path: Path) -> None:
     body = (b'--B\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
             b'--B\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n'
             b'Content-Type: application/octet-stream\r\n\r\n{"a": "\xc3\xa9"}\r\n{}\n\r\n--B--\r\n')
-    fields = parse_multipart("multipart/form-data; boundary=B", body)
-    assert fields["purpose"] == (None, b"batch")
-    assert fields["file"] == ("in.jsonl", b'{"a": "\xc3\xa9"}\r\n{}\n')
+
+    async def chunks() -> Any:  # split anywhere, as a chunked body may arrive
+        for i in range(0, len(body), 7):
+            yield body[i:i + 7]
+
+    path = tmp_path / "up.part"
+    up = asyncio.run(receive_upload(chunks(), "multipart/form-data; boundary=B", path,
+                                    max_file_bytes=100))
+    assert (up.fields, up.filename, up.size) == ({"purpose": "batch"}, "in.jsonl", 16)
+    assert path.read_bytes() == b'{"a": "\xc3\xa9"}\r\n{}\n'
 
 
 def test_routes_with_the_openai_sdk(tmp_path: Path) -> None:

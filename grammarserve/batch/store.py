@@ -7,6 +7,9 @@ Layout of the data dir::
     files/<file id>          uploaded files (written to a temp name, fsynced, renamed)
     batches/<batch id>/      output.jsonl, errors.jsonl of a batch (registered as files when
                              the batch ends)
+
+Every file and batch belongs to a tenant (``""`` when the server has no API keys, or for a key
+without one); lookups take the caller's tenant, so another tenant's ids are simply not found.
 """
 
 from __future__ import annotations
@@ -34,14 +37,15 @@ _SCHEMA = f"""
 CREATE TABLE IF NOT EXISTS files (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, filename TEXT NOT NULL,
     purpose TEXT NOT NULL, bytes INTEGER NOT NULL, created_at INTEGER NOT NULL,
-    expires_at INTEGER, path TEXT NOT NULL);
+    expires_at INTEGER, path TEXT NOT NULL, tenant TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS batches (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, id TEXT UNIQUE NOT NULL, endpoint TEXT NOT NULL,
     input_file_id TEXT NOT NULL, completion_window TEXT NOT NULL, status TEXT NOT NULL,
     output_file_id TEXT, error_file_id TEXT, errors TEXT, created_at INTEGER NOT NULL,
     {", ".join(f"{t} INTEGER" for t in _TIMES)},
     total INTEGER NOT NULL DEFAULT 0, completed INTEGER NOT NULL DEFAULT 0,
-    failed INTEGER NOT NULL DEFAULT 0, metadata TEXT, model TEXT);
+    failed INTEGER NOT NULL DEFAULT 0, metadata TEXT, model TEXT,
+    tenant TEXT NOT NULL DEFAULT '');
 """
 
 
@@ -64,6 +68,11 @@ class BatchStore:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        for table in ("files", "batches"):  # a data dir written before tenants existed
+            cols = {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}
+            if "tenant" not in cols:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN tenant TEXT NOT NULL "
+                                 "DEFAULT ''")
 
     def close(self) -> None:
         with self._lock:
@@ -83,48 +92,61 @@ class BatchStore:
             return self._db.execute(sql, args).rowcount
 
     # -- files -----------------------------------------------------------------------------
-    def create_file(self, filename: str, purpose: str, data: bytes) -> dict[str, Any]:
-        """Store an upload: on disk (fsynced) first, then its row."""
-        file_id = new_id("file", sep="-")
-        path = self.data_dir / "files" / file_id
-        tmp = path.with_suffix(".part")
+    def create_file(self, filename: str, purpose: str, data: bytes, *, tenant: str = ""
+                    ) -> dict[str, Any]:
+        """Store an upload held in memory: on disk (fsynced) first, then its row."""
+        file_id, tmp = self.new_upload()
         with open(tmp, "wb") as f:
             f.write(data)
-            f.flush()
+        return self.commit_upload(file_id, tmp, filename, purpose, tenant=tenant)
+
+    def new_upload(self) -> tuple[str, Path]:
+        """A new file id and the temporary path its upload is written to (then
+        :meth:`commit_upload`, or delete the path)."""
+        file_id = new_id("file", sep="-")
+        return file_id, self.data_dir / "files" / f"{file_id}.part"
+
+    def commit_upload(self, file_id: str, tmp: Path, filename: str, purpose: str, *,
+                      tenant: str = "") -> dict[str, Any]:
+        """Make a fully written upload durable (fsync, rename) and record it."""
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
+        path = self.data_dir / "files" / file_id
         os.replace(tmp, path)
         _fsync_dir(path.parent)
-        return self._add_file(file_id, filename, purpose, len(data), path)
+        return self._add_file(file_id, filename, purpose, path.stat().st_size, path, tenant)
 
-    def register_file(self, path: Path, filename: str, purpose: str) -> dict[str, Any]:
+    def register_file(self, path: Path, filename: str, purpose: str, *, tenant: str = ""
+                      ) -> dict[str, Any]:
         """Make a file already on disk (a batch's output) downloadable (once: registering the
         same path again returns the existing file)."""
         found = self._one("SELECT * FROM files WHERE path = ?", (str(path),))
         if found is not None:
             return found
         file_id = new_id("file", sep="-")
-        return self._add_file(file_id, filename, purpose, path.stat().st_size, path)
+        return self._add_file(file_id, filename, purpose, path.stat().st_size, path, tenant)
 
     def _add_file(self, file_id: str, filename: str, purpose: str, size: int,
-                  path: Path) -> dict[str, Any]:
+                  path: Path, tenant: str) -> dict[str, Any]:
         now = int(time.time())
         self._exec("INSERT INTO files (id, filename, purpose, bytes, created_at, expires_at, "
-                   "path) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                   (file_id, filename, purpose, size, now, now + _FILE_EXPIRY_S, str(path)))
-        found = self.get_file(file_id)
+                   "path, tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                   (file_id, filename, purpose, size, now, now + _FILE_EXPIRY_S, str(path),
+                    tenant))
+        found = self.get_file(file_id, tenant=tenant)
         assert found is not None
         return found
 
-    def get_file(self, file_id: str) -> dict[str, Any] | None:
-        return self._one("SELECT * FROM files WHERE id = ?", (file_id,))
+    def get_file(self, file_id: str, *, tenant: str = "") -> dict[str, Any] | None:
+        return self._one("SELECT * FROM files WHERE id = ? AND tenant = ?", (file_id, tenant))
 
-    def list_files(self, *, purpose: str | None, after: str | None,
-                   limit: int) -> tuple[list[dict[str, Any]], bool]:
-        return self._page("files", after, limit, "purpose = ?" if purpose else None,
-                          (purpose,) if purpose else ())
+    def list_files(self, *, purpose: str | None, after: str | None, limit: int,
+                   tenant: str = "") -> tuple[list[dict[str, Any]], bool]:
+        return self._page("files", after, limit, tenant,
+                          "purpose = ?" if purpose else None, (purpose,) if purpose else ())
 
-    def delete_file(self, file_id: str) -> bool:
-        row = self.get_file(file_id)
+    def delete_file(self, file_id: str, *, tenant: str = "") -> bool:
+        row = self.get_file(file_id, tenant=tenant)
         if row is None:
             return False
         self._exec("DELETE FROM files WHERE id = ?", (file_id,))
@@ -133,23 +155,28 @@ class BatchStore:
 
     # -- batches ---------------------------------------------------------------------------
     def create_batch(self, input_file_id: str, endpoint: str, completion_window: str,
-                     metadata: dict[str, str] | None) -> dict[str, Any]:
+                     metadata: dict[str, str] | None, *, tenant: str = "") -> dict[str, Any]:
         batch_id = new_id("batch", sep="_")
         now = int(time.time())
         self._exec("INSERT INTO batches (id, endpoint, input_file_id, completion_window, "
-                   "status, created_at, expires_at, metadata) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                   "status, created_at, expires_at, metadata, tenant) "
+                   "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                    (batch_id, endpoint, input_file_id, completion_window, "validating", now,
-                    now + _DAY, json.dumps(metadata) if metadata is not None else None))
-        found = self.get_batch(batch_id)
+                    now + _DAY, json.dumps(metadata) if metadata is not None else None, tenant))
+        found = self.get_batch(batch_id, tenant=tenant)
         assert found is not None
         return found
 
-    def get_batch(self, batch_id: str) -> dict[str, Any] | None:
-        return self._one("SELECT * FROM batches WHERE id = ?", (batch_id,))
+    def get_batch(self, batch_id: str, *, tenant: str | None = "") -> dict[str, Any] | None:
+        """The batch, if it is ``tenant``'s (None: any tenant's, for the worker)."""
+        if tenant is None:
+            return self._one("SELECT * FROM batches WHERE id = ?", (batch_id,))
+        return self._one("SELECT * FROM batches WHERE id = ? AND tenant = ?",
+                         (batch_id, tenant))
 
-    def list_batches(self, *, after: str | None, limit: int
+    def list_batches(self, *, after: str | None, limit: int, tenant: str = ""
                      ) -> tuple[list[dict[str, Any]], bool]:
-        return self._page("batches", after, limit, None, ())
+        return self._page("batches", after, limit, tenant, None, ())
 
     def active_batches(self) -> list[dict[str, Any]]:
         """Batches the worker must still move forward, oldest first."""
@@ -185,10 +212,12 @@ class BatchStore:
         path.mkdir(parents=True, exist_ok=True)
         return path
 
-    def _page(self, table: str, after: str | None, limit: int, where: str | None,
+    def _page(self, table: str, after: str | None, limit: int, tenant: str, where: str | None,
               args: tuple[Any, ...]) -> tuple[list[dict[str, Any]], bool]:
-        """Newest first, starting after the object ``after``; (rows, has_more)."""
-        conds = [where] if where else []
+        """``tenant``'s rows, newest first, starting after the object ``after``;
+        (rows, has_more)."""
+        conds = ["tenant = ?"] + ([where] if where else [])
+        args = (tenant, *args)
         if after is not None:
             conds.append(f"seq < (SELECT seq FROM {table} WHERE id = ?)")
             args += (after,)

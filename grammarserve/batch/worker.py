@@ -36,6 +36,7 @@ from grammarserve.openai.bodies import new_id
 from grammarserve.openai.context import ModelContext
 from grammarserve.openai.endpoints import prepare_body, reply_body
 from grammarserve.openai.generation import EngineClient, Generation, Timings
+from grammarserve.openai.tenancy import TenantClient
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.25
@@ -43,7 +44,8 @@ _MAX_ERRORS_LISTED = 100
 
 
 class _Stop(Exception):
-    """The engine died or the server is stopping: leave the batch in_progress for later."""
+    """The engine died or the server is stopping: leave the batch in_progress; the worker
+    resumes it once the engine is back (or the server starts again)."""
 
 
 class BatchEngine(EngineClient, Protocol):
@@ -111,13 +113,14 @@ class BatchWorker:
     async def _run(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
-        while not self.engine.ready:  # wait for the model
-            if self._stopping.is_set() or self.engine.failed:
-                return
-            await asyncio.sleep(_POLL_S)
-        ctx = self.engine.context
-        assert ctx is not None  # set once ready
-        while not self._stopping.is_set() and self.engine.ready:
+        while not self._stopping.is_set():
+            if not self.engine.ready:  # loading, or a dead engine being restarted
+                if self.engine.failed:
+                    return
+                await asyncio.sleep(_POLL_S)
+                continue
+            ctx = self.engine.context
+            assert ctx is not None  # set once ready
             active = self.store.active_batches()
             if not active:
                 self._wake.clear()
@@ -128,8 +131,8 @@ class BatchWorker:
                 continue
             try:
                 await self._advance(active[0], ctx)
-            except _Stop:
-                return
+            except _Stop:  # the engine died or we stop: resume from the result files later
+                continue
             except Exception as e:  # a bug: fail this batch (its files stay), keep serving
                 log.exception("batch %s failed", active[0]["id"])
                 self._fail(active[0]["id"], "internal_error", f"{type(e).__name__}: {e}")
@@ -155,13 +158,15 @@ class BatchWorker:
         """Register the output and error files and end the batch in ``status``."""
         out_path, err_path = self._paths(bid)
         done = scan(out_path, err_path)
+        batch = self.store.get_batch(bid, tenant=None)
+        tenant = batch["tenant"] if batch is not None else ""
         ids: dict[str, str | None] = {}
         for key, path in (("output_file_id", out_path), ("error_file_id", err_path)):
             ids[key] = None
             if path.exists() and path.stat().st_size > 0:
                 kind = "output" if key == "output_file_id" else "error"
                 ids[key] = self.store.register_file(path, f"{bid}_{kind}.jsonl",
-                                                    "batch_output")["id"]
+                                                    "batch_output", tenant=tenant)["id"]
         self.store.set_status(bid, status, completed=done.completed, failed=done.failed,
                               output_file_id=ids["output_file_id"],
                               error_file_id=ids["error_file_id"])
@@ -174,7 +179,7 @@ class BatchWorker:
     async def _execute(self, batch: dict[str, Any], ctx: ModelContext) -> None:
         """Validate (first time) and run a batch's remaining lines, then finalize it."""
         bid = batch["id"]
-        row = self.store.get_file(batch["input_file_id"])
+        row = self.store.get_file(batch["input_file_id"], tenant=batch["tenant"])
         if row is None or not Path(row["path"]).exists():
             self._fail(bid, "file_not_found", f"input file {batch['input_file_id']} not found")
             return
@@ -201,7 +206,7 @@ class BatchWorker:
                 InputReader(Path(row["path"])) as reader:
             await asyncio.to_thread(err.write, [error_line(e) for e in bad])
             done.failed += len(bad)
-            run = _BatchRun(self, bid, ctx, reader, out, err, done)
+            run = _BatchRun(self, bid, batch["tenant"], ctx, reader, out, err, done)
             cancelled = await run.run(todo)
         if cancelled:
             await asyncio.to_thread(self.finalize, bid, "cancelled")
@@ -212,10 +217,11 @@ class BatchWorker:
 class _BatchRun:
     """The in-progress part of one batch: its lines as concurrent tasks, bounded."""
 
-    def __init__(self, worker: BatchWorker, bid: str, ctx: ModelContext,
+    def __init__(self, worker: BatchWorker, bid: str, tenant: str, ctx: ModelContext,
                  reader: InputReader, out: ResultFile, err: ResultFile, done: Done) -> None:
         self.worker = worker
         self.bid = bid
+        self.client = TenantClient(worker.engine, tenant)  # the batch owner's cache namespace
         self.ctx = ctx
         self.reader = reader
         self.out = out
@@ -287,7 +293,8 @@ class _BatchRun:
         try:
             prep = prepare_body(self.ctx, line.url, self.reader.body(line))
             await prep.wait_compiled()
-            gen = Generation(engine, prep, base_id=new_id("batchreq"), timings=engine.timings)
+            gen = Generation(self.client, prep, base_id=new_id("batchreq"),
+                             timings=engine.timings)
             gen.start()
             outs = await gen.results(None)
             assert outs is not None  # no disconnect watcher

@@ -185,6 +185,7 @@ class EngineProcess:
         self._stats_waiters: list[Future[EngineStats]] = []
         self._stats_lock = threading.Lock()  # waiters are answered in the order they asked
         self._dead: EngineDeadError | None = None
+        self._died = threading.Event()  # set once, when the process is found gone
         if not self._conn.poll(startup_timeout_s):
             self._proc.kill()
             raise EngineDeadError(f"the engine did not start within {startup_timeout_s:.0f}s")
@@ -205,6 +206,16 @@ class EngineProcess:
     @property
     def alive(self) -> bool:
         return self._dead is None and self._proc.is_alive()
+
+    @property
+    def exitcode(self) -> int | None:
+        """The process's exit code once it ended (negative: killed by that signal)."""
+        return self._proc.exitcode
+
+    def wait_dead(self, timeout: float | None = None) -> bool:
+        """Block until the engine process is found gone (crash, kill or shutdown); False if
+        ``timeout`` passed first. Callers waiting on it have already been failed."""
+        return self._died.wait(timeout)
 
     @property
     def pid(self) -> int | None:
@@ -319,6 +330,7 @@ class EngineProcess:
         self._streams.clear()
         while self._stats_waiters:
             self._stats_waiters.pop(0).set_exception(err)
+        self._died.set()
 
 
 def _engine_main(config: EngineConfig, conn: Connection) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 
 from grammarserve.config import EngineConfig
 from grammarserve.fsm import GrammarCompiler
+from grammarserve.openai.limits import prompt_char_bound
 from grammarserve.openai.logprobs import TokenTexts
 
 
@@ -31,6 +32,11 @@ class ModelContext:
         The engine's format for ``required`` and named tool calls (``EngineConfig``).
     token_texts:
         Token texts for logprobs (built from ``tokenizer`` by :meth:`create`).
+    max_prompt_chars:
+        Characters of a prompt refused before tokenizing (``None``: no check); :meth:`create`
+        derives it from the context (:func:`~grammarserve.openai.limits.prompt_char_bound`).
+    max_choices:
+        Engine requests (prompts x ``n``) one request may ask for (``None``: no limit).
     """
 
     tokenizer: Any
@@ -40,14 +46,21 @@ class ModelContext:
     model_name: str
     tool_call_format: str
     token_texts: TokenTexts
+    max_prompt_chars: int | None = None
+    max_choices: int | None = None
 
     @classmethod
     def create(cls, tokenizer: Any, compiler: GrammarCompiler | None, *, max_model_len: int,
                max_n: int, model_name: str,
-               tool_call_format: str = EngineConfig.tool_call_format) -> ModelContext:
-        """A context for ``tokenizer`` (its token texts built once)."""
+               tool_call_format: str = EngineConfig.tool_call_format,
+               max_prompt_chars: int | None = None,
+               max_choices: int | None = None) -> ModelContext:
+        """A context for ``tokenizer`` (its token texts built once; ``max_prompt_chars``
+        derived from the context when not given)."""
+        if max_prompt_chars is None and tokenizer is not None:
+            max_prompt_chars = prompt_char_bound(tokenizer, max_model_len)
         return cls(tokenizer, compiler, max_model_len, max_n, model_name, tool_call_format,
-                   TokenTexts(tokenizer))
+                   TokenTexts(tokenizer), max_prompt_chars, max_choices)
 
     @property
     def vocab_size(self) -> int:

@@ -21,6 +21,7 @@ from grammarserve.errors import ErrorKind, GrammarError, InvalidRequestError, Re
 from grammarserve.fsm import CompiledGrammar
 from grammarserve.openai.bodies import new_id
 from grammarserve.openai.context import ModelContext
+from grammarserve.openai.limits import check_choices, check_prompt_chars, prompt_texts, text_chars
 from grammarserve.openai.protocol import ChatCompletionRequest, CompletionRequest, RequestBody
 from grammarserve.openai.render import content_text, render_chat
 from grammarserve.openai.translate import (
@@ -134,6 +135,9 @@ def chat_prompt(ctx: ModelContext, req: ChatCompletionRequest, tools: ToolsPlan 
 def prepare_chat(ctx: ModelContext, req: ChatCompletionRequest) -> Prepared:
     """Validate and translate a chat request; its constraint starts compiling."""
     check_common(req, max_n=ctx.max_n)
+    check_choices(1, req.n or 1, ctx.max_choices)
+    check_prompt_chars(text_chars(req.messages) + text_chars(req.tools), ctx.max_prompt_chars,
+                       "messages")
     check_chat_logprobs(req)
     tools = tools_plan(req, ctx.tool_call_format)
     plan = constraint_plan(req, tools)
@@ -152,6 +156,10 @@ def prepare_chat(ctx: ModelContext, req: ChatCompletionRequest) -> Prepared:
 def prepare_completion(ctx: ModelContext, req: CompletionRequest) -> Prepared:
     """Validate and translate a text completion request (``n`` engine requests per prompt)."""
     check_common(req, max_n=ctx.max_n)
+    count, texts = prompt_texts(req.prompt)
+    check_choices(count, req.n or 1, ctx.max_choices)
+    for text in texts:
+        check_prompt_chars(len(text), ctx.max_prompt_chars, "prompt")
     check_completion(req)
     if req.echo and req.logprobs is not None:
         raise InvalidRequestError("echo together with logprobs is not supported", param="echo")

@@ -22,7 +22,9 @@ from grammarserve.openai.errors import error_response, kind_response, validation
 from grammarserve.openai.protocol import DetokenizeRequest, TokenizeRequest
 from grammarserve.openai.render import render_chat
 from grammarserve.server import batches, inference
+from grammarserve.server.auth import ApiKeyAuth
 from grammarserve.server.config import ServerConfig
+from grammarserve.server.limits import BodyLimit
 from grammarserve.server.metrics import ServerMetrics
 from grammarserve.server.state import ServerState
 
@@ -54,6 +56,9 @@ def create_app(config: ServerConfig, *, on_failure: Callable[[str], None] | None
 
     app = FastAPI(title="grammarserve", version="0.1.0", lifespan=lifespan)
     app.state.gs = state
+    # Outermost last: counting sees every answer; keys are checked before a body is read.
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, exempt=_is_upload)
+    app.add_middleware(ApiKeyAuth, keys=config.api_keys)
     app.add_middleware(_CountRequests, metrics=state.metrics)
     app.include_router(inference.router(state))  # chat, completions, responses
     app.include_router(batches.router(state))  # /v1/files, /v1/batches and the batch worker
@@ -81,10 +86,12 @@ def create_app(config: ServerConfig, *, on_failure: Callable[[str], None] | None
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
+        state.require_engine()  # 503 while no engine serves the model
         return {"object": "list", "data": [_model_card(state)]}
 
     @app.get("/v1/models/{model_id:path}")
     async def get_model(model_id: str) -> Response:
+        state.require_engine()
         if model_id != state.model_name:
             status, body = kind_response(ErrorKind.NOT_FOUND,
                                          f"The model '{model_id}' does not exist", "model",
@@ -137,6 +144,11 @@ def create_app(config: ServerConfig, *, on_failure: Callable[[str], None] | None
 
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+def _is_upload(scope: Scope) -> bool:
+    """``POST /v1/files``: streamed to disk under its own limit, not buffered."""
+    return bool(scope["method"] == "POST" and scope["path"] == "/v1/files")
 
 
 class _CountRequests:

@@ -9,8 +9,6 @@ Registered on the app with ``app.include_router(batches.router(state))``.
 from __future__ import annotations
 
 import asyncio
-import email.parser
-import email.policy
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -21,25 +19,29 @@ from fastapi.responses import FileResponse
 from pydantic import Field
 from starlette.exceptions import HTTPException
 
-from grammarserve.batch.lines import ENDPOINTS, MAX_BYTES
+from grammarserve.batch.lines import ENDPOINTS
 from grammarserve.batch.store import BatchStore, batch_object, default_data_dir, file_object
 from grammarserve.batch.worker import BatchWorker
-from grammarserve.errors import InvalidRequestError
+from grammarserve.errors import ErrorKind, InvalidRequestError
 from grammarserve.openai.protocol import RequestBody
+from grammarserve.server.auth import tenant_of
+from grammarserve.server.limits import declared_length
 from grammarserve.server.state import ServerState
+from grammarserve.server.uploads import FORM_OVERHEAD, receive_upload
 
 #: Purposes an upload may have (``batch_output`` is what the server itself produces).
 PURPOSES = ("batch", "user_data", "assistants", "fine-tune", "vision", "evals")
 
 
-#: The upload's body in the OpenAPI document (the route reads the multipart body itself, so
-#: FastAPI cannot derive it; clients and fuzzers need it).
-_UPLOAD_DOC: dict[str, Any] = {"requestBody": {"required": True, "content": {
-    "multipart/form-data": {"schema": {
+
+def _upload_doc(max_bytes: int) -> dict[str, Any]:
+    """The upload's body in the OpenAPI document (the route reads the multipart body itself,
+    so FastAPI cannot derive it; clients and fuzzers need it)."""
+    return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
         "type": "object", "required": ["file", "purpose"], "properties": {
             "file": {"type": "string", "format": "binary",
                      "description": f"the file (JSONL for purpose 'batch'; at most "
-                                    f"{MAX_BYTES // 2**20} MB)"},
+                                    f"{max_bytes} bytes)"},
             "purpose": {"type": "string", "enum": list(PURPOSES)}}}}}}}
 
 
@@ -96,67 +98,74 @@ def router(state: ServerState) -> APIRouter:
     r = APIRouter(lifespan=lifespan)
 
     # -- files --------------------------------------------------------------------------------
-    @r.post("/v1/files", openapi_extra=_UPLOAD_DOC)
+    max_upload = state.config.max_upload_bytes
+
+    @r.post("/v1/files", openapi_extra=_upload_doc(max_upload))
     async def upload_file(request: Request) -> dict[str, Any]:
-        size = int(request.headers.get("content-length") or 0)
-        if size > MAX_BYTES + 65536:
-            raise InvalidRequestError(f"the file is larger than {MAX_BYTES // 2**20} MB",
-                                      param="file")
-        body = await request.body()
-        fields = parse_multipart(request.headers.get("content-type", ""), body)
-        purpose = fields.get("purpose", (None, b""))[1].decode("utf-8", "replace").strip()
-        if purpose not in PURPOSES:
-            raise InvalidRequestError(f"'purpose' must be one of {', '.join(PURPOSES)}, got "
-                                      f"{purpose!r}", param="purpose")
-        if "file" not in fields:
-            raise InvalidRequestError("a multipart field 'file' is required", param="file")
-        filename, data = fields["file"]
-        if len(data) > MAX_BYTES:
-            raise InvalidRequestError(f"the file is larger than {MAX_BYTES // 2**20} MB",
-                                      param="file")
-        row = await asyncio.to_thread(service.store.create_file, filename or "upload.jsonl",
-                                      purpose, data)
+        size = declared_length(request.headers)
+        if size is not None and size > max_upload + FORM_OVERHEAD:
+            raise InvalidRequestError(f"the upload ({size} bytes) is larger than this server's "
+                                      f"limit of {max_upload} bytes", param="file",
+                                      kind=ErrorKind.TOO_LARGE)
+        store = service.store
+        file_id, tmp = store.new_upload()
+        upload = await receive_upload(request.stream(), request.headers.get("content-type", ""),
+                                      tmp, max_file_bytes=max_upload)
+        try:
+            purpose = upload.fields.get("purpose", "").strip()
+            if purpose not in PURPOSES:
+                raise InvalidRequestError(f"'purpose' must be one of {', '.join(PURPOSES)}, "
+                                          f"got {purpose!r}", param="purpose")
+            if not upload.has_file:
+                raise InvalidRequestError("a multipart field 'file' is required", param="file")
+            row = await asyncio.to_thread(store.commit_upload, file_id, tmp,
+                                          upload.filename or "upload.jsonl", purpose,
+                                          tenant=tenant_of(request))
+        finally:
+            tmp.unlink(missing_ok=True)  # gone already once committed (renamed)
         return file_object(row)
 
     @r.get("/v1/files")
-    async def list_files(purpose: str | None = None, after: str | None = None,
+    async def list_files(request: Request, purpose: str | None = None, after: str | None = None,
                          limit: int = Query(10000, ge=1, le=10000)) -> dict[str, Any]:
-        rows, more = service.store.list_files(purpose=purpose, after=after, limit=limit)
+        rows, more = service.store.list_files(purpose=purpose, after=after, limit=limit,
+                                              tenant=tenant_of(request))
         return _page([file_object(x) for x in rows], more)
 
-    def _file(file_id: str) -> dict[str, Any]:
-        row = service.store.get_file(file_id)
+    def _file(request: Request, file_id: str) -> dict[str, Any]:
+        row = service.store.get_file(file_id, tenant=tenant_of(request))
         if row is None:
             raise HTTPException(404, f"No such File object: {file_id}")
         return row
 
     @r.get("/v1/files/{file_id}")
-    async def get_file(file_id: str) -> dict[str, Any]:
-        return file_object(_file(file_id))
+    async def get_file(request: Request, file_id: str) -> dict[str, Any]:
+        return file_object(_file(request, file_id))
 
     @r.get("/v1/files/{file_id}/content")
-    async def file_content(file_id: str) -> FileResponse:
-        path = Path(_file(file_id)["path"])
+    async def file_content(request: Request, file_id: str) -> FileResponse:
+        path = Path(_file(request, file_id)["path"])
         if not path.exists():
             raise HTTPException(404, f"the content of {file_id} is gone")
         return FileResponse(path, media_type="application/octet-stream")
 
     @r.delete("/v1/files/{file_id}")
-    async def delete_file(file_id: str) -> dict[str, Any]:
-        _file(file_id)
-        await asyncio.to_thread(service.store.delete_file, file_id)
+    async def delete_file(request: Request, file_id: str) -> dict[str, Any]:
+        _file(request, file_id)
+        await asyncio.to_thread(service.store.delete_file, file_id, tenant=tenant_of(request))
         return {"id": file_id, "object": "file", "deleted": True}
 
     # -- batches ------------------------------------------------------------------------------
     @r.post("/v1/batches")
-    async def create_batch(req: CreateBatchRequest) -> dict[str, Any]:
+    async def create_batch(req: CreateBatchRequest, request: Request) -> dict[str, Any]:
+        tenant = tenant_of(request)
         if req.endpoint not in ENDPOINTS:
             raise InvalidRequestError(f"endpoint must be one of {', '.join(ENDPOINTS)}, got "
                                       f"{req.endpoint!r}", param="endpoint")
         if req.completion_window != "24h":
             raise InvalidRequestError("completion_window must be '24h'",
                                       param="completion_window")
-        row = service.store.get_file(req.input_file_id)
+        row = service.store.get_file(req.input_file_id, tenant=tenant)
         if row is None:
             raise InvalidRequestError(f"input_file_id {req.input_file_id!r} does not exist",
                                       param="input_file_id")
@@ -164,38 +173,40 @@ def router(state: ServerState) -> APIRouter:
             raise InvalidRequestError(f"the input file must have purpose 'batch', not "
                                       f"{row['purpose']!r}", param="input_file_id")
         batch = await asyncio.to_thread(service.store.create_batch, req.input_file_id,
-                                        req.endpoint, req.completion_window, req.metadata)
+                                        req.endpoint, req.completion_window, req.metadata,
+                                        tenant=tenant)
         _notify(service)
         return batch_object(batch)
 
-    def _batch(batch_id: str) -> dict[str, Any]:
-        row = service.store.get_batch(batch_id)
+    def _batch(request: Request, batch_id: str) -> dict[str, Any]:
+        row = service.store.get_batch(batch_id, tenant=tenant_of(request))
         if row is None:
             raise HTTPException(404, f"No batch found with id '{batch_id}'")
         return row
 
     @r.get("/v1/batches/{batch_id}")
-    async def get_batch(batch_id: str) -> dict[str, Any]:
-        return batch_object(_batch(batch_id))
+    async def get_batch(request: Request, batch_id: str) -> dict[str, Any]:
+        return batch_object(_batch(request, batch_id))
 
     @r.get("/v1/batches")
-    async def list_batches(after: str | None = None,
+    async def list_batches(request: Request, after: str | None = None,
                            limit: int = Query(20, ge=1, le=100)) -> dict[str, Any]:
-        rows, more = service.store.list_batches(after=after, limit=limit)
+        rows, more = service.store.list_batches(after=after, limit=limit,
+                                                tenant=tenant_of(request))
         return _page([batch_object(x) for x in rows], more)
 
     @r.post("/v1/batches/{batch_id}/cancel")
-    async def cancel_batch(batch_id: str) -> dict[str, Any]:
-        row = _batch(batch_id)
+    async def cancel_batch(request: Request, batch_id: str) -> dict[str, Any]:
+        row = _batch(request, batch_id)
         if row["status"] not in ("cancelling", "cancelled"):
             moved = await asyncio.to_thread(service.store.set_status, batch_id, "cancelling",
                                             only_from=("validating", "in_progress"))
             if not moved:
-                status = _batch(batch_id)["status"]
+                status = _batch(request, batch_id)["status"]
                 raise InvalidRequestError(f"Cannot cancel a batch with status '{status}'.",
                                           param="batch_id")
             _notify(service)
-        return batch_object(_batch(batch_id))
+        return batch_object(_batch(request, batch_id))
 
     return r
 
@@ -208,23 +219,3 @@ def _notify(service: BatchService) -> None:
 def _page(data: list[dict[str, Any]], has_more: bool) -> dict[str, Any]:
     return {"object": "list", "data": data, "first_id": data[0]["id"] if data else None,
             "last_id": data[-1]["id"] if data else None, "has_more": has_more}
-
-
-def parse_multipart(content_type: str, body: bytes) -> dict[str, tuple[str | None, bytes]]:
-    """``multipart/form-data`` fields: name -> (filename, bytes). Stdlib only (no
-    python-multipart dependency)."""
-    if not content_type.lower().startswith("multipart/form-data"):
-        raise InvalidRequestError("POST /v1/files takes multipart/form-data (fields 'file' "
-                                  "and 'purpose')", param="file")
-    head = f"Content-Type: {content_type}\r\n\r\n".encode("latin-1")
-    msg = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + body)
-    if not msg.is_multipart():
-        raise InvalidRequestError("the multipart body could not be read", param="file")
-    fields: dict[str, tuple[str | None, bytes]] = {}
-    for part in msg.iter_parts():
-        name = part.get_param("name", header="content-disposition")
-        if not isinstance(name, str):
-            continue
-        payload = part.get_payload(decode=True)
-        fields[name] = (part.get_filename(), payload if isinstance(payload, bytes) else b"")
-    return fields

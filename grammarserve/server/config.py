@@ -2,12 +2,45 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from grammarserve.batch.lines import MAX_BYTES
 from grammarserve.config import EngineConfig
 from grammarserve.errors import InvalidRequestError
 from grammarserve.openai.context import model_name
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When a dead engine is started again.
+
+    Parameters
+    ----------
+    max_restarts:
+        Restarts allowed within ``window_s``; the death after them ends the server (exit
+        status 2). 0: never restart (exit at the first death).
+    window_s:
+        The sliding window ``max_restarts`` counts in.
+    backoff_s:
+        Delay before the first restart; doubled for each further death in the window.
+    max_backoff_s:
+        The longest delay.
+    """
+
+    max_restarts: int = 5
+    window_s: float = 600.0
+    backoff_s: float = 1.0
+    max_backoff_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < 0:
+            raise InvalidRequestError("engine_max_restarts must be >= 0",
+                                      param="engine_max_restarts")
+        for name in ("window_s", "backoff_s", "max_backoff_s"):
+            if getattr(self, name) < 0:
+                raise InvalidRequestError(f"engine restart {name} must be >= 0", param=name)
 
 
 @dataclass(frozen=True)
@@ -31,6 +64,27 @@ class ServerConfig:
     data_dir:
         Where the batch API keeps its files and SQLite state (``None``:
         ``$XDG_DATA_HOME/grammarserve``, i.e. ``~/.local/share/grammarserve``).
+    restart:
+        When a dead engine process is restarted, and when the server gives up.
+    max_body_bytes:
+        Largest request body (413 beyond it, checked while the body is read); ``/v1/files``
+        uploads have their own limit. 8 MiB holds a full-context prompt of the embedded model
+        (at most 8192 x 81 characters, see ``max_prompt_chars``) even at 4 bytes a character.
+    max_upload_bytes:
+        Largest ``/v1/files`` upload (413), streamed to disk and counted while it is read
+        (OpenAI's batch input limit, 200 MB).
+    max_prompt_chars:
+        Characters of a prompt (the text of a chat's messages and tools, or one completion
+        prompt) beyond which it is refused before it is tokenized. ``None``: the context length
+        times the longest token of the vocabulary in bytes, a bound no prompt that fits the
+        context can exceed (see :mod:`grammarserve.openai.limits`).
+    max_request_choices:
+        Engine requests one API request may ask for (prompts x ``n``); more is a 400 naming the
+        parameter. Capped by ``max_pending_requests`` (a request that could never be admitted
+        must not get a "retry later" 503).
+    api_keys:
+        ``key -> tenant`` (``""``: no tenant). Empty: no authentication. A tenant is the cache
+        namespace of its keys' requests and owns their files and batches.
     """
 
     engine: EngineConfig = field(default_factory=EngineConfig)
@@ -39,11 +93,25 @@ class ServerConfig:
     max_pending_requests: int = 512
     startup_timeout_s: float = 900.0
     data_dir: Path | None = None
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    max_body_bytes: int = 8 * 2**20
+    max_upload_bytes: int = MAX_BYTES
+    max_prompt_chars: int | None = None
+    max_request_choices: int = 128
+    api_keys: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("max_n", "max_pending_requests"):
+        for name in ("max_n", "max_pending_requests", "max_body_bytes", "max_upload_bytes",
+                     "max_request_choices"):
             if getattr(self, name) < 1:
                 raise InvalidRequestError(f"{name} must be >= 1", param=name)
+        if self.max_prompt_chars is not None and self.max_prompt_chars < 1:
+            raise InvalidRequestError("max_prompt_chars must be >= 1", param="max_prompt_chars")
+
+    @property
+    def request_choices_limit(self) -> int:
+        """Engine requests (prompts x ``n``) one API request may ask for."""
+        return min(self.max_request_choices, self.max_pending_requests)
 
     def model_name(self, folder: str | None = None) -> str:
         """The ``model`` replies report (``folder``: the loaded model's folder)."""

@@ -23,6 +23,8 @@ from grammarserve.openai.protocol import ChatCompletionRequest, CompletionReques
 from grammarserve.openai.replies import completion_body, stream_chunks
 from grammarserve.openai.responses_reply import response_body, response_events
 from grammarserve.openai.responses_request import ResponsesRequest, prepare_response
+from grammarserve.openai.tenancy import TenantClient
+from grammarserve.server.auth import tenant_of
 from grammarserve.server.sse import sse
 from grammarserve.server.state import ServerState
 
@@ -68,9 +70,13 @@ def router(state: ServerState) -> APIRouter:
         await prep.wait_compiled()  # a bad constraint is a 400 before anything is queued
         return prep
 
+    def generation(prep: Prepared, request: Request) -> Generation:
+        """The engine requests of ``prep``, in the caller's tenant's cache namespace."""
+        return Generation(TenantClient(state, tenant_of(request)), prep, timings=state.timings)
+
     async def answer(prep: Prepared, stream: bool, request: Request) -> Response:
         ctx = state.require_context()
-        gen = Generation(state, prep, timings=state.timings)
+        gen = generation(prep, request)
         if stream:
             return await run(gen, None, lambda: stream_chunks(ctx, prep, gen.stream(),
                                                               state.metrics.observe_usage))
@@ -97,7 +103,7 @@ def router(state: ServerState) -> APIRouter:
     async def responses(req: ResponsesRequest, request: Request) -> Response:
         prep = await prepare(prepare_response, req)
         ctx = state.require_context()
-        gen = Generation(state, prep, timings=state.timings)
+        gen = generation(prep, request)
         if req.stream:
             return await run(gen, None, lambda: response_events(
                 ctx, req, prep, gen.stream(), state.metrics.observe_usage), typed=True)

@@ -10,7 +10,14 @@ import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -105,6 +112,15 @@ class ServerMetrics:
         self.in_flight = Gauge(f"{PREFIX}_requests_in_flight",
                                "Engine requests submitted by the server and not finished",
                                registry=r)
+        self.engine_restarts = Counter(f"{PREFIX}_engine_restarts",
+                                       "Times the engine process died and was started again",
+                                       registry=r)
+        #: The engine process's id (its CPU and memory are exported as
+        #: ``grammarserve_engine_process_*``; the server's own as ``process_*``).
+        self.engine_pid: int | None = None
+        ProcessCollector(registry=r)
+        ProcessCollector(namespace=f"{PREFIX}_engine", registry=r,
+                         pid=lambda: self.engine_pid or "none")
         self._snapshot = _Snapshot()
         r.register(self._snapshot)
 

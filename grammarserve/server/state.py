@@ -1,5 +1,6 @@
 """What the routes share: the engine process, the tokenizer, the up-front grammar compiler,
-metrics, and the load state (``loading`` -> ``ready`` | ``failed``)."""
+metrics, and the load state (``loading`` -> ``ready`` | ``failed``; a dead engine moves
+``ready`` -> ``restarting`` -> ``ready``, or -> ``failed`` when its restart budget is spent)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from grammarserve.openai.context import ModelContext
 from grammarserve.sampling_params import SamplingParams
 from grammarserve.server.config import ServerConfig
 from grammarserve.server.metrics import ServerMetrics
+from grammarserve.server.supervisor import EngineSupervisor
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +43,14 @@ class ServerState:
         self.in_flight = 0
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._supervisor: EngineSupervisor | None = None
+        self._on_failure: Callable[[str], None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, on_failure: Callable[[str], None] | None = None) -> None:
-        """Start loading on a background thread; ``on_failure(message)`` if it fails."""
+        """Start loading on a background thread; ``on_failure(message)`` if it fails (or, later,
+        if the engine keeps dying)."""
+        self._on_failure = on_failure
         self._thread = threading.Thread(target=self._load, args=(on_failure,), daemon=True,
                                         name="grammarserve-load")
         self._thread.start()
@@ -67,14 +73,18 @@ class ServerState:
                 engine.shutdown()
                 return
             self.engine = engine
+            self.metrics.engine_pid = engine.pid
             info = engine.info
             self.tokenizer, self.compiler = tokenizer, compiler
             self.max_model_len = int(info["max_model_len"])
             self.model_name = self.config.model_name(info["model_folder"])
             self.context = ModelContext.create(
                 tokenizer, compiler, max_model_len=self.max_model_len, max_n=self.config.max_n,
-                model_name=self.model_name, tool_call_format=self.config.engine.tool_call_format)
+                model_name=self.model_name, tool_call_format=self.config.engine.tool_call_format,
+                max_prompt_chars=self.config.max_prompt_chars,
+                max_choices=self.config.request_choices_limit)
             self.status = "ready"
+            self._supervise(engine)
             log.info("grammarserve ready: %s (KV %d tokens, context %d) in %.1fs",
                      self.model_name, info["kv_capacity"], self.max_model_len,
                      time.perf_counter() - t0)
@@ -86,6 +96,27 @@ class ServerState:
             log.error("grammarserve failed to start: %s", e)
             if on_failure is not None:
                 on_failure(str(e))
+
+    def _supervise(self, engine: EngineProcess) -> None:
+        def down(reason: str) -> None:
+            self.status, self.error = "restarting", reason
+
+        def up(new: EngineProcess) -> None:
+            self.engine = new
+            self.metrics.engine_pid = new.pid
+            self.metrics.engine_restarts.inc()
+            self.status, self.error = "ready", None
+
+        def give_up(reason: str) -> None:
+            self.status, self.error = "failed", reason
+            if self._on_failure is not None:
+                self._on_failure(reason)
+
+        self._supervisor = EngineSupervisor(
+            engine, lambda: EngineProcess(self.config.engine,
+                                          startup_timeout_s=self.config.startup_timeout_s),
+            self.config.restart, on_down=down, on_up=up, on_give_up=give_up)
+        self._supervisor.start()
 
     def _start_engine(self, box: list[EngineProcess | BaseException]) -> None:
         try:
@@ -111,6 +142,8 @@ class ServerState:
 
     def shutdown(self) -> None:
         self._closed = True
+        if self._supervisor is not None:
+            self._supervisor.stop()
         if self.engine is not None:
             self.engine.shutdown()
 
@@ -122,6 +155,11 @@ class ServerState:
     def failed(self) -> bool:
         """The engine failed to load (it will not become ready)."""
         return self.status == "failed"
+
+    @property
+    def restarting(self) -> bool:
+        """The engine died and is (about to be) restarted."""
+        return self.status == "restarting" or (self.status == "ready" and not self.ready)
 
     @property
     def timings(self) -> ServerMetrics:
@@ -140,6 +178,9 @@ class ServerState:
             return 200, {"status": "ok"}
         if self.status == "loading":
             return 503, {"status": "loading", "message": "Loading model"}
+        if self.restarting:
+            return 503, {"status": "restarting",
+                         "message": self.error or "the engine process died; restarting"}
         reason = self.error or "the engine process is not running"
         return 503, {"status": "error", "message": reason}
 
@@ -147,6 +188,8 @@ class ServerState:
         """The engine, or :class:`EngineDeadError` (503) while loading or after a crash."""
         if self.status == "loading":
             raise EngineDeadError("the model is still loading; retry shortly")
+        if self.restarting:
+            raise EngineDeadError(self.error or "the engine process died; restarting it")
         if not self.ready or self.engine is None:
             raise EngineDeadError(self.error or "the engine process is not running")
         return self.engine

@@ -1,0 +1,115 @@
+"""Engine supervision: the server restarts a dead engine process, with backoff, at most so many
+times in a window; one death more and it gives up, so the server exits non-zero and whatever
+supervises the server (systemd, Kubernetes, a shell loop) can act.
+
+# NOTE: requests in flight when the engine dies are failed at once by the engine client (503);
+# nothing is replayed here. The batch worker resumes its batch from the result files once the
+# new engine is up, so every batch line is still answered exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from grammarserve.engine.process import EngineProcess
+from grammarserve.server.config import RestartPolicy
+
+log = logging.getLogger(__name__)
+
+
+class RestartBudget:
+    """The policy's arithmetic: each death asks for the delay before the next start, or None
+    when the budget of the window is spent."""
+
+    def __init__(self, policy: RestartPolicy, clock: Callable[[], float] = time.monotonic
+                 ) -> None:
+        self.policy = policy
+        self.clock = clock
+        self._deaths: deque[float] = deque()
+
+    def on_death(self) -> float | None:
+        """Record a death; the delay before restarting, or None to give up."""
+        now = self.clock()
+        self._deaths.append(now)
+        while self._deaths and now - self._deaths[0] > self.policy.window_s:
+            self._deaths.popleft()
+        k = len(self._deaths)
+        if k > self.policy.max_restarts:
+            return None
+        return float(min(self.policy.backoff_s * 2 ** (k - 1), self.policy.max_backoff_s))
+
+    @property
+    def recent(self) -> int:
+        """Deaths counted in the current window."""
+        return len(self._deaths)
+
+
+class EngineSupervisor:
+    """Watches an engine process on a thread and replaces it when it dies.
+
+    ``start()`` builds a new engine (blocking until it is ready, or raising); ``on_down(reason)``
+    is called when the engine is found dead, ``on_up(engine)`` when a replacement is ready, and
+    ``on_give_up(reason)`` when the policy's budget is spent (the watcher then ends)."""
+
+    def __init__(self, engine: EngineProcess, start: Callable[[], EngineProcess],
+                 policy: RestartPolicy, *, on_down: Callable[[str], None],
+                 on_up: Callable[[EngineProcess], None],
+                 on_give_up: Callable[[str], None]) -> None:
+        self.engine = engine
+        self._start = start
+        self.budget = RestartBudget(policy)
+        self._on_down, self._on_up, self._on_give_up = on_down, on_up, on_give_up
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True,
+                                        name="grammarserve-engine-supervisor")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop watching (the caller shuts the engine down; that death is not restarted)."""
+        self._stopping.set()
+
+    def _watch(self) -> None:
+        while not self._stopping.is_set():
+            if not self.engine.wait_dead(timeout=1.0):
+                continue
+            if self._stopping.is_set():
+                return
+            reason = f"the engine process died (exit code {self.engine.exitcode})"
+            if not self._replace(reason):
+                return
+
+    def _replace(self, reason: str) -> bool:
+        """Restart until an engine is up (True) or the budget is spent or we stop (False)."""
+        while True:
+            delay = self.budget.on_death()
+            if delay is None:
+                p = self.budget.policy
+                message = (f"{reason}; giving up after {p.max_restarts} restarts within "
+                           f"{p.window_s:.0f}s")
+                log.error("%s", message)
+                self._on_give_up(message)
+                return False
+            log.error("%s; restarting it in %.1fs (%d of at most %d restarts in %.0fs)",
+                      reason, delay, self.budget.recent, self.budget.policy.max_restarts,
+                      self.budget.policy.window_s)
+            self._on_down(f"{reason}; restarting it")
+            if self._stopping.wait(delay):
+                return False
+            try:
+                engine = self._start()
+            except Exception as e:  # noqa: BLE001 - a failed start is one more death
+                reason = f"the engine failed to restart: {e}"
+                continue
+            if self._stopping.is_set():
+                engine.shutdown()
+                return False
+            self.engine = engine
+            log.warning("the engine is back (pid %s)", engine.pid)
+            self._on_up(engine)
+            return True
