@@ -1,0 +1,90 @@
+"""ThreadTuner: the per-step choice between one thread and all of them, on a simulated clock.
+
+Each scenario feeds the tuner the step times a machine would show (quiet: two threads 1.5x
+faster; busy: two threads stall at barriers) and checks which choice it settles on and how
+many slow trials it pays."""
+
+from __future__ import annotations
+
+from grammarserve.engine.threads import ThreadTuner, step_shape
+
+
+class Machine:
+    """Step seconds by thread count, switchable between quiet and busy; advances the clock."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.busy = False
+
+    def clock(self) -> float:
+        return self.now
+
+    def step_seconds(self, threads: int, shape: tuple[int, int]) -> float:
+        base = 0.010 * shape[0]  # bigger shapes cost more
+        if self.busy:
+            return base * (2.0 if threads == 1 else 60.0)
+        return base * (1.0 if threads == 1 else 0.65)
+
+
+def run(tuner: ThreadTuner, m: Machine, steps: int, shape: tuple[int, int]) -> list[int]:
+    chosen = []
+    for _ in range(steps):
+        n = tuner.choose(shape)
+        s = m.step_seconds(n, shape)
+        m.now += s
+        tuner.record(shape, n, s)
+        chosen.append(n)
+    return chosen
+
+
+def test_quiet_machine_keeps_all_threads_and_trials_back_off() -> None:
+    m = Machine()
+    t = ThreadTuner(max_threads=2, clock=m.clock)
+    chosen = run(t, m, 3000, step_shape(8, 8))
+    assert t.current == 2 and t.switches == 0
+    assert chosen.count(1) == t.trials
+    # ~30 s of steps: trials at 1, 2, 4, 8, 16 s apart, not one per second
+    assert 3 <= t.trials <= 6, t.trials
+
+
+def test_busy_machine_falls_back_to_one_thread_at_the_first_slow_step() -> None:
+    m = Machine()
+    t = ThreadTuner(max_threads=2, clock=m.clock)
+    shape = step_shape(8, 8)
+    run(t, m, 200, shape)
+    assert t.current == 2
+    m.busy, before = True, t.trials
+    chosen = run(t, m, 400, shape)
+    assert t.current == 1
+    assert chosen[:2] == [2, 1]  # the step that saw the load, then one thread at once
+    trials = t.trials - before
+    assert chosen.count(2) == trials  # the step that saw the load + (trials - 1) trials of two
+    # ~60 s busy: trials of two threads back off (1, 2, 4, ... s), a handful of slow steps
+    assert trials <= 7, trials
+
+
+def test_recovers_all_threads_when_the_load_goes() -> None:
+    m = Machine()
+    m.busy = True
+    t = ThreadTuner(max_threads=2, clock=m.clock)
+    run(t, m, 300, step_shape(8, 8))
+    assert t.current == 1
+    m.busy = False
+    run(t, m, 8000, step_shape(8, 8))  # ~65 s of quiet steps: past the longest backoff
+    assert t.current == 2
+
+
+def test_a_trial_waits_for_a_shape_with_an_average() -> None:
+    m = Machine()
+    t = ThreadTuner(max_threads=2, clock=m.clock, first_trial_s=0.0)
+    assert t.choose(step_shape(8, 8)) == 2  # nothing known: the current choice
+    t.record(step_shape(8, 8), 2, 0.02)
+    assert t.choose(step_shape(64, 64)) == 2  # a trial is due, but this shape has no average
+    assert t.choose(step_shape(8, 8)) == 1  # the trial runs on the known shape
+
+
+def test_one_thread_configured_means_no_trials() -> None:
+    m = Machine()
+    t = ThreadTuner(max_threads=1, clock=m.clock)
+    assert set(run(t, m, 100, step_shape(8, 8))) == {1}
+    assert t.trials == 0
