@@ -1,0 +1,128 @@
+"""Engine supervision end to end: the real server, its engine SIGKILLed under load while a Batch
+API job runs. The server stays up, answers 503 (``/health``, ``/v1/models``, new requests) while
+it restarts the engine, then serves again; the batch finishes with every line exactly once. With
+no restarts allowed, the server exits non-zero instead."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from serverproc import ServerProcess, metrics, request  # noqa: E402
+
+pytestmark = pytest.mark.model
+
+CHAT = "/v1/chat/completions"
+LINES = 40
+#: Generous: a restart reloads the model on a machine busy with other work.
+RESTART_BOUND_S = 300
+
+
+def chat(i: int, max_tokens: int = 12) -> dict[str, Any]:
+    return {"model": "m", "max_tokens": max_tokens, "temperature": 0,
+            "messages": [{"role": "user", "content": f"Item {i}: give a number in JSON."}],
+            "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {
+                "type": "object", "properties": {"n": {"type": "integer"}},
+                "required": ["n"]}}}}
+
+
+def upload(url: str, data: bytes, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    """POST /v1/files (multipart, purpose batch)."""
+    body = (b'--XB\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+            b'--XB\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n'
+            b"Content-Type: application/octet-stream\r\n\r\n" + data + b"\r\n--XB--\r\n")
+    return request("POST", url + "/v1/files", raw=body, headers={
+        "Content-Type": "multipart/form-data; boundary=XB", **(headers or {})})
+
+
+def start_batch(url: str, n: int, headers: dict[str, str] | None = None) -> str:
+    lines = "".join(json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT,
+                                "body": chat(i)}) + "\n" for i in range(n))
+    status, f = upload(url, lines.encode(), headers)
+    assert status == 200, f
+    status, b = request("POST", url + "/v1/batches", {
+        "input_file_id": f["id"], "endpoint": CHAT, "completion_window": "24h"},
+        headers=headers)
+    assert status == 200, b
+    return str(b["id"])
+
+
+def wait_batch(url: str, bid: str, done: Any, timeout: float = 900) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status, b = request("GET", f"{url}/v1/batches/{bid}")
+        if status == 200 and done(b):
+            return dict(b)
+        time.sleep(0.5)
+    pytest.fail(f"batch {bid} did not get there: {b}")
+
+
+def test_killed_engine_is_restarted_and_the_batch_finishes_once(tmp_path: Path) -> None:
+    srv = ServerProcess(tmp_path / "server.log", "--data-dir", str(tmp_path / "data"),
+                        "--kv-cache-tokens", "16384", "--max-num-reqs", "8",
+                        "--engine-restart-backoff", "0.5")
+    srv.start()
+    try:
+        bid = start_batch(srv.url, LINES)
+        wait_batch(srv.url, bid, lambda b: b["request_counts"]["completed"] >= 2)
+        statuses: list[int] = []
+        stop = threading.Event()
+
+        def load(k: int) -> None:  # interactive traffic beside the batch, until told to stop
+            i = 0
+            while not stop.is_set():
+                statuses.append(request("POST", srv.url + CHAT, chat(1000 * k + i, 48))[0])
+                i += 1
+
+        with ThreadPoolExecutor(3) as pool:
+            for k in range(3):
+                pool.submit(load, k)
+            while len(statuses) < 3:
+                time.sleep(0.2)
+            old = srv.kill_engine()
+            seen: set[tuple[int, str, int]] = set()
+            deadline = time.monotonic() + RESTART_BOUND_S
+            while time.monotonic() < deadline:
+                status, body = request("GET", srv.url + "/health")
+                models = request("GET", srv.url + "/v1/models")[0]
+                seen.add((status, body.get("status", "") if isinstance(body, dict) else "",
+                          models))
+                if status == 200 and any(x[0] == 503 for x in seen):  # down, then back
+                    break
+                time.sleep(0.25)
+            stop.set()
+        assert srv.proc is not None and srv.proc.poll() is None  # the server itself lived on
+        assert (503, "restarting", 503) in seen and (200, "ok", 200) in seen, seen
+        assert set(statuses) <= {200, 503} and 503 in statuses, statuses
+        assert request("POST", srv.url + CHAT, chat(7))[0] == 200
+        assert srv.engine_pid() not in (None, old)
+        assert metrics(srv.url)["grammarserve_engine_restarts_total"] == 1.0
+        done = wait_batch(srv.url, bid, lambda b: b["status"] in ("completed", "failed"))
+        assert done["status"] == "completed", done
+        assert done["request_counts"] == {"total": LINES, "completed": LINES, "failed": 0}
+        status, text = request("GET", f"{srv.url}/v1/files/{done['output_file_id']}/content")
+        ids = [json.loads(x)["custom_id"] for x in text.splitlines()]
+        assert sorted(ids) == sorted(f"req-{i}" for i in range(LINES))  # each exactly once
+    finally:
+        srv.stop()
+
+
+def test_server_exits_non_zero_when_its_restarts_are_spent(tmp_path: Path) -> None:
+    srv = ServerProcess(tmp_path / "server.log", "--engine-max-restarts", "0")
+    srv.start()
+    try:
+        srv.kill_engine()
+        assert srv.proc is not None
+        code = srv.proc.wait(RESTART_BOUND_S)
+        assert code != 0
+        assert "giving up after 0 restarts" in (tmp_path / "server.log").read_text()
+    finally:
+        srv.stop()
