@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from serverproc import ServerProcess, metrics, request  # noqa: E402
+from serverproc import ServerProcess, metrics, request
 
 pytestmark = pytest.mark.model
 
