@@ -8,7 +8,7 @@ the engine's Python).
 
 Peaks, measured here: fp32 FMA GFLOP/s and int8 multiply-add GOP/s per instruction set this CPU
 runs (``roofline/peak.cpp``: independent register-only chains on every thread), and memory read
-GB/s (a sum over 512 MB). Per step, on the embedded model (prefix cache off, every row its own
+GB/s (every thread streaming its share of 512 MB with vector loads, ``gs_peak_read``). Per step, on the embedded model (prefix cache off, every row its own
 ``--context``-token prompt): the time in the quantized matmuls, in attention and in the rest,
 and each component's roofline estimate: max(bytes it must read / GB/s, operations / peak), with
 the bytes and operations counted from the shapes (matmuls: the packed weights and
@@ -65,11 +65,13 @@ def _peaks(threads: int) -> dict[str, Any]:
             best_i = min(best_i, time.perf_counter() - t0)
         out[isa] = {"fma_gflops": round(threads * iters * 12 * lanes * 2 / best_f / 1e9, 1),
                     "int8_gops": round(threads * iters * 12 * lanes * 8 / best_i / 1e9, 1)}
-    x = torch.ones(128 * 1024 * 1024)  # 512 MB
+    lib.gs_peak_read.restype = ctypes.c_float
+    lib.gs_peak_read.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+    x = torch.ones(128 * 1024 * 1024)  # 512 MB, far past the caches
     best = 1e9
-    for _ in range(3):
+    for _ in range(5):
         t0 = time.perf_counter()
-        x.sum()
+        lib.gs_peak_read(x.data_ptr(), x.numel(), threads)
         best = min(best, time.perf_counter() - t0)
     out["mem_read_gbs"] = round(x.numel() * 4 / best / 1e9, 1)
     return out

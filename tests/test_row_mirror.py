@@ -132,3 +132,18 @@ def test_the_headroom_gives_way_before_the_budget_refuses() -> None:
     rows = _step(mirror, table, {2: 2}, lens)  # 0 and 1 absent: a row of theirs is reused
     assert rows is not None
     _check(mirror, table, rows[0], 2, lens[2])
+
+
+def test_a_tight_budget_grows_by_what_fits_not_by_one_tile() -> None:
+    pool, table, mirror = _setup(max_tokens=2 * 160)
+    for r in range(2):
+        _add(pool, table, r, 170)
+    lens = {0: 40, 1: 40}
+    _step(mirror, table, {0: 0, 1: 1}, lens)
+    assert mirror.capacity == 112  # 41 + 64 headroom, whole tiles
+    grown = mirror.reallocations
+    for n in range(41, 160):  # past 112: 2 x (113 + 64) does not fit the budget, 2 x 160 does
+        lens = {0: n, 1: n}
+        assert _step(mirror, table, {0: 0, 1: 1}, lens) is not None
+    assert (mirror.reallocations, mirror.capacity) == (grown + 1, 160)  # not 128, 144, 160
+    _check(mirror, table, 0, 0, lens[0])

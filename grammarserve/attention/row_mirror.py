@@ -102,9 +102,12 @@ class RowMirror:
         rows = max(self.rows, n)
         if n > self.rows:  # likewise: rows double (sequences join a few per step)
             rows = max(n, min(2 * self.rows, self.max_tokens // cap))
-        # Within the budget: drop rows of sequences not in this step, then the headroom.
-        for r, c in ((rows, cap), (n, cap), (n, tight)):
-            if r * c <= self.max_tokens:
+        # Within the budget: drop rows of sequences not in this step, then as much of the
+        # headroom as fits (not all of it: growing by one tile at a time would copy every row
+        # again every 16 steps).
+        fit = self.max_tokens // n // KEY_TILE * KEY_TILE
+        for r, c in ((rows, cap), (n, cap), (n, min(cap, fit))):
+            if c >= tight and r * c <= self.max_tokens:
                 self._reallocate(r, c)
                 return True
         return False
