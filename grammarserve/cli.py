@@ -73,6 +73,10 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-attention-kernel", default=EngineConfig.decode_attention_kernel,
                    action=argparse.BooleanOptionalAction,
                    help="CPU decode attention with the fused C++ kernel (off: torch matmuls)")
+    p.add_argument("--adaptive-threads", default=EngineConfig.adaptive_threads,
+                   action=argparse.BooleanOptionalAction,
+                   help="on CPU, run each step on one thread or all of them as measured step "
+                        "times say (off: always --num-threads)")
     p.add_argument("--decode-stack-kernel", default=EngineConfig.decode_stack_kernel,
                    action=argparse.BooleanOptionalAction,
                    help="CPU decode steps run all decoder layers in one C++ call (off: layer by "
@@ -161,6 +165,7 @@ def _config(args: argparse.Namespace) -> EngineConfig:
                         grammar_value_checks=args.value_checks,
                         grammar_check_retries=args.check_retries,
                         enable_jump_forward=args.jump_forward, num_threads=args.num_threads,
+                        adaptive_threads=args.adaptive_threads,
                         tool_call_format=args.tool_call_format,
                         tool_call_dedupe=args.tool_call_dedupe, gguf_blocks=args.gguf_blocks,
                         quant_activations=args.quant_activations,

@@ -103,6 +103,11 @@ class EngineConfig:
         span) runs all decoder layers in one C++ call (``kernels/decode_stack_cpu.cpp``: norms,
         rotary, K/V writes, attention, SiLU and residuals around the int8 matmuls) instead of
         ~25 torch ops per layer; needs the int8-activation blocks.
+    adaptive_threads:
+        On CPU, run each forward on one thread or on all ``num_threads`` as the measured step
+        times say (:class:`~grammarserve.engine.threads.ThreadTuner`): on a machine whose cores
+        are busy with other work, a step on all threads waits at every kernel's barrier for a
+        descheduled thread (~70x slower seen beside two busy processes on two cores).
     enable_jump_forward:
         Feed the tokens a constraint forces (keys, punctuation, enum tails) in the next forward
         instead of decoding them one step each (requests can opt out with
@@ -122,6 +127,7 @@ class EngineConfig:
     decode_mirror_tokens: int | None = None
     cache_dir: Path | None = None
     num_threads: int | None = None
+    adaptive_threads: bool = True
     grammar_backend: Literal["auto", "llguidance", "xgrammar"] = "auto"
     grammar_compile_timeout_s: float = 10.0
     grammar_json_style: Literal["auto", "compact", "spaced", "indented", "flexible"] = "auto"

@@ -21,6 +21,7 @@ from grammarserve.engine.sampler import History, TopEntry, make_rng, sample
 from grammarserve.engine.scheduler import ScheduledReq, Scheduler
 from grammarserve.engine.stats import EngineStats
 from grammarserve.engine.stopping import append_token
+from grammarserve.engine.threads import ThreadTuner
 from grammarserve.errors import ErrorKind, InvalidRequestError
 from grammarserve.fsm.repeats import CallRepeatGuard
 from grammarserve.models.loader import LoadedModel, load_model
@@ -59,6 +60,8 @@ class Engine:
             max(capacity // 2, 32768) if mirror is None else mirror),
             decode_kernel=config.decode_attention_kernel, decode_stack=config.decode_stack_kernel)
         self.runner = ModelRunner(self.loaded.model, pool, table, attn)
+        self.threads = ThreadTuner(torch.get_num_threads() if device.type == "cpu"
+                                   and config.adaptive_threads else 1)
         self.cache = RadixCache(pool) if config.enable_prefix_cache else None
         self.scheduler = Scheduler(pool, table, self.cache,
                                    max_batch_tokens=config.max_batch_tokens)
@@ -147,20 +150,21 @@ class Engine:
             return self._collect([])
         reqs = [w.req for w in work if w.num_tokens == w.req.num_pending]  # will sample
         masks = self.grammar.fill_async(reqs)  # NOTE: overlaps the forward below
-        logits = self.runner.forward([self._entry(w) for w in work])
-        self._counters["forward_passes"] += 1
-        for w in work:
-            w.req.num_computed += w.num_tokens
-            if w.num_tokens > 1:
-                self.scheduler.cache_prefix(w.req)
-        if reqs:
-            rows = [i for i, w in enumerate(work) if w.req.num_pending == 0]
-            out = sample(logits[rows], [r.params for r in reqs], [r.rng for r in reqs],
-                         self.grammar.wait(masks),
-                         history=[History(r.tokens, len(r.prompt_ids)) for r in reqs])
-            for i, req in enumerate(reqs):
-                self._advance(req, out.token_ids[i], out.logprobs[i], out.no_allowed[i],
-                              out.top[i])
+        with self.threads.step(len(work), sum(w.num_tokens for w in work)):
+            logits = self.runner.forward([self._entry(w) for w in work])
+            self._counters["forward_passes"] += 1
+            for w in work:
+                w.req.num_computed += w.num_tokens
+                if w.num_tokens > 1:
+                    self.scheduler.cache_prefix(w.req)
+            if reqs:
+                rows = [i for i, w in enumerate(work) if w.req.num_pending == 0]
+                out = sample(logits[rows], [r.params for r in reqs], [r.rng for r in reqs],
+                             self.grammar.wait(masks),
+                             history=[History(r.tokens, len(r.prompt_ids)) for r in reqs])
+                for i, req in enumerate(reqs):
+                    self._advance(req, out.token_ids[i], out.logprobs[i], out.no_allowed[i],
+                                  out.top[i])
         return self._collect(reqs)
 
     def _advance(self, req: Req, token: int, logprob: float, dead: bool,

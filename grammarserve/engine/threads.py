@@ -17,8 +17,11 @@ a step far slower than its shape's average (load just arrived) brings the next t
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+
+import torch
 
 Shape = tuple[int, int]
 
@@ -98,3 +101,15 @@ class ThreadTuner:
         if n >= 3 and seconds > self.spike * avg and self._trial is None:
             self._next_trial = self.clock()  # load arrived: try the other choice now
         self._avg[shape] = (avg + self.alpha * (seconds - avg) if n else seconds, n + 1)
+
+    @contextmanager
+    def step(self, rows: int, tokens: int) -> Iterator[None]:
+        """Run the body (one forward and its sampling) on the chosen number of torch threads (the
+        C++ kernels read ``torch.get_num_threads()``) and record its time."""
+        shape = step_shape(rows, tokens)
+        threads = self.choose(shape)
+        if threads != torch.get_num_threads():
+            torch.set_num_threads(threads)
+        t0 = time.perf_counter()
+        yield
+        self.record(shape, threads, time.perf_counter() - t0)
