@@ -11,58 +11,18 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from batch_http import CHAT, chat, start_batch, wait_batch
 from serverproc import ServerProcess, metrics, request
 
 pytestmark = pytest.mark.model
 
-CHAT = "/v1/chat/completions"
 LINES = 40
 #: Generous: a restart reloads the model on a machine busy with other work.
 RESTART_BOUND_S = 300
-
-
-def chat(i: int, max_tokens: int = 12) -> dict[str, Any]:
-    return {"model": "m", "max_tokens": max_tokens, "temperature": 0,
-            "messages": [{"role": "user", "content": f"Item {i}: give a number in JSON."}],
-            "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {
-                "type": "object", "properties": {"n": {"type": "integer"}},
-                "required": ["n"]}}}}
-
-
-def upload(url: str, data: bytes, headers: dict[str, str] | None = None) -> tuple[int, Any]:
-    """POST /v1/files (multipart, purpose batch)."""
-    body = (b'--XB\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
-            b'--XB\r\nContent-Disposition: form-data; name="file"; filename="in.jsonl"\r\n'
-            b"Content-Type: application/octet-stream\r\n\r\n" + data + b"\r\n--XB--\r\n")
-    return request("POST", url + "/v1/files", raw=body, headers={
-        "Content-Type": "multipart/form-data; boundary=XB", **(headers or {})})
-
-
-def start_batch(url: str, n: int, headers: dict[str, str] | None = None) -> str:
-    lines = "".join(json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": CHAT,
-                                "body": chat(i)}) + "\n" for i in range(n))
-    status, f = upload(url, lines.encode(), headers)
-    assert status == 200, f
-    status, b = request("POST", url + "/v1/batches", {
-        "input_file_id": f["id"], "endpoint": CHAT, "completion_window": "24h"},
-        headers=headers)
-    assert status == 200, b
-    return str(b["id"])
-
-
-def wait_batch(url: str, bid: str, done: Any, timeout: float = 900) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        status, b = request("GET", f"{url}/v1/batches/{bid}")
-        if status == 200 and done(b):
-            return dict(b)
-        time.sleep(0.5)
-    pytest.fail(f"batch {bid} did not get there: {b}")
 
 
 def test_killed_engine_is_restarted_and_the_batch_finishes_once(tmp_path: Path) -> None:
