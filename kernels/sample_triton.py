@@ -159,9 +159,12 @@ def sample_tokens_triton(logits: torch.Tensor, bitmask: torch.Tensor | None,
     logits = logits if logits.stride(-1) == 1 else logits.contiguous()
     ids = torch.empty(b, dtype=torch.int64, device=dev)
     logprobs = torch.empty(b, dtype=torch.float32, device=dev)
-    if num_top is None:
+    no_top = num_top is None
+    if num_top is None:  # NOTE: no nonzero() then: it would synchronise with the device
         num_top = torch.zeros(b, dtype=torch.int64, device=dev)
-    top_rows = (num_top > 0).nonzero()[:, 0]
+        top_rows = torch.zeros(0, dtype=torch.int64, device=dev)
+    else:
+        top_rows = (num_top > 0).nonzero()[:, 0]
     ybuf = torch.empty(top_rows.numel(), v, dtype=torch.float32, device=dev)
     lse = torch.empty(b, dtype=torch.float32, device=dev)
     if b == 0:
@@ -189,4 +192,7 @@ def sample_tokens_triton(logits: torch.Tensor, bitmask: torch.Tensor | None,
         *ctl, stride_ctl, *scalars, top_index, ybuf, lse,
         HAS_MASK=bitmask is not None, HAS_CONTROLS=controls is not None,
         HAS_TOP=top_rows.numel() > 0, BLOCK=SAMPLE_BLOCK, num_warps=8)
+    if no_top:
+        return Sampled(ids, logprobs, torch.full((b, 0), -1, dtype=torch.int64, device=dev),
+                       torch.full((b, 0), float("-inf"), device=dev))
     return Sampled(ids, logprobs, *top_entries(ybuf, lse[top_rows], num_top, top_rows, b))

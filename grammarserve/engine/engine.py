@@ -8,12 +8,21 @@ from concurrent.futures import FIRST_COMPLETED, wait
 
 import torch
 
-from grammarserve.attention.backend import TorchSDPABackend
+from grammarserve.attention.backend import AttentionBackend, TorchSDPABackend
 from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
+from grammarserve.attention.varlen import VarlenBackend
 from grammarserve.config import EngineConfig
 from grammarserve.engine.detokenizer import IncrementalDetokenizer
+from grammarserve.engine.device import setup_cuda
 from grammarserve.engine.grammar import GrammarRunner
-from grammarserve.engine.memory import kv_tokens_for_budget, process_rss_bytes
+from grammarserve.engine.memory import (
+    ActivationShape,
+    activation_reserve_bytes,
+    available_memory_bytes,
+    mirror_tokens_for,
+    plan_kv_tokens,
+    process_rss_bytes,
+)
 from grammarserve.engine.model_runner import BatchEntry, ModelRunner
 from grammarserve.engine.radix_cache import DEFAULT_NAMESPACE, RadixCache
 from grammarserve.engine.request import Req, RequestOutput
@@ -34,10 +43,13 @@ class Engine:
     """Continuous-batching generation engine (in-process; see ``LLM`` and ``EngineProcess``)."""
 
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+        config = config.resolved()
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         device = config.torch_device
+        if device.type == "cuda":
+            setup_cuda(device, tf32=config.tf32)
         self.loaded = loaded or load_model(config.model, dtype=config.torch_dtype, device=device,
                                            cache_dir=config.cache_dir,
                                            gguf_blocks=config.gguf_blocks,
@@ -46,8 +58,8 @@ class Engine:
         self.tokenizer = self.loaded.tokenizer
         self.kv_bytes_per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads,
                                                          mc.head_dim, config.torch_kv_dtype)
-        capacity = config.kv_cache_tokens or kv_tokens_for_budget(
-            config.kv_memory_fraction, self.kv_bytes_per_token, device)
+        varlen = config.attention_backend == "varlen"
+        capacity = config.kv_cache_tokens or self._plan_capacity(varlen)
         pool = KVPool(capacity=capacity, num_layers=mc.num_layers, num_kv_heads=mc.num_kv_heads,
                       head_dim=mc.head_dim, dtype=config.torch_kv_dtype, device=device)
         # NOTE: one sequence must always fit in the pool alone, or preemption could livelock.
@@ -55,10 +67,15 @@ class Engine:
                                  mc.max_position_embeddings, capacity)
         table = ReqToTokenPool(max_reqs=config.max_num_reqs, max_context=self.max_model_len,
                                device=device)
-        mirror = config.decode_mirror_tokens
-        attn = TorchSDPABackend(pool, table, mc.sliding_window, mirror_tokens=(
-            max(capacity // 2, 32768) if mirror is None else mirror),
-            decode_kernel=config.decode_attention_kernel, decode_stack=config.decode_stack_kernel)
+        attn: AttentionBackend
+        if varlen:
+            attn = VarlenBackend(pool, table, mc.sliding_window)
+        else:
+            attn = TorchSDPABackend(
+                pool, table, mc.sliding_window,
+                mirror_tokens=mirror_tokens_for(capacity, config.decode_mirror_tokens),
+                decode_kernel=config.decode_attention_kernel,
+                decode_stack=config.decode_stack_kernel)
         self.runner = ModelRunner(self.loaded.model, pool, table, attn)
         self.threads = ThreadTuner(torch.get_num_threads() if device.type == "cpu"
                                    and config.adaptive_threads else 1)
@@ -80,6 +97,21 @@ class Engine:
         log.info("KV pool: %d tokens x %d B/token = %.1f MiB (%s); process RSS %.0f MiB",
                  capacity, self.kv_bytes_per_token, capacity * self.kv_bytes_per_token / 2**20,
                  pool.dtype, process_rss_bytes() / 2**20)
+
+    def _plan_capacity(self, varlen: bool) -> int:
+        """KV tokens for ``kv_memory_fraction`` of the memory left after the weights, less one
+        forward's activations, counting the decode mirror or the varlen backend's gather."""
+        c, mc = self.config, self.loaded.config
+        reserve = activation_reserve_bytes(ActivationShape(
+            c.max_batch_tokens, c.max_num_reqs, mc.hidden_size, mc.intermediate_size,
+            mc.num_heads * mc.head_dim, mc.num_kv_heads * mc.head_dim, mc.vocab_size,
+            c.torch_dtype.itemsize))
+        assert c.kv_memory_fraction is not None  # resolved
+        return plan_kv_tokens(
+            available_memory_bytes(c.torch_device), c.kv_memory_fraction,
+            self.kv_bytes_per_token, reserve=reserve,
+            mirror=0 if varlen else c.decode_mirror_tokens,
+            gather_layers=mc.num_layers if varlen else 0)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     *, namespace: str = DEFAULT_NAMESPACE) -> None:

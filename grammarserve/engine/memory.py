@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import resource
+from dataclasses import dataclass
 
 import torch
 
@@ -32,6 +33,58 @@ def kv_tokens_for_budget(fraction: float, bytes_per_token: int, device: torch.de
     return max(1, int(available_memory_bytes(device) * fraction) // bytes_per_token)
 
 
+def mirror_tokens_for(capacity: int, setting: int | None) -> int:
+    """The decode mirror's token budget: ``setting``, or max(capacity / 2, 32768) when None."""
+    return max(capacity // 2, 32768) if setting is None else setting
+
+
+@dataclass(frozen=True)
+class ActivationShape:
+    """What one forward's transient tensors scale with (see :func:`activation_reserve_bytes`)."""
+
+    max_batch_tokens: int
+    max_rows: int  # requests per forward: rows of logits
+    hidden: int
+    intermediate: int
+    q_width: int  # heads * head_dim
+    kv_width: int  # kv_heads * head_dim
+    vocab: int
+    elem: int  # bytes per activation element
+
+
+def activation_reserve_bytes(a: ActivationShape) -> int:
+    """Memory to keep free for one forward of ``max_batch_tokens`` tokens: the largest layer's
+    transients (residual, norm, fused QKV and its rotated copy, attention output, gate/up and
+    their product) and the fp32 logits with the sampler's working copies, times two for the
+    allocator's rounding and fragmentation."""
+    per_token = (3 * a.hidden + 2 * (a.q_width + 2 * a.kv_width) + a.q_width
+                 + 3 * a.intermediate) * a.elem
+    logits = a.max_rows * a.vocab * (a.elem + 3 * 4)
+    return 2 * (a.max_batch_tokens * per_token + logits)
+
+
+def plan_kv_tokens(available: int, fraction: float, bytes_per_token: int, *,
+                   reserve: int = 0, mirror: int | None = 0, gather_layers: int = 0) -> int:
+    """KV pool capacity (tokens) whose whole cost fits in ``fraction`` of what is left of
+    ``available`` bytes (measured after the weights were loaded) once ``reserve`` is set aside.
+
+    The cost counts the pool, the decode mirror (``mirror``: its token budget, 0 = none, None =
+    :func:`mirror_tokens_for`'s default, which grows with the capacity) and, for backends that
+    gather one layer's K/V of the batch per call (``gather_layers`` = the model's layer count),
+    that gathered copy: up to 1 / layers of the pool.
+    """
+    budget = max(0, available - reserve) * fraction
+    per_token = bytes_per_token * (1 + (1 / gather_layers if gather_layers else 0))
+    if mirror is None:
+        floor = mirror_tokens_for(0, None)
+        big = int(budget / (per_token + bytes_per_token / 2))  # mirror = capacity / 2
+        capacity = big if big // 2 >= floor else int((budget - floor * bytes_per_token)
+                                                     / per_token)
+    else:
+        capacity = int((budget - mirror * bytes_per_token) / per_token)
+    return max(1, capacity)
+
+
 def _proc_kib(path: str, key: str) -> int | None:
     """Bytes of a ``key: N kB`` line of a /proc file, or None where there is none."""
     try:
@@ -42,3 +95,4 @@ def _proc_kib(path: str, key: str) -> int | None:
     except OSError:
         pass
     return None
+

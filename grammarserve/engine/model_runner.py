@@ -9,6 +9,7 @@ import torch
 from grammarserve.attention.backend import AttentionBackend, TorchSDPABackend
 from grammarserve.attention.forward_batch import ForwardBatch
 from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
+from grammarserve.attention.staging import stage_int64
 from grammarserve.models.llama import LlamaModel
 
 
@@ -35,10 +36,13 @@ class ModelRunner:
         self.attn = attn or TorchSDPABackend(pool, req_to_token, model.config.sliding_window)
 
     def build_batch(self, entries: list[BatchEntry]) -> ForwardBatch:
-        """Flatten entries into one ragged :class:`ForwardBatch` (logits: last row of each)."""
+        """Flatten entries into one ragged :class:`ForwardBatch` (logits: last row of each).
+
+        The token ids, positions and table rows go to the device in one copy (pinned and
+        asynchronous on CUDA); the new tokens' KV slots are read from the table there."""
         ids: list[int] = []
         positions: list[int] = []
-        loc_rows: list[torch.Tensor] = []
+        owners: list[int] = []
         logit_rows: list[int] = []
         for e in entries:
             n = len(e.token_ids)
@@ -46,17 +50,18 @@ class ModelRunner:
                 raise ValueError("a batch entry must bring at least one new token")
             ids.extend(e.token_ids)
             positions.extend(range(e.prefix_len, e.prefix_len + n))
-            loc_rows.append(self.req_to_token.table[e.req_pool_idx, e.prefix_len:e.prefix_len + n])
+            owners.extend([e.req_pool_idx] * n)
             logit_rows.append(len(ids) - 1)
-        dev = self.device
+        ids_t, pos_t, owner_t, logit_t = stage_int64([ids, positions, owners, logit_rows],
+                                                     self.device)
         return ForwardBatch(
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
-            positions=torch.tensor(positions, dtype=torch.int64, device=dev),
-            out_cache_loc=torch.cat(loc_rows),
+            input_ids=ids_t,
+            positions=pos_t,
+            out_cache_loc=self.req_to_token.table[owner_t, pos_t],
             req_pool_indices=[e.req_pool_idx for e in entries],
             prefix_lens=[e.prefix_len for e in entries],
             extend_lens=[len(e.token_ids) for e in entries],
-            logit_rows=torch.tensor(logit_rows, dtype=torch.int64, device=dev),
+            logit_rows=logit_t,
             seq_ids=[e.seq_id if e.seq_id >= 0 else -1 - i for i, e in enumerate(entries)],
         )
 

@@ -25,6 +25,7 @@ from grammarserve_kernels import (
     stream_keys,
 )
 
+from grammarserve.attention.staging import to_device
 from grammarserve.sampling_params import SamplingParams
 
 
@@ -141,8 +142,8 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], rngs: list[RowRng
             raise ValueError("a sampled (temperature > 0) row needs a RowRng: make_rng(seed)")
         draws.append((rng.seed, rng.offset))
         rng.offset += 1
-    keys = stream_keys([s for s, _ in draws], [o for _, o in draws], device=dev)
-    temps = torch.tensor([p.temperature for p in params], dtype=torch.float32, device=dev)
+    keys = to_device(stream_keys([s for s, _ in draws], [o for _, o in draws]), dev)
+    temps = to_device(torch.tensor([p.temperature for p in params], dtype=torch.float32), dev)
     if bitmask is not None:
         bitmask = bitmask.to(dev, non_blocking=True)
     controls = _controls(params, history, vocab, dev)
@@ -164,9 +165,9 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], rngs: list[RowRng
                 keys[rows], controls=None if controls is None else controls.select(rows),
                 num_top=None if num_top is None else num_top[rows])))
         res = _merge(b, dev, parts)
-    no_allowed = res.ids < 0
-    ids = res.ids.masked_fill(no_allowed, 0)
-    return SampleOutput(ids.tolist(), res.logprobs.tolist(), no_allowed.tolist(),
+    # NOTE: the step's one device -> host copy (ids are exact in float64; -1 = nothing allowed)
+    ids, logprobs = torch.stack((res.ids.double(), res.logprobs.double())).cpu().tolist()
+    return SampleOutput([max(int(t), 0) for t in ids], logprobs, [t < 0 for t in ids],
                         _top_lists(params, res))
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from typing_extensions import Self
 
 from grammarserve.errors import ModelLoadError
 from grammarserve.models.config import ModelConfig
@@ -100,53 +101,80 @@ def load_model(
     tokenizer = _load_tokenizer(folder)
     with torch.device("meta"):
         model = LlamaModel(config)
-    state = _fused_state_dict(_read_safetensors(folder), config)
-    try:
-        model.load_state_dict(state, strict=True, assign=True)
-    except RuntimeError as e:
-        raise ModelLoadError(f"weights in {folder} do not fit the config: {_one_line(e)}") from None
+    # NOTE: tensor by tensor, each read and converted straight to dtype on device: the host never
+    # holds more than one fp32 tensor (an 8B model in fp32 would be ~32 GB of host RAM).
+    with _SafetensorsReader(folder, dtype, device) as reader:
+        state = _fused_state_dict(reader, config)
+        try:
+            model.load_state_dict(state, strict=True, assign=True)
+        except RuntimeError as e:
+            raise ModelLoadError(
+                f"weights in {folder} do not fit the config: {_one_line(e)}") from None
+    del state
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
-    # NOTE: the RoPE buffer must stay fp32 whatever the dtype, so it is rebuilt after .to().
-    inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
-    model.inv_freq = inv_freq  # replaces the meta-device buffer so that .to() can run
-    model = model.to(device=device, dtype=dtype)
-    model.inv_freq = inv_freq.to(device)
+    # NOTE: the RoPE buffer stays fp32 whatever the dtype (it replaces the meta-device buffer).
+    model.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta,
+                                   config.rope_scaling).to(device)
     model.eval()
     if gguf_blocks and (source := gguf_source(spec)) is not None:
         attach_gguf_blocks(model, source, cache=folder, activations=quant_activations)
     return LoadedModel(model, config, tokenizer, folder, spec)
 
 
-def _read_safetensors(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
+class _SafetensorsReader:
+    """The tensors of a folder's ``*.safetensors`` files, read one at a time on demand and
+    converted to ``dtype`` on ``device``."""
 
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ModelLoadError(f"{folder} contains no *.safetensors weight files")
-    tensors: dict[str, torch.Tensor] = {}
-    for f in files:
-        try:
-            tensors.update(load_file(str(f)))
-        except (SafetensorError, OSError, ValueError) as e:
-            raise ModelLoadError(f"weight file {f} is corrupt or unreadable: {e}") from None
-    return tensors
+    def __init__(self, folder: Path, dtype: torch.dtype, device: torch.device | str) -> None:
+        self.folder, self.dtype, self.device = folder, dtype, torch.device(device)
+        self._handles: list[Any] = []
+        self._where: dict[str, Any] = {}
 
+    def __enter__(self) -> Self:
+        from safetensors import SafetensorError, safe_open
 
-def _fused_state_dict(hf: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """HF tensor names -> ours (q/k/v and gate/up concatenated)."""
+        files = sorted(self.folder.glob("*.safetensors"))
+        if not files:
+            raise ModelLoadError(f"{self.folder} contains no *.safetensors weight files")
+        for f in files:
+            try:
+                handle = safe_open(str(f), framework="pt", device="cpu")
+                self._handles.append(handle)
+                self._where.update(dict.fromkeys(handle.keys(), handle))
+            except (SafetensorError, OSError, ValueError) as e:
+                raise ModelLoadError(f"weight file {f} is corrupt or unreadable: {e}") from None
+        return self
 
-    def take(name: str) -> torch.Tensor:
-        if name not in hf:
+    def __exit__(self, *exc: object) -> None:
+        self._handles.clear()
+        self._where.clear()
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._where
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        from safetensors import SafetensorError
+
+        if name not in self._where:
             raise ModelLoadError(f"weight {name!r} is missing from the checkpoint")
-        return hf[name].float() if hf[name].dtype != torch.float32 else hf[name]
+        try:
+            t = self._where[name].get_tensor(name)
+        except (SafetensorError, OSError, ValueError) as e:
+            raise ModelLoadError(f"weight {name!r} in {self.folder} is unreadable: {e}") from None
+        return t.to(device=self.device, dtype=self.dtype)
 
+
+def _fused_state_dict(hf: _SafetensorsReader, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """HF tensor names -> ours (q/k/v and gate/up concatenated), in the reader's dtype."""
+    take = hf.__getitem__
+
+    embed = take("model.embed_tokens.weight")
     out: dict[str, torch.Tensor] = {
-        "embed_tokens.weight": take("model.embed_tokens.weight"),
+        "embed_tokens.weight": embed,
         "norm.weight": take("model.norm.weight"),
-        "lm_head.weight": (take("model.embed_tokens.weight") if cfg.tie_word_embeddings
-                           and "lm_head.weight" not in hf else take("lm_head.weight")),
+        "lm_head.weight": (embed if cfg.tie_word_embeddings and "lm_head.weight" not in hf
+                           else take("lm_head.weight")),
     }
     for i in range(cfg.num_layers):
         src, dst = f"model.layers.{i}.", f"layers.{i}."

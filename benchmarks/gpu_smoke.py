@@ -1,0 +1,197 @@
+"""Five-minute GPU smoke test: prints ONE JSON line (and writes it to --out).
+
+Sections (each in its own try; a failure is recorded and the others still run, within an overall
+time budget): ``kernel_tests`` (the Triton kernel tests, compiled on CUDA), ``parity`` (greedy
+tokens of the embedded model's shape, CUDA fp32 vs CPU fp32 and bf16, random weights: see
+random_models.py), ``engine_paths`` (a shared-prefix pair and a JSON-schema request with long
+forced spans through the engine), ``sync_debug`` (one engine step under
+``torch.cuda.set_sync_debug_mode("warn")``, the remaining syncs by file:line),
+``engine_process`` (one EngineProcess round trip), ``decode`` (ms/step and peak memory at batch
+1, 32 and 128 on random Llama-3.2-1B and Llama-3.1-8B shapes in bf16) and ``attention``
+(the varlen flash path against the torch SDPA path, one layer of the 8B shape).
+
+    python benchmarks/gpu_smoke.py --device cuda --out $OUT/gpu_smoke.json
+    python benchmarks/gpu_smoke.py --device cpu --small   # dry run of every non-CUDA path
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+
+import torch
+from random_models import (
+    decode_bench,
+    llama_config,
+    random_model_on,
+    write_random_folder,
+)
+from smoke_engine import (
+    attention_bench,
+    engine_paths,
+    engine_process_round_trip,
+    greedy_parity,
+    sync_listing,
+)
+
+from grammarserve.models.config import ModelConfig
+
+FLASHINFER = ("not attempted: the flashinfer-python 0.7.2 wheel alone is 62 MB and needs "
+              "apache-tvm-ffi, nvidia-cutlass-dsl and cuda-tile besides, over the 64 MiB that "
+              "travels to the device machine; attention uses torch's FlashAttention-2 varlen "
+              "kernel instead (grammarserve/attention/varlen.py)")
+
+
+def log(msg: str) -> None:
+    print(f"[smoke {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class Smoke:
+    """Runs sections under one time budget, recording each one's result or error."""
+
+    def __init__(self, budget_s: float) -> None:
+        self.t0 = time.monotonic()
+        self.budget_s = budget_s
+        self.result: dict[str, Any] = {}
+
+    def left(self) -> float:
+        return self.budget_s - (time.monotonic() - self.t0)
+
+    def run(self, name: str, need_s: float, fn: Any, *args: Any) -> Any:
+        if self.left() < need_s:
+            self.result[name] = {"skipped": f"{self.left():.0f}s left, needs ~{need_s:.0f}s"}
+            log(f"{name}: skipped")
+            return None
+        log(f"{name}: start ({self.left():.0f}s left)")
+        t = time.monotonic()
+        try:
+            out = fn(*args)
+            self.result[name] = out
+            return out
+        except Exception as e:  # noqa: BLE001 - a section's failure is data, not the end
+            self.result[name] = {"error": f"{type(e).__name__}: {e}"[:500],
+                                 "where": traceback.format_exc().splitlines()[-6:]}
+            log(f"{name}: ERROR {type(e).__name__}: {e}")
+            return None
+        finally:
+            if isinstance(self.result.get(name), dict):
+                self.result[name]["seconds"] = round(time.monotonic() - t, 1)
+            log(f"{name}: done in {time.monotonic() - t:.1f}s")
+
+
+def env_info(device: torch.device) -> dict[str, Any]:
+    info: dict[str, Any] = {"torch": torch.__version__, "python": sys.version.split()[0]}
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        info.update(gpu=p.name, sm=f"{p.major}.{p.minor}", gpu_mem_gib=round(p.total_memory /
+                                                                             2**30, 1),
+                    cuda=torch.version.cuda)
+    return info
+
+
+def kernel_tests(device: torch.device, timeout_s: float) -> dict[str, Any]:
+    """tests/test_kernels_triton.py and test_kernels_kv_indices.py in a child process: compiled
+    on CUDA (TRITON_INTERPRET unset), interpreted on a CPU dry run."""
+    env = dict(os.environ)
+    if device.type == "cuda":
+        env.pop("TRITON_INTERPRET", None)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+           "tests/test_kernels_triton.py", "tests/test_kernels_kv_indices.py"]
+    proc = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout_s)
+    tail = (proc.stdout + proc.stderr).strip().splitlines()
+    summary = next((line for line in reversed(tail) if " passed" in line or " failed" in line
+                    or " error" in line), tail[-1] if tail else "")
+    return {"ok": proc.returncode == 0, "summary": summary,
+            "compiled": device.type == "cuda", "tail": tail[-8:] if proc.returncode else []}
+
+
+def decode_section(device: torch.device, small: bool, batches: list[int],
+                   smoke: Smoke) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    shapes = ["tiny"] if small else ["llama-3.1-8b", "llama-3.2-1b"]
+    for shape in shapes:
+        cfg = ModelConfig.from_hf_dict(llama_config(shape))
+        model = random_model_on(cfg, dtype, device)
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        rows = []
+        for b in batches:
+            if smoke.left() < 20:
+                rows.append({"batch": b, "skipped": "time budget"})
+                continue
+            log(f"decode {shape} batch {b}")
+            rows.append(decode_bench(model, device, b, steps=4 if small else 16))
+        out[shape] = {"weights_gib": round(weight_bytes / 2**30, 2), "steps": rows}
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--small", action="store_true", help="tiny shapes (CPU dry run)")
+    ap.add_argument("--budget-s", type=float, default=290.0)
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/gs_smoke"))
+    ap.add_argument("--tokenizer-dir", type=Path, default=ROOT / ".smoke" / "smollm2",
+                    help="folder with the embedded model's config.json and tokenizer files")
+    ap.add_argument("--skip", default="", help="comma-separated sections to leave out")
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    skip = set(filter(None, args.skip.split(",")))
+    smoke = Smoke(args.budget_s)
+    r = smoke.result
+    r["date"] = time.strftime("%Y-%m-%d")
+    r["env"] = env_info(device)
+    r["flashinfer"] = FLASHINFER
+    small = args.small
+    cfg_json = json.loads((args.tokenizer_dir / "config.json").read_text())
+    if small:  # the tokenizer's vocabulary, a tiny decoder
+        cfg_json.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    folder = write_random_folder(args.work / "smollm2-random", cfg_json, args.tokenizer_dir)
+    r["model"] = {"config": "SmolLM2-135M (GGUF metadata)" if not small else "tiny",
+                  "weights": "random (seeded, scaled for logit margins)"}
+    plan = [("parity", 40, greedy_parity, folder, device, small),
+            ("engine_paths", 30, engine_paths, folder, device),
+            ("sync_debug", 20, sync_listing, folder, device),
+            ("engine_process", 40, engine_process_round_trip, folder, device),
+            ("kernel_tests", 30, kernel_tests, device, 150.0),
+            ("decode", 60, decode_section, device, small, [1, 32, 128] if not small else [1, 4],
+             smoke),
+            ("attention", 20, attention_bench, device, small)]
+    for name, need, fn, *fargs in plan:
+        if name not in skip:
+            smoke.run(name, need, fn, *fargs)
+    r["ok"] = all(not (isinstance(v, dict) and ("error" in v or v.get("ok") is False))
+                  for v in r.values())
+    r["seconds"] = round(time.monotonic() - smoke.t0, 1)
+    line = json.dumps(r, separators=(",", ":"), default=str)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(line + "\n")
+    print(line, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
