@@ -175,11 +175,13 @@ def main() -> int:
             ("engine_paths", 30, engine_paths, folder, device),
             ("sync_debug", 20, sync_listing, folder, device),
             ("engine_process", 40, engine_process_round_trip, folder, device),
-            ("kernel_tests", 30, kernel_tests, device, 150.0),
-            ("decode", 60, decode_section, device, small, [1, 32, 128] if not small else [1, 4],
+            ("decode", 60, decode_section, device, small, [32, 1, 128] if not small else [1, 4],
              smoke),
-            ("attention", 20, attention_bench, device, small)]
+            ("attention", 20, attention_bench, device, small),
+            ("kernel_tests", 30, kernel_tests, device, None)]
     for name, need, fn, *fargs in plan:
+        if name == "kernel_tests":  # last: it may use what is left of the budget
+            fargs = [device, max(20.0, smoke.left() - 10)]
         if name not in skip:
             smoke.run(name, need, fn, *fargs)
     r["ok"] = all(not (isinstance(v, dict) and ("error" in v or v.get("ok") is False))
