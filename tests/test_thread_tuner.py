@@ -6,6 +6,8 @@ many slow trials it pays."""
 
 from __future__ import annotations
 
+import torch
+
 from grammarserve.engine.threads import ThreadTuner, step_shape
 
 
@@ -88,3 +90,19 @@ def test_one_thread_configured_means_no_trials() -> None:
     t = ThreadTuner(max_threads=1, clock=m.clock)
     assert set(run(t, m, 100, step_shape(8, 8))) == {1}
     assert t.trials == 0
+
+
+def test_step_sets_torch_threads_only_when_enabled() -> None:
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        with ThreadTuner(max_threads=1).step(8, 8):
+            assert torch.get_num_threads() == 2  # disabled: a fixed --num-threads stays
+        m = Machine()
+        t = ThreadTuner(max_threads=2, clock=m.clock, first_trial_s=0.0)
+        with t.step(8, 8):
+            assert torch.get_num_threads() == 2
+        with t.step(8, 8):  # the trial of one thread
+            assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -105,7 +105,11 @@ class ThreadTuner:
     @contextmanager
     def step(self, rows: int, tokens: int) -> Iterator[None]:
         """Run the body (one forward and its sampling) on the chosen number of torch threads (the
-        C++ kernels read ``torch.get_num_threads()``) and record its time."""
+        C++ kernels read ``torch.get_num_threads()``) and record its time. Disabled: the
+        thread count is left as it is."""
+        if not self.enabled:
+            yield
+            return
         shape = step_shape(rows, tokens)
         threads = self.choose(shape)
         if threads != torch.get_num_threads():
