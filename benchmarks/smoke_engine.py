@@ -195,7 +195,8 @@ def sync_listing(folder: Path, device: torch.device) -> dict[str, Any]:
     for w in caught:
         if "synchroniz" in str(w.message):
             path = Path(w.filename)
-            where = str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else path.name
+            where = (str(path.relative_to(ROOT)) if path.is_relative_to(ROOT)
+                     else "/".join(path.parts[-3:]))
             counts[f"{where}:{w.lineno}"] += 1
     return {"syncs": sum(counts.values()), "by_line": dict(counts.most_common()),
             "step_ms": round(step_ms, 2)}

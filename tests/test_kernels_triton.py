@@ -176,8 +176,24 @@ def test_triton_applies_each_control(full_kernel: Callable[..., Sampled], contro
     check_against_reference(case, *got)
     ref = sample_tokens_ref(*args[:4], controls=args[4], num_top=args[5])
     _assert_same(ref[:2], got[:2])
-    assert got.top_ids.tolist() == ref.top_ids.tolist()
+    _assert_same_top(ref, got)
+
+
+def _assert_same_top(ref: Sampled, got: Sampled) -> None:
+    """Same top log-probabilities; the same ids up to the order of exactly tied values (bf16
+    logits tie often, and CPU and CUDA topk order ties differently; a tie that runs past the
+    end of the list may also pick different tokens)."""
     torch.testing.assert_close(got.top_logprobs, ref.top_logprobs, rtol=1e-5, atol=2e-5)
+    for r_ids, r_lps, g_ids in zip(ref.top_ids.tolist(), ref.top_logprobs.tolist(),
+                                   got.top_ids.tolist()):
+        groups: dict[float, tuple[set[int], set[int]]] = {}
+        for rid, lp, gid in zip(r_ids, r_lps, g_ids):
+            a, b = groups.setdefault(lp, (set(), set()))
+            a.add(rid)
+            b.add(gid)
+        last = r_lps[-1] if r_lps else None
+        for lp, (a, b) in groups.items():
+            assert a == b or lp == last, f"top ids differ beyond ties at logprob {lp}"
 
 
 def test_triton_controls_in_half_precision_and_top_without_controls(
@@ -189,5 +205,4 @@ def test_triton_controls_in_half_precision_and_top_without_controls(
         ref = sample_tokens_ref(*args[:4], controls=controls, num_top=case.num_top)
         got = full_kernel(*args)
         _assert_same(ref[:2], got[:2])
-        assert got.top_ids.tolist() == ref.top_ids.tolist()
-        torch.testing.assert_close(got.top_logprobs, ref.top_logprobs, rtol=1e-5, atol=2e-5)
+        _assert_same_top(ref, got)

@@ -10,6 +10,7 @@ import torch
 
 from grammarserve.attention.backend import AttentionBackend, TorchSDPABackend
 from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
+from grammarserve.attention.staging import to_device
 from grammarserve.attention.varlen import VarlenBackend
 from grammarserve.config import EngineConfig
 from grammarserve.engine.detokenizer import IncrementalDetokenizer
@@ -191,7 +192,9 @@ class Engine:
                     self.scheduler.cache_prefix(w.req)
             if reqs:
                 rows = [i for i, w in enumerate(work) if w.req.num_pending == 0]
-                out = sample(logits[rows], [r.params for r in reqs], [r.rng for r in reqs],
+                if len(rows) < len(work):  # NOTE: staged, as a list index would sync on CUDA
+                    logits = logits.index_select(0, to_device(torch.tensor(rows), logits.device))
+                out = sample(logits, [r.params for r in reqs], [r.rng for r in reqs],
                              self.grammar.wait(masks),
                              history=[History(r.tokens, len(r.prompt_ids)) for r in reqs])
                 for i, req in enumerate(reqs):
