@@ -58,9 +58,9 @@ def test_busy_machine_falls_back_to_one_thread_at_the_first_slow_step() -> None:
     m.busy, before = True, t.trials
     chosen = run(t, m, 400, shape)
     assert t.current == 1
-    assert chosen[:2] == [2, 1]  # the step that saw the load, then one thread at once
+    assert chosen[:3] == [2, 1, 1]  # the step that saw the load, then two trials of one thread
     trials = t.trials - before
-    assert chosen.count(2) == trials  # the step that saw the load + (trials - 1) trials of two
+    assert chosen.count(2) == 1 + trials - 2  # that step, then the (lost) trials of two threads
     # ~60 s busy: trials of two threads back off (1, 2, 4, ... s), a handful of slow steps
     assert trials <= 7, trials
 
@@ -80,9 +80,15 @@ def test_a_trial_waits_for_a_shape_with_an_average() -> None:
     m = Machine()
     t = ThreadTuner(max_threads=2, clock=m.clock, first_trial_s=0.0)
     assert t.choose(step_shape(8, 8)) == 2  # nothing known: the current choice
-    t.record(step_shape(8, 8), 2, 0.02)
+    for _ in range(3):  # the first step of a shape pays warm-up: an average needs three
+        t.record(step_shape(8, 8), 2, 0.02)
+    t.record(step_shape(64, 64), 2, 0.1)
     assert t.choose(step_shape(64, 64)) == 2  # a trial is due, but this shape has no average
     assert t.choose(step_shape(8, 8)) == 1  # the trial runs on the known shape
+    t.record(step_shape(8, 8), 1, 0.001)  # won once: one more trial before switching
+    assert t.current == 2 and t.choose(step_shape(8, 8)) == 1
+    t.record(step_shape(8, 8), 1, 0.001)
+    assert t.current == 1 and t.switches == 1
 
 
 def test_one_thread_configured_means_no_trials() -> None:
@@ -100,8 +106,9 @@ def test_step_sets_torch_threads_only_when_enabled() -> None:
             assert torch.get_num_threads() == 2  # disabled: a fixed --num-threads stays
         m = Machine()
         t = ThreadTuner(max_threads=2, clock=m.clock, first_trial_s=0.0)
-        with t.step(8, 8):
-            assert torch.get_num_threads() == 2
+        for _ in range(3):
+            with t.step(8, 8):
+                assert torch.get_num_threads() == 2
         with t.step(8, 8):  # the trial of one thread
             assert torch.get_num_threads() == 1
     finally:

@@ -8,10 +8,11 @@ processes on two cores, against ~40 ms on one thread (``benchmarks/bench_content
 fixed setting is right for both a quiet and a shared machine, so :class:`ThreadTuner` measures.
 
 Policy: run on the current choice (at first, all threads) and keep an average step time per step
-shape (rows and tokens, in powers of two). Now and then, on a step whose shape has an average,
-run the other choice once and keep whichever is faster by a margin. A lost trial doubles the
-wait before the next (up to ``max_backoff_s``), so a busy machine pays one slow step a minute;
-a step far slower than its shape's average (load just arrived) brings the next trial forward.
+shape (rows and tokens, in powers of two; a shape's first step, which pays for warm-up, is left
+out). Now and then, on a step whose shape has an average, run the other choice; it takes over
+when two trial steps in a row beat the average by a margin. A lost trial doubles the wait before
+the next (up to ``max_backoff_s``), so a busy machine pays one slow step a minute; a step far
+slower than its shape's average (load just arrived) brings the next trial forward.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ def step_shape(rows: int, tokens: int) -> Shape:
 class _Trial:
     threads: int
     shape: Shape | None = None  # set once a step of a shape with an average is chosen
+    wins: int = 0
 
 
 @dataclass
@@ -74,7 +76,7 @@ class ThreadTuner:
         if self._trial is None and self.clock() >= self._next_trial:
             self._trial = _Trial(1 if self.current != 1 else self.max_threads)
         trial = self._trial
-        if trial is not None and trial.shape is None and shape in self._avg:
+        if trial is not None and trial.shape is None and self._avg.get(shape, (0, 0))[1] >= 3:
             trial.shape = shape
             return trial.threads
         return self.current
@@ -85,14 +87,18 @@ class ThreadTuner:
             return
         trial = self._trial
         if trial is not None and trial.shape == shape and threads == trial.threads:
-            self._trial = None
             self.trials += 1
             if seconds < self.margin * self._avg[shape][0]:
+                trial.wins += 1
+                if trial.wins < 2:  # once more, to be sure it was not a lucky step
+                    trial.shape = None
+                    return
                 self.current, self.switches = threads, self.switches + 1
-                self._avg = {shape: (seconds, 1)}
+                self._avg = {shape: (seconds, 3)}
                 self._backoff = self.first_trial_s
             else:
                 self._backoff = min(2 * self._backoff, self.max_backoff_s)
+            self._trial = None
             self._next_trial = self.clock() + self._backoff
             return
         if threads != self.current:
@@ -100,7 +106,7 @@ class ThreadTuner:
         avg, n = self._avg.get(shape, (seconds, 0))
         if n >= 3 and seconds > self.spike * avg and self._trial is None:
             self._next_trial = self.clock()  # load arrived: try the other choice now
-        self._avg[shape] = (avg + self.alpha * (seconds - avg) if n else seconds, n + 1)
+        self._avg[shape] = (avg + self.alpha * (seconds - avg) if n >= 2 else seconds, n + 1)
 
     @contextmanager
     def step(self, rows: int, tokens: int) -> Iterator[None]:
