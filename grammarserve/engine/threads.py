@@ -49,7 +49,7 @@ class ThreadTuner:
     first_trial_s: float = 1.0
     max_backoff_s: float = 64.0
     margin: float = 0.85  # a trial wins when it takes under this share of the current average
-    spike: float = 4.0  # a step this many times its shape's average brings a trial forward
+    spike: float = 2.0  # a step this many times its shape's average brings a trial forward
     alpha: float = 0.3
     clock: Callable[[], float] = time.monotonic
     current: int = 0
