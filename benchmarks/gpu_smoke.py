@@ -136,8 +136,14 @@ def decode_section(device: torch.device, small: bool, batches: list[int],
             if smoke.left() < 20:
                 rows.append({"batch": b, "skipped": "time budget"})
                 continue
-            log(f"decode {shape} batch {b}")
-            rows.append(decode_bench(model, device, b, steps=4 if small else 16))
+            for graphs in (True, False):  # (on CPU the graph path runs eagerly)
+                log(f"decode {shape} batch {b} graphs {graphs}")
+                try:
+                    rows.append(decode_bench(model, device, b, steps=4 if small else 16,
+                                             graphs=graphs))
+                except Exception as e:  # noqa: BLE001 - recorded; the other rows still run
+                    rows.append({"batch": b, "graphs": graphs, "error": f"{type(e).__name__}: "
+                                                                         f"{e}"[:300]})
         out[shape] = {"weights_gib": round(weight_bytes / 2**30, 2), "steps": rows}
         del model
         if device.type == "cuda":

@@ -23,6 +23,7 @@ from torch import nn
 from grammarserve.attention.backend import AttentionBackend, TorchSDPABackend
 from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
 from grammarserve.attention.varlen import VarlenBackend
+from grammarserve.engine.cuda_graphs import DecodeGraphs
 from grammarserve.engine.model_runner import BatchEntry, ModelRunner
 from grammarserve.engine.sampler import sample
 from grammarserve.models.config import ModelConfig
@@ -135,10 +136,12 @@ def _sync(device: torch.device) -> None:
 
 
 def decode_bench(model: LlamaModel, device: torch.device, batch: int, *, prompt_len: int = 128,
-                 steps: int = 16, warmup: int = 3, backend: str = "varlen") -> dict[str, Any]:
+                 steps: int = 16, warmup: int = 3, backend: str = "varlen",
+                 graphs: bool = False) -> dict[str, Any]:
     """Prefill ``batch`` random prompts, then time greedy decode steps as the engine runs them
     (a KV slot allocated and recorded per request, one forward, the fused sampler, one read
-    back of the tokens). Returns ms per step, tokens/s and the peak device memory."""
+    back of the tokens); with ``graphs``, decode steps replay CUDA graphs (captured in the
+    warm-up). Returns ms per step, tokens/s and the peak device memory."""
     cfg = model.config
     dtype = model.embed_tokens.weight.dtype
     total = prompt_len + warmup + steps + 1
@@ -150,7 +153,8 @@ def decode_bench(model: LlamaModel, device: torch.device, batch: int, *, prompt_
     table = ReqToTokenPool(max_reqs=batch, max_context=total + 1, device=device)
     attn: AttentionBackend = (VarlenBackend(pool, table) if backend == "varlen"
                               else TorchSDPABackend(pool, table, mirror_tokens=0))
-    runner = ModelRunner(model, pool, table, attn)
+    runner = ModelRunner(model, pool, table, attn,
+                         DecodeGraphs(model, pool, table, batch) if graphs else None)
     g = torch.Generator().manual_seed(batch)
     prompts = torch.randint(0, cfg.vocab_size, (batch, prompt_len), generator=g).tolist()
     rows = [table.alloc() for _ in range(batch)]
@@ -178,7 +182,7 @@ def decode_bench(model: LlamaModel, device: torch.device, batch: int, *, prompt_
     times.sort()
     ms = 1000 * times[len(times) // 2]
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
-    return {"batch": batch, "ms_per_step": round(ms, 3), "tokens_per_s": round(batch * 1000 / ms,
+    return {"batch": batch, "graphs": graphs, "ms_per_step": round(ms, 3), "tokens_per_s": round(batch * 1000 / ms,
                                                                                1),
             "ms_min": round(1000 * times[0], 3), "peak_mem_gib": round(peak / 2**30, 2),
             "context": prompt_len + warmup + steps // 2}

@@ -15,6 +15,7 @@ import torch
 from grammarserve.attention.backend import AttentionBackend, TorchSDPABackend
 from grammarserve.attention.forward_batch import ForwardBatch
 from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
+from grammarserve.attention.paged_decode import PagedDecodeBackend
 from grammarserve.attention.varlen import VarlenBackend
 from grammarserve.config import EngineConfig
 from grammarserve.constraints import Constraint
@@ -88,16 +89,18 @@ def greedy_parity(folder: Path, device: torch.device, small: bool) -> dict[str, 
     greedy = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
     runs: dict[str, Engine] = {}
     tokens: dict[str, list[list[int]]] = {}
-    for name, dev, dtype in (("cpu_fp32", torch.device("cpu"), "float32"),
-                             ("fp32", device, "float32"), ("bf16", device, "bfloat16")):
-        engine = _engine(folder, dev, dtype=dtype, tf32=False)
+    for name, dev, dtype, graphs in (("cpu_fp32", torch.device("cpu"), "float32", False),
+                                     ("fp32", device, "float32", True),
+                                     ("fp32_eager", device, "float32", False),
+                                     ("bf16", device, "bfloat16", True)):
+        engine = _engine(folder, dev, dtype=dtype, tf32=False, cuda_graphs=graphs)
         prompts = _prompt_ids(engine)
         done = _run(engine, {str(i): (p, greedy) for i, p in enumerate(prompts)})
         tokens[name] = [done[str(i)].token_ids for i in range(len(prompts))]
         runs[name] = engine
     ref = tokens["cpu_fp32"]
     seqs = [p + t for p, t in zip(_prompt_ids(runs["cpu_fp32"]), ref)]
-    logits = {k: _teacher_forced(e, seqs) for k, e in runs.items()}
+    logits = {k: _teacher_forced(e, seqs) for k, e in runs.items() if k != "fp32_eager"}
     gen = [slice(len(s) - len(t) - 1, len(s) - 1) for s, t in zip(seqs, ref)]
     cpu = torch.cat([x[g] for x, g in zip(logits["cpu_fp32"], gen)])
     f32 = torch.cat([x[g] for x, g in zip(logits["fp32"], gen)])
@@ -112,6 +115,8 @@ def greedy_parity(folder: Path, device: torch.device, small: bool) -> dict[str, 
 
     fp32_equal = sum(a == b for a, b in zip(ref, tokens["fp32"]))
     return {
+        "decode_graphs": runs["fp32"].runner.graphs is not None,
+        "fp32_eager_equal_prompts": sum(a == b for a, b in zip(ref, tokens["fp32_eager"])),
         "prompts": len(ref), "tokens_each": 32,
         "fp32_equal_prompts": fp32_equal,
         "fp32_first_diff": [first_diff(a, b) for a, b in zip(ref, tokens["fp32"])],
@@ -236,6 +241,7 @@ def _attn_case(backend: str, device: torch.device, b: int, ctx: int, ext: int,
     for r in range(b):
         table.write(r, 0, pool.alloc(ctx))
     attn: AttentionBackend = (VarlenBackend(pool, table) if backend == "varlen"
+                              else PagedDecodeBackend(pool, table) if backend == "paged"
                               else TorchSDPABackend(pool, table, mirror_tokens=0))
     runner = ModelRunner(torch.nn.Module(), pool, table, attn)  # type: ignore[arg-type]
     batch: ForwardBatch = runner.build_batch([BatchEntry(r, ctx - ext, [1] * ext, r)
@@ -261,13 +267,14 @@ def _attn_case(backend: str, device: torch.device, b: int, ctx: int, ext: int,
 def attention_bench(device: torch.device, small: bool) -> dict[str, Any]:
     """One attention layer of the 8B shape (32 heads, 8 KV heads, d=128), prepare + forward:
     a decode group (32 x 4096 context) and a 2048-token chunk over an 8192-token prefix; the
-    varlen backend against the torch SDPA backend (boolean mask + enable_gqa, no mirror)."""
+    varlen backend against the torch SDPA backend (boolean mask + enable_gqa, no mirror) and,
+    for decode, the paged kernel of the CUDA-graph path (eager here)."""
     heads, kv, d = (4, 2, 16) if small else (32, 8, 128)
     cases = {"decode_b32_ctx4096": (32, 4096, 1), "chunk2048_over_8192": (1, 10240, 2048)}
     if small:
         cases = {"decode_b4_ctx64": (4, 64, 1), "chunk16_over_48": (1, 64, 16)}
     out: dict[str, Any] = {}
     for name, (b, ctx, ext) in cases.items():
-        out[name] = {be: _attn_case(be, device, b, ctx, ext, heads, kv, d)
-                     for be in ("varlen", "torch")}
+        backends = ("varlen", "torch", "paged") if ext == 1 else ("varlen", "torch")
+        out[name] = {be: _attn_case(be, device, b, ctx, ext, heads, kv, d) for be in backends}
     return out

@@ -26,6 +26,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    choices=["auto", "torch", "varlen"],
                    help="auto: varlen flash attention on CUDA, torch SDPA + CPU kernels on CPU")
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
+    p.add_argument("--cuda-graphs", default=EngineConfig.cuda_graphs,
+                   action=argparse.BooleanOptionalAction,
+                   help="on CUDA, replay decode steps as CUDA graphs (one per padded batch size)")
     p.add_argument("--kv-cache-tokens", type=int, default=EngineConfig.kv_cache_tokens)
     p.add_argument("--max-batch-tokens", type=int, default=EngineConfig.max_batch_tokens)
     p.add_argument("--num-threads", type=int, default=None,
@@ -158,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
                         attention_backend=args.attention_backend,
+                        cuda_graphs=args.cuda_graphs,
                         kv_cache_tokens=args.kv_cache_tokens,
                         max_batch_tokens=args.max_batch_tokens, max_num_reqs=args.max_num_reqs,
                         max_model_len=args.max_model_len,

@@ -42,6 +42,10 @@ class EngineConfig:
         kernels), ``"varlen"`` (one variable-length flash-attention call per layer over the
         whole ragged batch; fp16/bf16 on CUDA, a padded SDPA elsewhere) or ``"auto"``
         (``varlen`` on CUDA, ``torch`` on CPU).
+    cuda_graphs:
+        On CUDA, decode steps (every request one new token) replay a CUDA graph captured once
+        per padded batch size (``grammarserve/engine/cuda_graphs.py``), with attention read in
+        place from the KV pool; other steps run eagerly. Off on CPU.
     tf32:
         fp32 matmuls on CUDA may use TF32 tensor cores (``torch.set_float32_matmul_precision
         ("high")``; ~1e-3 relative error). Off for bit-faithful fp32.
@@ -157,6 +161,7 @@ class EngineConfig:
     decode_attention_kernel: bool = True
     decode_stack_kernel: bool = True
     attention_backend: Literal["auto", "torch", "varlen"] = "auto"
+    cuda_graphs: bool = True
     tf32: bool = True
 
     def __post_init__(self) -> None:
@@ -214,6 +219,7 @@ class EngineConfig:
                            dtype="float32" if self.dtype == "auto" else self.dtype,
                            kv_dtype=None if self.kv_dtype == "auto" else self.kv_dtype,
                            kv_memory_fraction=self.kv_memory_fraction or 0.25,
+                           cuda_graphs=False,
                            attention_backend=("torch" if self.attention_backend == "auto"
                                               else self.attention_backend))
         # NOTE: the mirror, the cascade and the C++ kernels read host memory; on a GPU they

@@ -25,46 +25,50 @@ from grammarserve.sampling_params import SamplingParams
 # (table row, cached prefix, new tokens): a fresh prefill, a long extend over a prefix, a
 # jump-forward span, two decode tokens.
 RAGGED = [(2, 0, 20), (0, 6, 30), (3, 10, 5), (1, 12, 1), (4, 40, 1)]
+DECODE = [(2, 3, 1), (0, 30, 1), (1, 12, 1), (4, 1, 1)]  # (the GQA-swapped decode path)
 
 
-def _pool_and_batch(heads: int, kv_heads: int, d: int, seed: int
+def _pool_and_batch(heads: int, kv_heads: int, d: int, seed: int,
+                    layout: list[tuple[int, int, int]] = RAGGED,
                     ) -> tuple[KVPool, ReqToTokenPool, ForwardBatch, torch.Tensor]:
     """A pool whose cached prefixes hold random K/V (slots in random order), and a batch of
-    RAGGED's new tokens; returns also random q/k/v of the new tokens."""
+    the layout's new tokens; returns also random q/k/v of the new tokens."""
     g = torch.Generator().manual_seed(seed)
-    total = sum(p + n for _, p, n in RAGGED)
+    total = sum(p + n for _, p, n in layout)
     pool = KVPool(capacity=total + 8, num_layers=1, num_kv_heads=kv_heads, head_dim=d,
                   dtype=torch.float32)
     table = ReqToTokenPool(max_reqs=6, max_context=64)
     slots = pool.alloc(total)[torch.randperm(total, generator=g)]
     off = 0
-    for row, p, n in RAGGED:
+    for row, p, n in layout:
         table.write(row, 0, slots[off:off + p + n])
         pool.k[0][slots[off:off + p]] = torch.randn(p, kv_heads, d, generator=g)
         pool.v[0][slots[off:off + p]] = torch.randn(p, kv_heads, d, generator=g)
         off += p + n
-    ext = [n for _, _, n in RAGGED]
-    owners = [row for row, _, n in RAGGED for _ in range(n)]
-    pos = [q for _, p, n in RAGGED for q in range(p, p + n)]
+    ext = [n for _, _, n in layout]
+    owners = [row for row, _, n in layout for _ in range(n)]
+    pos = [q for _, p, n in layout for q in range(p, p + n)]
     t = len(pos)
     batch = ForwardBatch(
         input_ids=torch.zeros(t, dtype=torch.int64), positions=torch.tensor(pos),
         out_cache_loc=table.table[torch.tensor(owners), torch.tensor(pos)],
-        req_pool_indices=[r for r, _, _ in RAGGED], prefix_lens=[p for _, p, _ in RAGGED],
+        req_pool_indices=[r for r, _, _ in layout], prefix_lens=[p for _, p, _ in layout],
         extend_lens=ext, logit_rows=torch.tensor(ext).cumsum(0) - 1,
-        seq_ids=list(range(len(RAGGED))))
+        seq_ids=list(range(len(layout))))
     qkv = torch.randn(t, heads + 2 * kv_heads, d, generator=g)
     return pool, table, batch, qkv
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "window"), [(4, 4, None), (6, 2, None),
-                                                           (4, 1, 7)])
-def test_varlen_matches_torch_backend(heads: int, kv_heads: int, window: int | None) -> None:
+@pytest.mark.parametrize(("heads", "kv_heads", "window", "layout"), [
+    (4, 4, None, RAGGED), (6, 2, None, RAGGED), (4, 1, 7, RAGGED), (6, 2, None, DECODE),
+    (9, 3, None, DECODE), (4, 2, 5, DECODE)])
+def test_varlen_matches_torch_backend(heads: int, kv_heads: int, window: int | None,
+                                      layout: list[tuple[int, int, int]]) -> None:
     d = 16
     outs = []
     for make in (lambda p, t: TorchSDPABackend(p, t, window, mirror_tokens=0),
                  lambda p, t: VarlenBackend(p, t, window)):
-        pool, table, batch, qkv = _pool_and_batch(heads, kv_heads, d, seed=1)
+        pool, table, batch, qkv = _pool_and_batch(heads, kv_heads, d, seed=1, layout=layout)
         attn = make(pool, table)
         attn.prepare(batch)
         q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)

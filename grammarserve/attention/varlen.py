@@ -58,19 +58,36 @@ def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: Va
     scale = q.shape[-1] ** -0.5
     if use_flash is None:
         use_flash = flash_usable(q)
+    groups = q.shape[1] // k.shape[1]
+    if meta.max_q == 1 and window is None and groups > 1:
+        # NOTE: a decode batch: each KV head's query heads become that head's query rows
+        # (FlashAttention's "seqlen_q ngroups swapped" trick, which its varlen entry point does
+        # not do itself), so K/V are read once per KV head instead of once per query head.
+        b, d, kv_heads = q.shape[0], q.shape[-1], k.shape[1]
+        qs = q.view(b, kv_heads, groups, d).transpose(1, 2).reshape(b * groups, kv_heads, d)
+        swapped = VarlenMeta(meta.cu_q * groups, meta.cu_k, groups, meta.max_k, meta.kv_index,
+                             meta.prefix, meta.extend * groups, meta.seq, b * groups)
+        out = _attend(qs, k, v, swapped, None, scale, use_flash, causal=False)
+        return out.view(b, groups, kv_heads, d).transpose(1, 2).reshape(q.shape)
+    return _attend(q, k, v, meta, window, scale, use_flash, causal=True)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: VarlenMeta,
+            window: int | None, scale: float, use_flash: bool, *, causal: bool) -> torch.Tensor:
     if use_flash:
-        out = torch.ops.aten._flash_attention_forward(
+        return torch.ops.aten._flash_attention_forward(
             q.contiguous(), k.contiguous(), v.contiguous(), meta.cu_q, meta.cu_k, meta.max_q,
-            meta.max_k, 0.0, True, False, scale=scale,
-            window_size_left=-1 if window is None else window - 1, window_size_right=0)[0]
-        return out
-    return _padded_attention(q, k, v, meta, window, scale)
+            meta.max_k, 0.0, causal, False, scale=scale,
+            window_size_left=-1 if window is None else window - 1,
+            window_size_right=0 if causal else -1)[0]
+    return _padded_attention(q, k, v, meta, window, scale, causal)
 
 
 def _padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: VarlenMeta,
-                      window: int | None, scale: float) -> torch.Tensor:
+                      window: int | None, scale: float, causal: bool) -> torch.Tensor:
     """The reference: requests padded to ``[B, H, max_q | max_k, d]``, heads expanded (so CUDA's
-    memory-efficient SDPA kernel takes it, which ``enable_gqa`` would not), a boolean mask."""
+    memory-efficient SDPA kernel takes it, which ``enable_gqa`` would not), a boolean mask
+    (without ``causal``, every query of a request sees its whole sequence)."""
     dev = q.device
     b = meta.extend.numel()
     cu_q, cu_k = meta.cu_q.long(), meta.cu_k.long()
@@ -79,9 +96,11 @@ def _padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: V
     q_rows = cu_q[:-1, None] + torch.minimum(qi[None], meta.extend[:, None] - 1)  # [B, Lq]
     k_rows = cu_k[:-1, None] + torch.minimum(kj[None], meta.seq[:, None] - 1)  # [B, S]
     q_pos = meta.prefix[:, None] + qi[None]  # [B, Lq] absolute position of each query
-    mask = (kj[None, None] <= q_pos[:, :, None]) & (kj[None, None] < meta.seq[:, None, None])
+    mask = (kj[None, None] < meta.seq[:, None, None]).expand(b, meta.max_q, meta.max_k)
+    if causal:
+        mask = mask & (kj[None, None] <= q_pos[:, :, None])
     if window is not None:
-        mask &= kj[None, None] > q_pos[:, :, None] - window
+        mask = mask & (kj[None, None] > q_pos[:, :, None] - window)
     groups = q.shape[1] // k.shape[1]
     qp = q[q_rows].transpose(1, 2)  # [B, H, Lq, d]
     kp = k[k_rows].transpose(1, 2).repeat_interleave(groups, dim=1)  # [B, H, S, d]

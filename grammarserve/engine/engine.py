@@ -13,6 +13,7 @@ from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
 from grammarserve.attention.staging import to_device
 from grammarserve.attention.varlen import VarlenBackend
 from grammarserve.config import EngineConfig
+from grammarserve.engine.cuda_graphs import DecodeGraphs
 from grammarserve.engine.detokenizer import IncrementalDetokenizer
 from grammarserve.engine.device import setup_cuda
 from grammarserve.engine.grammar import GrammarRunner
@@ -77,7 +78,11 @@ class Engine:
                 mirror_tokens=mirror_tokens_for(capacity, config.decode_mirror_tokens),
                 decode_kernel=config.decode_attention_kernel,
                 decode_stack=config.decode_stack_kernel)
-        self.runner = ModelRunner(self.loaded.model, pool, table, attn)
+        graphs = None
+        if config.cuda_graphs and device.type == "cuda" and DecodeGraphs.supports(
+                self.loaded.model):
+            graphs = DecodeGraphs(self.loaded.model, pool, table, config.max_num_reqs)
+        self.runner = ModelRunner(self.loaded.model, pool, table, attn, graphs)
         self.threads = ThreadTuner(torch.get_num_threads() if device.type == "cpu"
                                    and config.adaptive_threads else 1)
         self.cache = RadixCache(pool) if config.enable_prefix_cache else None

@@ -10,6 +10,7 @@ from grammarserve.attention.backend import AttentionBackend, TorchSDPABackend
 from grammarserve.attention.forward_batch import ForwardBatch
 from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
 from grammarserve.attention.staging import stage_int64
+from grammarserve.engine.cuda_graphs import DecodeGraphs
 from grammarserve.models.llama import LlamaModel
 
 
@@ -28,8 +29,9 @@ class ModelRunner:
     """Owns the model, the KV pool and the request-to-token table of one device."""
 
     def __init__(self, model: LlamaModel, pool: KVPool, req_to_token: ReqToTokenPool,
-                 attn: AttentionBackend | None = None) -> None:
+                 attn: AttentionBackend | None = None, graphs: DecodeGraphs | None = None) -> None:
         self.model = model
+        self.graphs = graphs
         self.pool = pool
         self.req_to_token = req_to_token
         self.device = pool.device
@@ -66,5 +68,8 @@ class ModelRunner:
         )
 
     def forward(self, entries: list[BatchEntry]) -> torch.Tensor:
-        """Run the entries; returns fp32 logits ``[len(entries), vocab]`` of each last token."""
+        """Run the entries; returns fp32 logits ``[len(entries), vocab]`` of each last token
+        (a decode step through its CUDA graph when the runner has them)."""
+        if self.graphs is not None and self.graphs.usable(entries):
+            return self.graphs.run(entries)
         return self.model(self.build_batch(entries), self.attn)
