@@ -12,6 +12,7 @@ import pytest
 from grammarserve.errors import GrammarError, GrammarTimeoutError
 from grammarserve.fsm import CompiledGrammar
 from grammarserve.fsm.cache import GrammarCache
+from grammarserve.fsm.limits import GrammarLimits
 
 
 def fake(size: int = 100) -> CompiledGrammar:
@@ -88,22 +89,37 @@ def test_timeout_is_an_error_and_does_not_block_others() -> None:
     release.set()
 
 
-def test_compile_errors_reach_every_waiter_and_are_not_cached() -> None:
+def test_compile_errors_reach_every_waiter_and_are_remembered() -> None:
+    """A refusal is remembered (issue 20's negative cache): the same key is refused again
+    without compiling; an unexpected failure too, for the TTL only; with
+    ``negative_entries=0`` nothing is remembered."""
     cache = GrammarCache(max_bytes=10_000, timeout_s=5, threads=2)
+    calls = []
 
     def bad() -> CompiledGrammar:
+        calls.append("bad")
         raise GrammarError("nope", path="$.x")
 
     for _ in range(2):
-        with pytest.raises(GrammarError, match="nope"):
+        with pytest.raises(GrammarError, match="nope") as err:
             cache.get_or_compile("bad", bad).result()
+        assert err.value.path == "$.x"
+    assert calls == ["bad"]
 
     def crash() -> CompiledGrammar:
         raise RuntimeError("backend bug")
 
     with pytest.raises(GrammarError, match="backend bug"):
         cache.get_or_compile("crash", crash).result()
-    assert cache.stats().errors == 3 and cache.stats().entries == 0
+    stats = cache.stats()
+    assert (stats.errors, stats.refused, stats.refused_entries, stats.entries) == (2, 1, 2, 0)
+
+    forgetful = GrammarCache(max_bytes=10_000, timeout_s=5, threads=1,
+                             limits=GrammarLimits(negative_entries=0))
+    for _ in range(2):
+        with pytest.raises(GrammarError, match="nope"):
+            forgetful.get_or_compile("bad", bad).result()
+    assert calls == ["bad"] * 3 and forgetful.stats().refused_entries == 0
 
 
 @pytest.mark.model

@@ -1,8 +1,11 @@
-"""Compiled-grammar cache: LRU bounded in bytes, one shared future per in-flight key, and a
-compile timeout that fails the waiters without blocking other compiles."""
+"""Compiled-grammar cache: LRU bounded in bytes, one shared future per in-flight key, a
+compile timeout that fails the waiters without blocking other compiles, and a negative cache:
+a key whose compile was refused (or timed out) is refused again from memory, never compiled
+again into the same failure."""
 
 from __future__ import annotations
 
+import copy
 import heapq
 import queue
 import threading
@@ -13,6 +16,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from grammarserve.errors import GrammarError, GrammarTimeoutError
+from grammarserve.fsm.limits import GrammarLimits
 from grammarserve.fsm.matcher import CompiledGrammar
 
 
@@ -31,6 +35,8 @@ class CacheStats:
     max_bytes: int
     compile_s_total: float
     compile_s_max: float
+    refused: int = 0  # requests refused from the negative cache, without a compile
+    refused_entries: int = 0
 
 
 class _Job:
@@ -53,15 +59,19 @@ class GrammarCache:
     so a pathological schema never holds up the queue behind it.
     """
 
-    def __init__(self, *, max_bytes: int, timeout_s: float, threads: int) -> None:
+    def __init__(self, *, max_bytes: int, timeout_s: float, threads: int,
+                 limits: GrammarLimits | None = None) -> None:
         self.max_bytes = max_bytes
         self.timeout_s = timeout_s
+        self.limits = limits or GrammarLimits()
         self._lock = threading.Lock()
         self._lru: OrderedDict[str, CompiledGrammar] = OrderedDict()
+        # key -> (the refusal, when it expires: +inf for the input's own faults)
+        self._refused: OrderedDict[str, tuple[GrammarError, float]] = OrderedDict()
         self._inflight: dict[str, _Job] = {}
         self._bytes = 0
         self._counts = {"hits": 0, "misses": 0, "shared": 0, "timeouts": 0, "errors": 0,
-                        "evictions": 0}
+                        "evictions": 0, "refused": 0}
         self._compile_s_total = 0.0
         self._compile_s_max = 0.0
         self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
@@ -85,8 +95,15 @@ class GrammarCache:
 
     def get_or_compile(self, key: str, compile_fn: Callable[[], CompiledGrammar]
                        ) -> Future[CompiledGrammar]:
-        """The cached grammar for ``key``, the in-flight compile of it, or a new compile."""
+        """The cached grammar for ``key``, the in-flight compile of it, or a new compile; a
+        key refused before is refused again at once (a copy of the same error)."""
         with self._lock:
+            refusal = self._refusal(key)
+            if refusal is not None:
+                self._counts["refused"] += 1
+                failed: Future[CompiledGrammar] = Future()
+                failed.set_exception(refusal)
+                return failed
             hit = self._lru.get(key)
             if hit is not None:
                 self._lru.move_to_end(key)
@@ -118,30 +135,37 @@ class GrammarCache:
                     continue
                 job.worker = me
             start = time.perf_counter()
+            final = False
             try:
                 result: CompiledGrammar | None = job.fn()
-                exc: BaseException | None = None
+                exc: GrammarError | None = None
             except BaseException as e:  # noqa: BLE001 - delivered to the waiters
                 result = None
+                # NOTE: a refusal of the input is final; anything else (a backend failure, no
+                # memory) may be the moment's, so it is remembered for the TTL only.
+                final = isinstance(e, GrammarError)
                 exc = e if isinstance(e, GrammarError) else GrammarError(
                     f"grammar compile failed: {type(e).__name__}: {e}")
-            self._finish(job, result, exc, time.perf_counter() - start)
+            self._finish(job, result, exc, time.perf_counter() - start, final=final)
             with self._lock:
                 if me in self._written_off:  # replaced after a timeout
                     self._written_off.discard(me)
                     return
 
-    def _finish(self, job: _Job, result: CompiledGrammar | None,
-                exc: BaseException | None, elapsed: float) -> None:
+    def _finish(self, job: _Job, result: CompiledGrammar | None, exc: GrammarError | None,
+                elapsed: float, *, final: bool) -> None:
         with self._lock:
             self._compile_s_total += elapsed
             self._compile_s_max = max(self._compile_s_max, elapsed)
             if self._inflight.get(job.key) is job:
                 del self._inflight[job.key]
             if result is not None:
+                self._refused.pop(job.key, None)  # it timed out, then compiled after all
                 self._insert(job.key, result)
             else:
                 self._counts["errors"] += 1
+                if exc is not None:
+                    self._remember(job.key, exc, forever=final)
             if job.future.done():
                 return
         if result is not None:
@@ -164,9 +188,13 @@ class GrammarCache:
                 if job.worker is not None:
                     self._written_off.add(job.worker)
                     self._spawn_worker()
-            job.future.set_exception(GrammarTimeoutError(
-                f"grammar compile exceeded the {self.timeout_s:g} s timeout; simplify the "
-                "schema (fewer alternatives, smaller bounds) or raise compile_timeout_s"))
+                timeout = GrammarTimeoutError(
+                    f"grammar compile exceeded the {self.timeout_s:g} s timeout; simplify the "
+                    "schema (fewer alternatives, smaller bounds) or raise compile_timeout_s")
+                # NOTE: the written-off worker may still be compiling it; a resubmission within
+                # the TTL must not start a second one beside it.
+                self._remember(job.key, timeout, forever=False)
+            job.future.set_exception(timeout)
 
     def _insert(self, key: str, value: CompiledGrammar) -> None:
         if value.size_bytes > self.max_bytes or key in self._lru:
@@ -180,10 +208,33 @@ class GrammarCache:
             self._bytes -= old.size_bytes
             self._counts["evictions"] += 1
 
+    def _remember(self, key: str, error: GrammarError, *, forever: bool) -> None:
+        # Called with the lock held.
+        if self.limits.negative_entries <= 0:
+            return
+        expires = float("inf") if forever else time.monotonic() + self.limits.negative_ttl_s
+        self._refused[key] = (copy.copy(error).with_traceback(None), expires)
+        self._refused.move_to_end(key)
+        while len(self._refused) > self.limits.negative_entries:
+            self._refused.popitem(last=False)
+
+    def _refusal(self, key: str) -> GrammarError | None:
+        # Called with the lock held.
+        entry = self._refused.get(key)
+        if entry is None:
+            return None
+        error, expires = entry
+        if time.monotonic() >= expires:
+            del self._refused[key]
+            return None
+        self._refused.move_to_end(key)
+        return copy.copy(error).with_traceback(None)
+
     def clear(self) -> None:
-        """Drop every cached grammar (in-flight compiles are unaffected)."""
+        """Drop every cached grammar and refusal (in-flight compiles are unaffected)."""
         with self._lock:
             self._lru.clear()
+            self._refused.clear()
             self._bytes = 0
 
     def stats(self) -> CacheStats:
@@ -192,4 +243,5 @@ class GrammarCache:
             self._bytes = sum(g.size_bytes for g in self._lru.values())
             return CacheStats(entries=len(self._lru), bytes=self._bytes, max_bytes=self.max_bytes,
                               compile_s_total=self._compile_s_total,
-                              compile_s_max=self._compile_s_max, **self._counts)
+                              compile_s_max=self._compile_s_max,
+                              refused_entries=len(self._refused), **self._counts)

@@ -25,16 +25,20 @@ from grammarserve.fsm.config import (
     GrammarConfig,
     GrammarSpec,
     JsonStyle,
+    SpecKind,
     canonical_json,
 )
+from grammarserve.fsm.depth import check_schema_depth, check_text_depth
 from grammarserve.fsm.finite import check_finite
 from grammarserve.fsm.json_schema import prepare_schema
+from grammarserve.fsm.limits import GrammarLimits
 from grammarserve.fsm.matcher import CompiledGrammar
 from grammarserve.fsm.normalize import normalize
 from grammarserve.fsm.policy import AUTO_ORDER, BackendPolicy
 from grammarserve.fsm.rewrite import rewrite_schema
 from grammarserve.fsm.runs import MAX_DIGITS
 from grammarserve.fsm.strict import check_strict
+from grammarserve.fsm.text_finite import check_grammar_productive
 from grammarserve.fsm.tools import normalize_tools
 from grammarserve.fsm.value_check import ValueCheck
 from grammarserve.fsm.vocab import VocabInfo
@@ -81,6 +85,10 @@ class GrammarCompiler:
         retries (default True), instead of refusing them; see ``GrammarConfig``.
     check_retries : int
         Retries of a matcher's failed value checks before it fails (default 8).
+    limits : GrammarLimits, optional
+        Nesting, backend-step and negative-cache bounds (see ``limits.py``).
+    max_depth : int, optional
+        Overrides ``limits.max_depth`` (deepest nesting of a schema, regex or grammar).
     """
 
     def __init__(self, tokenizer: Any, *, backend: BackendName = "auto",
@@ -90,7 +98,11 @@ class GrammarCompiler:
                  vocab_size: int | None = None, stop_token_ids: list[int] | None = None,
                  compile_threads: int = 4, background_upgrade: bool = True,
                  upgrade_niceness: int = 19, value_checks: bool = True,
-                 check_retries: int = 8) -> None:
+                 check_retries: int = 8, limits: GrammarLimits | None = None,
+                 max_depth: int | None = None) -> None:
+        limits = limits or GrammarLimits()
+        if max_depth is not None:
+            limits = replace(limits, max_depth=max_depth)
         self.config = GrammarConfig(backend=backend, cache_bytes=cache_bytes,
                                     compile_timeout_s=compile_timeout_s,
                                     max_whitespace=max_whitespace, json_style=json_style,
@@ -98,13 +110,16 @@ class GrammarCompiler:
                                     compile_threads=compile_threads,
                                     background_upgrade=background_upgrade,
                                     upgrade_niceness=upgrade_niceness,
-                                    value_checks=value_checks, check_retries=check_retries)
+                                    value_checks=value_checks, check_retries=check_retries,
+                                    limits=limits)
         self.vocab = VocabInfo.from_tokenizer(tokenizer, vocab_size=vocab_size,
                                               stop_token_ids=stop_token_ids)
         self.policy = BackendPolicy(self.vocab, self.config)
         self.cache = GrammarCache(max_bytes=cache_bytes, timeout_s=compile_timeout_s,
-                                  threads=compile_threads)
-        self._specs: OrderedDict[str, GrammarSpec] = OrderedDict()
+                                  threads=compile_threads, limits=limits)
+        # NOTE: front-end results by exact input, refusals included: a bad input sent again
+        # is refused from here without being parsed again.
+        self._specs: OrderedDict[str, GrammarSpec | GrammarError] = OrderedDict()
         self._specs_lock = threading.Lock()
 
     # -- facts the engine needs ------------------------------------------------------------
@@ -202,30 +217,70 @@ class GrammarCompiler:
 
     def _compile(self, spec: GrammarSpec) -> CompiledGrammar:
         grammar = self.policy.compile(spec)
+        self._probe(grammar)
         if not spec.checks:
             return grammar
         checks = CheckSet(spec.checks, self.policy.token_bytes(), self.config.check_retries)
         return CheckedGrammar(grammar, checks, self.vocab)
 
+    def _probe(self, grammar: CompiledGrammar) -> None:
+        """Refuse a grammar that fails at its start: no token allowed there (its language is
+        empty, or the vocabulary cannot begin it), or a backend limit hit by the first mask or
+        jump-forward. So such a constraint is a 400 before any request runs it, streamed or
+        not. The first mask is kept for the grammar's matchers (``SharedMasks``)."""
+        matcher = grammar.probe()
+        bitmask = self.allocate_bitmask(1)
+        matcher.fill_bitmask(bitmask, 0)
+        if matcher.is_error() or not bool(bitmask.any()):
+            why = f" ({matcher.error()})" if matcher.is_error() else ""
+            raise GrammarError("the constraint cannot be completed: it allows no token at its "
+                               "start: no output satisfies it, or none this model's vocabulary "
+                               f"can write{why}")
+        matcher.forced_tokens()
+        if matcher.is_error():
+            raise GrammarError(f"the constraint cannot be matched: {matcher.error()}")
+
     # -- front ends ------------------------------------------------------------------------
     def _memo_spec(self, kind: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> GrammarSpec:
         # NOTE: validating a large schema takes ~1 ms; a repeated request skips it. The key is
-        # the exact input (key order included), so a hit returns the same spec.
+        # the exact input (key order included), so a hit returns the same spec, or raises the
+        # same refusal (a copy, so no caller's traceback or message edits leak into it).
         try:
             raw = json.dumps([kind, args, kwargs], separators=(",", ":"))
-        except (TypeError, ValueError):
-            return self._spec(kind, *args, **kwargs)
+        except (TypeError, ValueError, RecursionError):
+            return self._spec_safely(kind, args, kwargs)
         with self._specs_lock:
-            spec = self._specs.get(raw)
-            if spec is not None:
+            memo = self._specs.get(raw)
+            if memo is not None:
                 self._specs.move_to_end(raw)
-                return spec
-        spec = self._spec(kind, *args, **kwargs)
+        if isinstance(memo, GrammarError):
+            raise copy.copy(memo).with_traceback(None)
+        if memo is not None:
+            return memo
+        try:
+            spec: GrammarSpec | GrammarError = self._spec_safely(kind, args, kwargs)
+        except GrammarError as e:
+            if self.config.limits.negative_entries == 0:
+                raise
+            spec = copy.copy(e).with_traceback(None)
         with self._specs_lock:
             self._specs[raw] = spec
             while len(self._specs) > _SPEC_MEMO_SIZE:
                 self._specs.popitem(last=False)
+        if isinstance(spec, GrammarError):
+            raise copy.copy(spec).with_traceback(None)
         return spec
+
+    def _spec_safely(self, kind: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+                     ) -> GrammarSpec:
+        # NOTE: the depth checks come first, so no recursive walker should overflow; this is
+        # the net under them (e.g. a library's parser deeper than its own limit).
+        try:
+            return self._spec(kind, *args, **kwargs)
+        except RecursionError:
+            raise GrammarError(f"the {kind.replace('_', ' ')} is nested too deeply to be "
+                               f"read (this server's limit is {self.config.limits.max_depth} "
+                               "levels)", path="$") from None
 
     def _spec(self, kind: str, *args: Any, **kwargs: Any) -> GrammarSpec:
         builders: dict[str, Callable[..., GrammarSpec]] = {
@@ -248,6 +303,13 @@ class GrammarCompiler:
         """The schema the grammar is compiled from; with ``checks`` (a list), what no grammar
         can hold may be left to run-time checks, appended to it (``rewrite.py``)."""
         rewrite: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        try:
+            check_schema_depth(schema, self.config.limits.max_depth)
+        except GrammarError as e:
+            if path != "$":
+                e.path = path + (e.path or "$")[1:]
+                e.args = (f"{path}: {e.args[0]}",)
+            raise
         if not strict:
             rewrite = rewrite_schema if checks is None else functools.partial(
                 rewrite_schema, checks=checks)
@@ -276,15 +338,27 @@ class GrammarCompiler:
                            tuple(checks or ()))
 
     def _regex_spec(self, pattern: str) -> GrammarSpec:
+        if isinstance(pattern, str):
+            check_text_depth(pattern, self.config.limits.max_depth, what="the regex",
+                             path="$.regex")
         return GrammarSpec("regex", text_grammars.check_regex(pattern))
 
     def _grammar_spec(self, text: str, *, syntax: str = "lark") -> GrammarSpec:
+        kind: SpecKind
         if syntax == "lark":
-            return GrammarSpec("lark", text_grammars.check_lark(text))
-        if syntax == "ebnf":
-            return GrammarSpec("ebnf", text_grammars.check_ebnf(text))
-        raise GrammarError(f"grammar syntax must be 'lark' or 'ebnf', got {syntax!r}",
-                           path="$.syntax")
+            kind = "lark"
+        elif syntax == "ebnf":
+            kind = "ebnf"
+        else:
+            raise GrammarError(f"grammar syntax must be 'lark' or 'ebnf', got {syntax!r}",
+                               path="$.syntax")
+        if isinstance(text, str):
+            check_text_depth(text, self.config.limits.max_depth, what="the grammar",
+                             path="$.grammar", quotes='"')
+        text = (text_grammars.check_lark(text) if syntax == "lark"
+                else text_grammars.check_ebnf(text))
+        check_grammar_productive(text, syntax)
+        return GrammarSpec(kind, text)
 
     def _choice_spec(self, options: list[str]) -> GrammarSpec:
         return GrammarSpec("choice", json.dumps(text_grammars.check_choice(options)))
@@ -303,5 +377,6 @@ class GrammarCompiler:
         other.policy = BackendPolicy(self.vocab, other.config)
         other.cache = GrammarCache(max_bytes=other.config.cache_bytes,
                                    timeout_s=other.config.compile_timeout_s,
-                                   threads=other.config.compile_threads)
+                                   threads=other.config.compile_threads,
+                                   limits=other.config.limits)
         return other

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from grammarserve.fsm.limits import GrammarLimits
 from grammarserve.fsm.value_check import ValueCheck
 
 BackendName = Literal["auto", "xgrammar", "llguidance"]
@@ -73,6 +74,8 @@ class GrammarConfig:
     check_retries : int
         A matcher whose value fails its check rolls back to where the value started, bans the
         token that began it there and continues; after this many retries the request fails.
+    limits : GrammarLimits
+        Nesting, backend-step and negative-cache bounds (``limits.py``).
     """
 
     backend: BackendName = "auto"
@@ -87,6 +90,7 @@ class GrammarConfig:
     upgrade_niceness: int = 19
     value_checks: bool = True
     check_retries: int = 8
+    limits: GrammarLimits = field(default_factory=GrammarLimits)
 
     def __post_init__(self) -> None:
         if self.backend not in ("auto", "xgrammar", "llguidance"):

@@ -198,9 +198,13 @@ class Matcher(ABC):
         if self._error is not None or self._terminated:
             return []
         try:
-            return [t for t in self._forced() if t not in self._stops]
+            forced = [t for t in self._forced() if t not in self._stops]
         except Exception:  # noqa: BLE001 - jump-forward is an optimization; never fail on it
             return []
+        # NOTE: a backend that hit a limit here (llguidance's items) stays in error; say so now
+        # rather than at the next mask.
+        self._error = self._backend_error()
+        return forced if self._error is None else []
 
     def rollback(self, n: int) -> None:
         """Undo the last ``n`` accepted tokens (up to ``max_rollback_tokens``). No-op in the
@@ -302,6 +306,13 @@ class CompiledGrammar:
             uses = self._uses
         if uses == self.UPGRADE_AFTER_USES:
             self.request_upgrade()
+        return make()
+
+    def probe(self) -> Matcher:
+        """A fresh matcher that does not count as a use (no upgrade follows from it): the
+        compiler's check of the grammar's start."""
+        with self._lock:
+            make = self._make_matcher
         return make()
 
     def set_upgrader(self, upgrader: Callable[[], Future[bool]]) -> None:

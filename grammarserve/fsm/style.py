@@ -133,7 +133,8 @@ class StyledGrammar(CompiledGrammar):
     def __init__(self, kind: str, styles: list[CompiledGrammar], vocab: VocabInfo,
                  compile_s: float) -> None:
         self.styles = styles
-        shared = SharedMasks()
+        self._vocab = vocab
+        self._shared = shared = SharedMasks()
         super().__init__(backend=styles[0].backend, kind=kind,
                          make_matcher=lambda: StyleLockMatcher(
                              vocab, [g.matcher() for g in styles], shared),
@@ -145,6 +146,9 @@ class StyledGrammar(CompiledGrammar):
     def backend(self) -> str:
         """The backend new matchers use (the first style's)."""
         return self.styles[0].backend
+
+    def probe(self) -> Matcher:
+        return StyleLockMatcher(self._vocab, [g.probe() for g in self.styles], self._shared)
 
     def request_upgrade(self) -> Future[bool] | None:
         """Start every style's planned upgrade; the future resolves when all are settled, to

@@ -101,6 +101,13 @@ class LLGuidanceBackend(GrammarBackend):
         self._lock = threading.Lock()
         self._token_bytes: list[bytes] | None = None
         self._digits: dict[int, RunBudget] = {}
+        lim = config.limits
+        # NOTE: explicit, so a grammar over them fails (its matcher's error state, a 400)
+        # instead of depending on the library's defaults.
+        self._limits = llguidance.LLParserLimits(
+            max_items_in_row=lim.max_items_in_row, initial_lexer_fuel=lim.initial_lexer_fuel,
+            step_lexer_fuel=lim.step_lexer_fuel, step_max_items=lim.step_max_items,
+            max_lexer_states=lim.max_lexer_states, max_grammar_size=lim.max_grammar_size)
 
     def warmup(self, max_whitespace: int | None) -> None:
         self.token_bytes()
@@ -185,7 +192,7 @@ class LLGuidanceBackend(GrammarBackend):
         except ValueError as e:
             raise GrammarBackendError(f"llguidance refused the {spec.kind}: {e}",
                                       backend=self.name) from None
-        proto = llguidance.LLMatcher(self._tok, grammar, log_level=0)
+        proto = llguidance.LLMatcher(self._tok, grammar, log_level=0, limits=self._limits)
         if proto.is_error():
             raise _refusal(spec, proto.get_error())
         vocab, shared = self.vocab, SharedMasks()

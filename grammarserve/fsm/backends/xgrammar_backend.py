@@ -20,6 +20,7 @@ from grammarserve.fsm.backends.xgrammar_subset import xgrammar_schema
 from grammarserve.fsm.config import GrammarConfig, GrammarSpec
 from grammarserve.fsm.matcher import CompiledGrammar, Matcher, SharedMasks
 from grammarserve.fsm.runs import MAX_DIGITS, RunBudget, RunTracker, digit_budget
+from grammarserve.fsm.text_finite import unproductive_rules
 from grammarserve.fsm.vocab import VocabInfo
 
 #: xgrammar separators (item, key) of the fixed JSON styles.
@@ -96,20 +97,21 @@ class XGrammarBackend(GrammarBackend):
             return False
         return True
 
-    def _compile_json(self, spec: GrammarSpec, compiler: Any) -> Any:
+    def _json_grammar(self, spec: GrammarSpec) -> Any:
         schema = json.dumps(xgrammar_schema(json.loads(spec.source)))
         style = spec.option("json_style")
+        from_schema = xgr.Grammar.from_json_schema
         if style in _SEPARATORS:  # fixed separators: keys and punctuation are forced
-            return compiler.compile_json_schema(schema, any_whitespace=False,
-                                                separators=_SEPARATORS[style], strict_mode=False)
+            return from_schema(schema, any_whitespace=False, separators=_SEPARATORS[style],
+                               strict_mode=False)
         if style == "indented":  # exactly json.dumps(indent=2): indentation is forced too
-            return compiler.compile_json_schema(schema, any_whitespace=False, indent=2,
-                                                separators=(",", ": "), strict_mode=False)
+            return from_schema(schema, any_whitespace=False, indent=2, separators=(",", ": "),
+                               strict_mode=False)
         if style != "flexible":
             raise GrammarBackendError(f"unknown JSON style {style!r}", backend=self.name)
         # NOTE: whitespace is left unbounded here and bounded by a RunTracker instead:
         # xgrammar's max_whitespace_cnt makes masks ~4x slower.
-        return compiler.compile_json_schema(schema, any_whitespace=True, strict_mode=False)
+        return from_schema(schema, any_whitespace=True, strict_mode=False)
 
     def _runs(self, spec: GrammarSpec) -> list[RunBudget]:
         budgets = []
@@ -120,20 +122,33 @@ class XGrammarBackend(GrammarBackend):
             budgets.append(self._budget("digits", spec.option("max_digits")))
         return budgets
 
-    def _compile(self, spec: GrammarSpec, compiler: Any) -> Any:
+    def _grammar(self, spec: GrammarSpec) -> Any:
         if spec.kind == "json_schema":
-            return self._compile_json(spec, compiler)
+            return self._json_grammar(spec)
         if spec.kind == "regex":
-            return compiler.compile_regex(spec.source)
+            return xgr.Grammar.from_regex(spec.source)
         if spec.kind == "lark":
-            return compiler.compile_lark(spec.source)
+            return xgr.Grammar.from_lark(spec.source)
         if spec.kind == "ebnf":
-            return compiler.compile_grammar(spec.source)
+            return xgr.Grammar.from_ebnf(spec.source)
         if spec.kind == "choice":
             alts = " | ".join(json.dumps(o) for o in json.loads(spec.source))
-            return compiler.compile_grammar(f"root ::= {alts}")
+            return xgr.Grammar.from_ebnf(f"root ::= {alts}")
         raise GrammarBackendError(f"xgrammar backend does not compile {spec.kind!r} grammars",
                                   backend=self.name)
+
+    def _compile(self, spec: GrammarSpec, compiler: Any) -> Any:
+        grammar = self._grammar(spec)
+        # NOTE: xgrammar's jump-forward follows a rule that can never be completed for ever,
+        # allocating as it goes (issue 20): its own grammar is checked, whatever the front end
+        # let through, so every state it can reach has a finite completion.
+        bad = unproductive_rules(str(grammar))
+        if bad:
+            raise GrammarBackendError(
+                f"xgrammar's grammar for this {spec.kind} has a rule that can be entered but "
+                f"never completed ({bad[0]}); a recursion needs a base case",
+                backend=self.name)
+        return compiler.compile_grammar(grammar)
 
     def compile(self, spec: GrammarSpec, *, background: bool = False) -> CompiledGrammar:
         start = time.perf_counter()

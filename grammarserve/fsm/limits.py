@@ -1,0 +1,78 @@
+"""The resource bounds of the grammar layer: how deep an input may nest, what one backend step
+may spend, and how refusals are remembered.
+
+Each bound is here, explicit and configurable, rather than left to a library's default:
+
+- Nesting (``max_depth``): checked before any parser sees the input (``depth.py``).
+- llguidance: its ``ParserLimits`` (Earley items per step, lexer states, grammar size, lexer
+  fuel) are passed to every ``LLMatcher``; a matcher over them enters its error state (the
+  request fails with a 400), never grows without bound.
+- xgrammar has no such knobs. Its masks and jump-forward are bounded by the grammar: the front
+  end refuses every schema and grammar with a part that can be entered but never completed
+  (``finite.py``, ``text_finite.py``), which is what made its jump-forward loop and allocate
+  until the OOM killer came (issue 20); every accepted grammar has a finite completion from
+  every state, so the forced continuation is finite.
+- Compile time: ``GrammarConfig.compile_timeout_s`` (``cache.py``).
+- Refusals (``negative_entries``): a schema refused once is refused again from memory, without
+  compiling (``cache.py``); a compile that timed out is remembered for ``negative_ttl_s`` (its
+  worker may still be running it, and a timeout can be the machine's load, not the schema).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Deepest nesting accepted by default (JSON levels of a schema; parentheses of a regex or
+#: grammar). The deepest of the 832 schemas of schemas/ and the JSON-Schema-Test-Suite nests 22
+#: levels, and OpenAI's strict mode allows 10 levels of objects (about 20 JSON levels), so 64 is
+#: about 3x what real schemas need; it keeps every accepted schema, after the front end's
+#: rewrites and the tool-call wrapping, under llguidance's JSON parser limit (128 levels), and
+#: the recursive Python walkers (jsonschema, the rewrites) far from Python's recursion limit.
+DEFAULT_MAX_DEPTH = 64
+
+
+@dataclass(frozen=True)
+class GrammarLimits:
+    """Bounds on what one grammar may cost (see the module docstring).
+
+    Attributes
+    ----------
+    max_depth : int
+        Deepest nesting of a JSON schema (JSON levels: ``{"a": {}}`` is 2) and of parentheses
+        in a regex, Lark or EBNF grammar (a schema's ``pattern`` included).
+    step_max_items : int
+        llguidance: Earley items one mask or jump-forward step may create (~20k per ms).
+    max_items_in_row : int
+        llguidance: branching of one grammar row.
+    max_lexer_states : int
+        llguidance: lexer states one grammar may build (each ~1-2 kB).
+    max_grammar_size : int
+        llguidance: symbols of a grammar's productions.
+    initial_lexer_fuel, step_lexer_fuel : int
+        llguidance: lexer work to build a grammar's regexes, and per mask step.
+    negative_entries : int
+        Refused inputs remembered (LRU; 0 keeps none).
+    negative_ttl_s : float
+        How long a compile timeout is remembered (refusals of the input itself stay until
+        evicted).
+    """
+
+    max_depth: int = DEFAULT_MAX_DEPTH
+    step_max_items: int = 50_000
+    max_items_in_row: int = 2_000
+    max_lexer_states: int = 250_000
+    max_grammar_size: int = 500_000
+    initial_lexer_fuel: int = 1_000_000
+    step_lexer_fuel: int = 200_000
+    negative_entries: int = 4096
+    negative_ttl_s: float = 600.0
+
+    def __post_init__(self) -> None:
+        for name in ("max_depth", "step_max_items", "max_items_in_row", "max_lexer_states",
+                     "max_grammar_size", "initial_lexer_fuel", "step_lexer_fuel"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.negative_entries < 0:
+            raise ValueError(f"negative_entries must be >= 0, got {self.negative_entries}")
+        if self.negative_ttl_s < 0:
+            raise ValueError(f"negative_ttl_s must be >= 0, got {self.negative_ttl_s}")
