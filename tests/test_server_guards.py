@@ -8,7 +8,7 @@ import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import httpx2
 import openai
@@ -24,7 +24,7 @@ from grammarserve.server.config import RestartPolicy, ServerConfig
 from grammarserve.server.limits import BodyLimit
 from grammarserve.server.supervisor import RestartBudget
 
-CHAT = "/v1/chat/completions"
+CHAT: Final = "/v1/chat/completions"
 LINE = json.dumps({"custom_id": "a", "method": "POST", "url": CHAT, "body": {
     "model": "m", "messages": [{"role": "user", "content": "hi"}]}}) + "\n"
 
