@@ -4,59 +4,19 @@ and the streaming JSON tracker finds the values they check (``fsm/json_track.py`
 
 from __future__ import annotations
 
-import functools
 import json
 import random
 from typing import Any
 
 import jsonschema
 import pytest
+from check_helpers import passes, prepared
+from check_helpers import values as _values
 
 from grammarserve.errors import UnsupportedSchemaError
-from grammarserve.fsm.checked import make_validator
 from grammarserve.fsm.json_schema import prepare_schema
 from grammarserve.fsm.json_track import JsonTracker
 from grammarserve.fsm.rewrite import rewrite_schema
-from grammarserve.fsm.rewrite_unique import identity
-from grammarserve.fsm.value_check import ValueCheck
-
-
-def prepared(schema: Any) -> tuple[dict[str, Any], list[ValueCheck]]:
-    """The grammar's schema and the checks, as ``GrammarCompiler`` makes them."""
-    checks: list[ValueCheck] = []
-    out = prepare_schema(schema, rewrite=functools.partial(rewrite_schema, checks=checks),
-                         checked=True)
-    return out, checks
-
-
-def _values(doc: Any, path: tuple[str | int, ...] = ()) -> list[tuple[tuple[str | int, ...],
-                                                                     Any]]:
-    out = [(path, doc)]
-    if isinstance(doc, dict):
-        for k, v in doc.items():
-            out += _values(v, path + (k,))
-    elif isinstance(doc, list):
-        for i, v in enumerate(doc):
-            out += _values(v, path + (i,))
-    return out
-
-
-def passes(doc: Any, grammar_schema: dict[str, Any], checks: list[ValueCheck]) -> bool:
-    """What generation accepts: the grammar's schema, then every check at its values."""
-    if not jsonschema.Draft202012Validator(grammar_schema).is_valid(doc):
-        return False
-    for path, value in _values(doc):
-        for c in checks:
-            if not c.matches(path):
-                continue
-            if c.kind == "unique" and isinstance(value, list):
-                keys = [identity(v) for v in value]
-                if len(set(keys)) != len(keys):
-                    return False
-            elif c.kind != "unique" and make_validator(c.schema)(value) is not None:
-                return False
-    return True
-
 
 POOL: list[Any] = [
     None, 0, 1, 2, 3, 1.0, "a", "b", "ab", "abc", "bz", [], ["a"], ["a", "b"], ["a", "a"],
@@ -65,6 +25,8 @@ POOL: list[Any] = [
     {"name": "abz"}, {"name": "abc"}, {"name": 1}, {"a": ["p", "p"], "b": ["p", "p"]},
     {"a": ["p", "q"], "b": ["q", "q"]}, {"a": ["p"], "b": ["q", "p"]}, {"x": ["u", "u"]},
     {"x": ["u", "v"]}, {"tags": None}, {"tags": ["x", "y", "x"]}, {"name": "zz", "tags": []},
+    {"a": [1], "b": ["x"]}, {"a": ["x"], "b": [2]}, {"a": [1], "b": [2, "y"]}, [[], [[]]],
+    [[[1], [2]], [[1], [1]]], [[], []], "bb", "xbbx",
 ]
 
 EXACT_WITH_CHECKS = [
@@ -83,6 +45,18 @@ EXACT_WITH_CHECKS = [
      "additionalProperties": {"type": "array", "uniqueItems": True}},
     {"not": {"multipleOf": 2}},
     {"type": "array", "items": {"enum": list(range(8))}, "uniqueItems": True},
+    # a oneOf no rewrite holds becomes anyOf + a check, so the not below it is checkable
+    {"oneOf": [{"type": "string", "not": {"pattern": "b+"}}, {"type": "integer"}]},
+    # a recursion: checked whole where it is entered (here: the document)
+    {"$defs": {"t": {"type": "array", "items": {"$ref": "#/$defs/t"}, "uniqueItems": True}},
+     "$ref": "#/$defs/t"},
+    # an if/then/else whose condition has no exact negation: checked whole
+    {"if": {"type": "array", "uniqueItems": True}, "then": {"minItems": 1}},
+    # a $ref into a keyword the rewrites remove: its target is copied into $defs first
+    {"properties": {"a": {"$ref": "#/properties/b/contains"},
+                    "b": {"contains": {"type": "integer"}}}},
+    # a $ref to a subschema that is not in $defs: checked at both places
+    {"properties": {"a": {"contains": {"type": "integer"}}, "b": {"$ref": "#/properties/a"}}},
 ]
 
 
@@ -124,14 +98,12 @@ def test_what_is_exact_stays_in_the_grammar(schema: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize("schema, keyword", [
-    ({"oneOf": [{"type": "string", "not": {"pattern": "b+"}}, {"type": "integer"}]}, "not"),
-    ({"$defs": {"t": {"type": "array", "items": {"$ref": "#/$defs/t"}, "uniqueItems": True}},
-      "$ref": "#/$defs/t"}, "uniqueItems"),
-    ({"properties": {"a": {"contains": {"type": "integer"}}, "b": {"$ref": "#/properties/a"}}},
-     "contains"),
-    ({"if": {"type": "array", "uniqueItems": True}, "then": {"minItems": 1}}, "uniqueItems"),
-    ({"properties": {"a": {"$ref": "#/properties/b/contains"},
-                     "b": {"contains": {"type": "integer"}}}}, "contains"),
+    # a recursion through ``not``: dropping the keyword inside would not widen the whole
+    ({"$defs": {"t": {"type": "array", "items": {"not": {"$ref": "#/$defs/t"}},
+                      "uniqueItems": True}}, "$ref": "#/$defs/t"}, "not"),
+    # a recursion through ``if``
+    ({"$defs": {"t": {"type": "array", "uniqueItems": True, "items": {
+        "if": {"$ref": "#/$defs/t"}, "then": {"minItems": 1}}}}, "$ref": "#/$defs/t"}, "if"),
 ])
 def test_what_cannot_be_checked_exactly_is_refused(schema: dict[str, Any], keyword: str) -> None:
     with pytest.raises(UnsupportedSchemaError) as info:

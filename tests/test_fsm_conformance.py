@@ -47,7 +47,10 @@ KEY_ORDER = {("allOf.json", "allOf", "allOf"),
              ("const.json", "const with object",
               "same object with different property order is valid"),
              # keys only ``dependentRequired`` names come dependents first (rewrite_cond.py)
-             ("dependentRequired.json", "dependencies with escaped characters", "CRLF")}
+             ("dependentRequired.json", "dependencies with escaped characters", "CRLF"),
+             # the $ref'd schema's keys come first
+             ("unevaluatedProperties.json", "unevaluatedProperties with $ref",
+              "with no unevaluated properties")}
 
 
 def _documented(case: SuiteCase, desc: str, instance: Any) -> bool:

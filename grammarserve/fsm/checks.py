@@ -1,23 +1,25 @@
 """Keywords no grammar can hold, left to run-time value checks (``value_check.ValueCheck``).
 
-The exact rewrites (``rewrite.py``) come first. What they cannot rewrite of ``not``,
-``uniqueItems`` (open item domains, or too many arrays to enumerate) and ``contains`` (with
-``minContains``/``maxContains``) is offered to :meth:`CheckCollector.take`, which either turns
-it into checks or declines (and the keyword is refused as before, with its path):
+The exact rewrites (``rewrite.py``) come first. What they cannot rewrite is offered to
+:meth:`CheckCollector.take` (``checks_plan.py`` says which keywords, and when), which either
+turns it into checks or declines (and the keyword is refused as before, with its path):
 
 - the keyword's subschema is reached from the root through *location* steps (``properties``,
   ``items``, ``prefixItems``, ``additionalProperties`` without ``patternProperties``, ``allOf``
-  members, and ``$defs`` entries through the ``$ref``s that use them): every value at that
-  instance location must satisfy it, whatever else holds;
+  members, and every ``$ref`` to it or to a subschema holding it, from wherever that ``$ref``
+  is reached): every value at that instance location must satisfy it, whatever else holds;
 - below the last location step, the rest of the path may go only through positions where
   dropping a keyword widens the whole (``anyOf``, ``allOf``, ``then``/``else``, ``properties``,
   items, ...), never through ``not``, ``if`` or ``oneOf``. The check then validates the value at
   the location against the subschema there, keyword included;
-- every ``$ref`` that check needs resolves inside it (it carries the root's ``$defs``), and no
-  ``$ref`` points into what is removed or at a part of the schema used from elsewhere.
+- a recursion (the subschema holds a ``$ref`` back to itself, at any depth) is checked whole
+  where it is entered from outside, if the way around it is monotone;
+- every ``$ref`` that check needs resolves inside it (it carries the root's ``$defs``, or the
+  whole root when it refers elsewhere in it), and no ``$ref`` points into what is removed.
 
-The keyword is then removed from the schema the grammar is compiled from (a superset), and the
-checks make the pair exact: a value is accepted iff the original schema accepts it.
+The keyword is then removed from the schema the grammar is compiled from (a superset: ``oneOf``
+becomes ``anyOf``, overlapping ``patternProperties`` fold into ``additionalProperties``), and
+the checks make the pair exact: a value is accepted iff the original schema accepts it.
 """
 
 from __future__ import annotations
@@ -26,21 +28,45 @@ import copy
 import json
 from typing import Any
 
-from grammarserve.fsm.json_schema import iter_subschemas, json_path, resolve_pointer
+from grammarserve.fsm.json_schema import (
+    iter_subschemas,
+    json_path,
+    rebase_refs,
+    resolve_pointer,
+)
+from grammarserve.fsm.localrefs import iter_refs, move_refs, pointer
 from grammarserve.fsm.value_check import CheckKind, Step, ValueCheck
 
-#: Keywords the collector may take, and what is removed with each.
+#: Keywords the collector may take, and what is removed with each (each only asserts: removing
+#: it changes no other keyword's meaning, once ``unevaluated*`` are gone from the grammar).
+#: ``oneOf`` is not removed but becomes ``anyOf`` (at least one branch; the check says exactly
+#: one).
 CHECKABLE: dict[str, tuple[str, ...]] = {
     "not": ("not",),
     "uniqueItems": ("uniqueItems",),
     "contains": ("contains", "minContains", "maxContains"),
+    "unevaluatedProperties": ("unevaluatedProperties",),
+    "unevaluatedItems": ("unevaluatedItems",),
+    "propertyNames": ("propertyNames",),
+    "minProperties": ("minProperties", "maxProperties"),
+    "maxProperties": ("minProperties", "maxProperties"),
+    "pattern": ("pattern",),
+    "oneOf": ("oneOf",),
+    "if": ("if", "then", "else"),
+    "patternProperties": ("patternProperties",),
 }
 #: At most this many checks per schema (more is refused as before).
-MAX_CHECKS = 32
+MAX_CHECKS = 128
 #: Path steps below a check's location where removing a keyword only widens the whole.
 _MONOTONE = frozenset({"anyOf", "allOf", "properties", "items", "prefixItems",
                        "additionalProperties", "patternProperties", "then", "else",
                        "dependentSchemas", "contains", "propertyNames"})
+#: Keywords whose subschemas apply to (a part of) the value (``$defs``, unknown keywords and
+#: ``contentSchema`` hold subschemas that apply only where a ``$ref`` uses them).
+_APPLIED = frozenset({"properties", "patternProperties", "additionalProperties", "items",
+                      "prefixItems", "contains", "allOf", "anyOf", "oneOf", "not", "if", "then",
+                      "else", "dependentSchemas", "propertyNames", "unevaluatedItems",
+                      "unevaluatedProperties"})
 _NAMED = frozenset({"properties", "patternProperties", "$defs", "definitions",
                     "dependentSchemas", "anyOf", "allOf", "oneOf", "prefixItems"})
 
@@ -54,6 +80,7 @@ class CheckCollector:
     def __init__(self, root: dict[str, Any]) -> None:
         self.root = root
         self.checks: list[ValueCheck] = []
+        self._recursive: set[Parts] = set()  # pointers met again while finding anchors
 
     def take(self, parts: Parts, keyword: str) -> bool:
         """Turn ``keyword`` of the subschema at ``parts`` into checks and remove it from the
@@ -64,8 +91,12 @@ class CheckCollector:
             return False
         target = parts + (keyword,)
         refs = _refs(self.root)
-        if any(_starts_with(p, target) for p in refs):
+        moved = [k for k in CHECKABLE[keyword] if k in sub and k != "oneOf"]
+        if keyword == "patternProperties" and "additionalProperties" in sub:
+            moved.append("additionalProperties")
+        if any(_starts_with(p, parts + (k,)) for p in refs for k in moved):
             return False  # a $ref points into what would be removed
+        self._recursive = set()
         anchors = self._anchors(parts, refs, frozenset())
         if anchors is None or len(self.checks) + len(anchors) > MAX_CHECKS:
             return False
@@ -76,40 +107,88 @@ class CheckCollector:
             if check is None:
                 return False
             made.append(check)
-        for key in CHECKABLE[keyword]:
-            sub.pop(key, None)
+        self._widen(sub, parts, keyword)
         self.checks.extend(made)
         return True
+
+    def _widen(self, sub: dict[str, Any], parts: Parts, keyword: str) -> None:
+        """Remove ``keyword`` from ``sub`` (at ``parts``), leaving a superset: ``oneOf``
+        becomes ``anyOf`` (``$ref``s into it follow), ``patternProperties`` folds into
+        ``additionalProperties`` when that is there (every other member satisfies it or one of
+        the patterns' schemas)."""
+        if keyword == "oneOf":
+            branches = sub.pop("oneOf")
+            if "anyOf" in sub:
+                sub.setdefault("allOf", []).append({"anyOf": branches})
+                moved_to = parts + ("allOf", len(sub["allOf"]) - 1, "anyOf")
+            else:
+                sub["anyOf"] = branches
+                moved_to = parts + ("anyOf",)
+            move_refs(self.root, parts + ("oneOf",), moved_to)
+            return
+        if keyword == "patternProperties":
+            schemas = list(sub.pop("patternProperties").values())
+            if "additionalProperties" in sub:
+                options = [o for o in [sub["additionalProperties"], *schemas] if o is not False]
+                if any(o is True or o == {} for o in options):
+                    sub["additionalProperties"] = True
+                elif options:
+                    sub["additionalProperties"] = options[0] if len(options) == 1 \
+                        else {"anyOf": options}
+            return
+        for key in CHECKABLE[keyword]:
+            sub.pop(key, None)
 
     def _anchors(self, parts: Parts, refs: dict[Parts, list[Parts]], seen: frozenset[Parts]
                  ) -> list[Anchor] | None:
         """The instance locations of the subschema at ``parts``: (location, path of the
-        deepest location node, whether the rest below it is empty), or None."""
-        segs = _segments(parts)
-        for pointer in refs:
-            if _starts_with(parts, pointer) and not (
-                    len(pointer) == 2 and pointer[0] in ("$defs", "definitions")):
-                return None  # reused from elsewhere (a $ref to the root or inside a subschema)
-        if segs and segs[0][0] in ("$defs", "definitions"):
-            head = segs[0]
-            if head in seen:
-                return None  # recursive
-            out: list[Anchor] = []
-            for referrer in refs.get(head, []):
-                outer = self._anchors(referrer, refs, seen | {head})
+        deepest location node, whether the rest below it is empty), or None.
+
+        It is reached through every *target* that holds it: the root (the document itself)
+        and each ``$ref`` target, from wherever that ``$ref`` is reached, unless the way from
+        there goes through a keyword that applies nothing (``$defs``, an unknown keyword).
+        Through a recursion (a target met again while its referrers are followed) a value
+        holds further values of the same subschema at any depth: the occurrences inside are
+        then covered by checking the whole value where the recursion is entered from outside
+        (``_recursive``), if the way down is monotone."""
+        out: list[Anchor] = []
+        pointers = list(refs.items())
+        if () not in refs:
+            pointers.append(((), []))
+        for target, referrers in pointers:
+            if not _starts_with(parts, target):
+                continue
+            rest = _segments(parts[len(target):])
+            if any(s[0] not in _APPLIED for s in rest):
+                continue  # not applied to the value from there (in $defs, an unknown keyword)
+            monotone = all(s[0] in _MONOTONE for s in rest)
+            if target in seen:
+                if not monotone:
+                    return None
+                self._recursive.add(target)
+                continue  # covered where the recursion is entered
+            hits = len(self._recursive)
+            outers: list[Anchor] = [((), (), True)] if target == () else []
+            for referrer in referrers:
+                outer = self._anchors(referrer, refs, seen | {target})
                 if outer is None:
                     return None
-                for location, node_parts, exact in outer:
-                    inner = _walk(self.root, location, head, segs[1:]) if exact else None
-                    if inner is not None:
-                        out.append(inner)
-                    elif all(s[0] in _MONOTONE for s in segs[1:]):
-                        out.append((location, node_parts, False))
-                    else:
-                        return None
-            return out
-        walked = _walk(self.root, (), (), segs)
-        return None if walked is None else [walked]
+                outers.extend(outer)
+            if len(self._recursive) > hits and not monotone:
+                return None
+            whole = target in self._recursive
+            for location, node_parts, exact in outers:
+                inner = _walk(self.root, location, target, rest) \
+                    if exact and not whole else None
+                if inner is not None:
+                    out.append(inner)
+                elif monotone:
+                    out.append((location, node_parts, False))
+                else:
+                    return None
+            if len(out) > MAX_CHECKS:
+                return None
+        return list(dict.fromkeys(out))
 
     def _check(self, location: tuple[Step, ...], node_parts: Parts, exact: bool,
                sub: dict[str, Any], keyword: str, where: str) -> ValueCheck | None:
@@ -122,7 +201,8 @@ class CheckCollector:
             kind = "contains"
             schema = {k: sub[k] for k in CHECKABLE["contains"] if k in sub}
             item = sub["contains"]
-        docs = [self._document(s, node_parts) for s in (schema, item) if s is not None]
+        docs = [self._document(s, node_parts if kind == "schema" else None)
+                for s in (schema, item) if s is not None]
         if any(d is None for d in docs):
             return None
         texts = [json.dumps(d, separators=(",", ":"), ensure_ascii=False) for d in docs]
@@ -130,9 +210,11 @@ class CheckCollector:
                           schema=texts[0] if schema is not None else "",
                           item_schema=texts[-1] if item is not None else "")
 
-    def _document(self, schema: Any, node_parts: Parts) -> Any:
+    def _document(self, schema: Any, node_parts: Parts | None) -> Any:
         """``schema`` as a document of its own (the root's ``$defs`` beside it), or None if one
-        of its ``$ref``s would not resolve there."""
+        of its ``$ref``s would not resolve there. Where the subschema is the root's at
+        ``node_parts`` and it refers elsewhere in the root (``#/properties/...``), the document
+        holds the whole root and refers to it there."""
         if not node_parts and schema is self.root:
             doc = copy.deepcopy(self.root)
             doc.pop("$schema", None)
@@ -141,17 +223,30 @@ class CheckCollector:
             for key in ("$defs", "definitions"):
                 if isinstance(self.root.get(key), dict):
                     doc[key] = copy.deepcopy(self.root[key])
-        for sub, _ in iter_subschemas(doc):
-            ref = sub.get("$ref")
-            if ref is None:
-                continue
-            if not isinstance(ref, str) or not ref.startswith("#"):
-                return None
-            try:
-                resolve_pointer(doc, ref)
-            except (KeyError, IndexError, ValueError):
-                return None
-        return doc
+        if _resolves(doc):
+            return doc
+        if node_parts is None:
+            return None
+        whole = rebase_refs(self.root, "#/$defs/__root")
+        whole.pop("$schema", None)
+        whole.pop("$id", None)
+        doc = {"$ref": "#/$defs/__root" + pointer(node_parts)[1:], "$defs": {"__root": whole}}
+        return doc if _resolves(doc) else None
+
+
+def _resolves(doc: dict[str, Any]) -> bool:
+    """Whether every ``$ref`` of ``doc`` is a local pointer that resolves in it."""
+    for sub, _ in iter_subschemas(doc):
+        ref = sub.get("$ref")
+        if ref is None:
+            continue
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            return False
+        try:
+            resolve_pointer(doc, ref)
+        except (KeyError, IndexError, ValueError):
+            return False
+    return True
 
 
 def _walk(root: dict[str, Any], location: tuple[Step, ...], base: Parts,
@@ -205,11 +300,12 @@ def _segments(parts: Parts) -> list[Parts]:
 
 
 def _refs(root: dict[str, Any]) -> dict[Parts, list[Parts]]:
-    """Every local ``$ref`` of ``root``: the pointed path -> the paths of the referrers."""
+    """Every local ``$ref`` of ``root`` (wherever it is): the pointed path -> the paths of the
+    referrers."""
     out: dict[Parts, list[Parts]] = {}
-    for sub, parts in iter_subschemas(root):
-        ref = sub.get("$ref")
-        if isinstance(ref, str) and ref.startswith("#"):
+    for sub, parts in iter_refs(root):
+        ref = sub["$ref"]
+        if ref.startswith("#"):
             out.setdefault(_pointer_parts(ref), []).append(parts)
     return out
 

@@ -188,13 +188,17 @@ def _fast_meta_validator() -> Callable[[Any], bool] | None:
         import jsonschema_rs
     except ImportError:  # pragma: no cover - jsonschema_rs is optional at run time
         return None
-    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
-    formats: dict[str, Callable[..., bool]] = {
-        name: functools.partial(_conforms, checker, name)
-        for name in _formats_used(_flat_meta_schema())}
-    validator = jsonschema_rs.Draft202012Validator(_flat_meta_schema(), validate_formats=True,
-                                                   formats=formats)
+    validator = jsonschema_rs.Draft202012Validator(
+        _flat_meta_schema(), validate_formats=True,
+        formats=format_overrides(_flat_meta_schema(), jsonschema.Draft202012Validator))
     return validator.is_valid  # type: ignore[no-any-return]
+
+
+def format_overrides(meta: Any, cls: Any) -> dict[str, Callable[..., bool]]:
+    """``jsonschema_rs`` format checkers for every format ``meta`` uses, each deciding exactly
+    as ``cls.FORMAT_CHECKER`` (``jsonschema``) does: unknown formats pass."""
+    checker = cls.FORMAT_CHECKER
+    return {name: functools.partial(_conforms, checker, name) for name in _formats_used(meta)}
 
 
 def _formats_used(node: Any) -> set[str]:
@@ -261,7 +265,8 @@ def resolve_pointer(root: Any, ref: str) -> Any:
 
 
 #: Keywords the front end's exact rewrites (``rewrite.py``) may remove.
-REWRITABLE = frozenset({"not", "if", "dependentRequired", "uniqueItems"})
+REWRITABLE = frozenset({"not", "if", "dependentRequired", "dependentSchemas", "uniqueItems",
+                        "unevaluatedProperties", "unevaluatedItems"})
 
 
 #: What the rewrites may also hand to run-time value checks (``checks.py``).
@@ -269,7 +274,9 @@ CHECKED = frozenset({"contains"})
 
 #: Keywords that make the rewrites worth running (some are removed without being refused).
 _REWRITE_TRIGGERS = ("not", "if", "then", "else", "dependentRequired", "dependencies",
-                     "uniqueItems", "contains")
+                     "dependentSchemas", "uniqueItems", "contains", "unevaluatedProperties",
+                     "unevaluatedItems", "oneOf", "propertyNames", "minProperties",
+                     "maxProperties", "pattern", "patternProperties")
 
 
 def check_keywords(schema: dict[str, Any], *, skip: frozenset[str] = frozenset()) -> bool:
@@ -350,7 +357,13 @@ def prepare_schema(schema: dict[str, Any] | str | bool,
     equivalents, on the copy, before what is left is refused; the keywords it cannot touch are
     refused first, so a schema is refused for the same reason with or without it. ``checked``:
     the rewrite may also turn ``contains`` into run-time checks, so it is not refused first."""
-    parsed = parse_schema(schema)
+    from grammarserve.fsm.drafts import to_draft_2020  # NOTE: it imports us
+    from grammarserve.fsm.localrefs import localize_refs
+
+    try:
+        parsed = to_draft_2020(parse_schema(schema))
+    except RecursionError:
+        raise SchemaValidationError("the schema is nested too deeply", path="$") from None
     try:
         copied, shallow = _copy_json(parsed), True
     except (_TooDeep, RecursionError):
@@ -367,6 +380,7 @@ def prepare_schema(schema: dict[str, Any] | str | bool,
     out.pop("x-guidance", None)  # backend options are ours to set, not the user's
     try:
         # NOTE: the rewrites (and the second check) run only where they have work
+        localize_refs(out)
         skip = REWRITABLE | CHECKED if checked else REWRITABLE
         if rewrite is None or check_keywords(out, skip=skip):
             if rewrite is not None:

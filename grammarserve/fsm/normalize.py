@@ -2,6 +2,10 @@
 equivalent schema:
 
 - count keywords written as integral floats (``"maxItems": 2.0``) become integers;
+- ``minContains``/``maxContains`` without ``contains`` mean nothing and are dropped, and so
+  are keywords Draft 2020-12 does not define (``x-taplo``, ``markdownDescription``; kept
+  where a ``$ref`` points into them): a backend may read them as constraints it cannot
+  enforce (llguidance refuses a recursive ``$ref`` beside one, xgrammar's subset refuses them);
 - a ``format`` no backend knows is dropped: in Draft 2020-12 ``format`` is an annotation, so
   this keeps the meaning (``strict=True`` refuses unknown formats instead);
 - ``oneOf`` whose branches are provably disjoint becomes ``anyOf``, which is then equivalent
@@ -27,14 +31,48 @@ KNOWN_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "ho
                            "ipv6", "uri", "uuid"})
 
 
+#: The keywords of Draft 2020-12 (and the containers and older keywords the front end reads).
+KEYWORDS = frozenset({
+    "$schema", "$id", "$ref", "$anchor", "$dynamicRef", "$dynamicAnchor", "$vocabulary",
+    "$comment", "$defs", "definitions", "prefixItems", "items", "contains", "additionalProperties",
+    "properties", "patternProperties", "dependentSchemas", "propertyNames", "if", "then", "else",
+    "allOf", "anyOf", "oneOf", "not", "unevaluatedItems", "unevaluatedProperties", "type",
+    "const", "enum", "multipleOf", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum",
+    "maxLength", "minLength", "pattern", "maxItems", "minItems", "uniqueItems", "maxContains",
+    "minContains", "maxProperties", "minProperties", "required", "dependentRequired", "format",
+    "contentEncoding", "contentMediaType", "contentSchema", "title", "description", "default",
+    "deprecated", "readOnly", "writeOnly", "examples", "dependencies", "additionalItems"})
+
+
 def normalize(schema: dict[str, Any]) -> dict[str, Any]:
     """Rewrite ``schema`` in place (it is a private copy) and return it."""
-    for sub, _ in list(iter_subschemas(schema)):
+    nodes = list(iter_subschemas(schema))
+    referenced = _referenced_keys(schema)
+    for sub, parts in nodes:
+        where = tuple(str(p) for p in parts)
+        for key in [k for k in sub if k not in KEYWORDS and (where, k) not in referenced]:
+            del sub[key]
         for key in _COUNTS:
             value = sub.get(key)
             if isinstance(value, float) and value.is_integer():
                 sub[key] = int(value)
+        if "contains" not in sub:
+            sub.pop("minContains", None)
+            sub.pop("maxContains", None)
         if "format" in sub and sub["format"] not in KNOWN_FORMATS:
             del sub["format"]
     return rewrite_oneof_cases(rewrite_oneof(schema))
+
+
+def _referenced_keys(schema: dict[str, Any]) -> set[tuple[Any, str]]:
+    """(subschema path, key) pairs some local ``$ref`` points into."""
+    from grammarserve.fsm.localrefs import iter_refs, pointer_parts
+
+    out: set[tuple[Any, str]] = set()
+    for sub, _ in iter_refs(schema):
+        ref = sub["$ref"]
+        if ref.startswith("#"):
+            steps = pointer_parts(ref)
+            out.update((tuple(steps[:i]), str(steps[i])) for i in range(len(steps)))
+    return out
 

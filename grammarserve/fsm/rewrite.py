@@ -2,18 +2,23 @@
 module, applied in place to a private copy):
 
 1. ``metaschemas.py``: ``$ref``s into the JSON Schema meta-schemas, bundled into ``$defs``;
-2. ``rewrite_not.py``: ``not`` -> its exact negation;
-3. ``rewrite_cond.py``: ``if``/``then``/``else`` -> ``anyOf`` of the two cases;
+   ``localrefs.hoist_ref_targets``: subschemas a ``$ref`` reaches below a keyword the steps
+   below restructure (or below an unknown keyword) copied into ``$defs``;
+2. ``rewrite_uneval.py``: ``unevaluated*`` without in-place applicators ->
+   ``additionalProperties``/``items``;
+3. ``rewrite_not.py``: ``not`` -> its exact negation;
+4. ``rewrite_cond.py``: ``if``/``then``/``else`` -> ``anyOf`` of the two cases;
    ``dependentRequired`` (and array-only ``dependencies``) -> disjoint cases;
-4. ``rewrite_unique.py``: ``uniqueItems`` over finite item domains -> an ``enum`` of arrays.
+   ``dependentSchemas`` -> ``anyOf`` of "key absent" and "key present and its schema";
+5. ``rewrite_unique.py``: ``uniqueItems`` over finite item domains -> an ``enum`` of arrays.
 
-With ``checks`` (a list), what has no exact form of ``not``, ``uniqueItems`` and ``contains``
-is offered to a ``checks.CheckCollector``: where the value it constrains can be validated when
-it closes, the keyword is removed and its run-time check appended to ``checks``; else it is
-refused as without.
+With ``checks`` (a list), what has no exact form is offered to a ``checks.CheckCollector``
+(``checks_plan.py``: ``unevaluated*`` and ``oneOf`` before step 3, the rest after step 5):
+where the value it constrains can be validated when it closes, the keyword is removed and its
+run-time check appended to ``checks``; else it is refused as without.
 
 (``oneOf`` -> ``anyOf`` for disjoint branches, ``rewrite_oneof.py``, runs in ``normalize``,
-after the strict-mode check, which refuses ``oneOf``.)
+after the strict-mode check, which refuses ``oneOf``; with checks it runs before step 3.)
 
 A rewrite that has no exact form raises :class:`~grammarserve.errors.UnsupportedSchemaError`
 with the keyword's path, or leaves the keyword for ``json_schema.check_keywords`` to refuse.
@@ -26,39 +31,47 @@ from __future__ import annotations
 from typing import Any
 
 from grammarserve.fsm.checks import CheckCollector
+from grammarserve.fsm.checks_plan import take_early, take_late
 from grammarserve.fsm.json_schema import iter_subschemas
+from grammarserve.fsm.localrefs import hoist_ref_targets
 from grammarserve.fsm.metaschemas import resolve_meta_refs
-from grammarserve.fsm.rewrite_cond import rewrite_conditions, rewrite_dependencies
+from grammarserve.fsm.rewrite_cond import (
+    rewrite_conditions,
+    rewrite_dependencies,
+    rewrite_dependent_schemas,
+)
 from grammarserve.fsm.rewrite_not import rewrite_not
+from grammarserve.fsm.rewrite_uneval import rewrite_unevaluated
 from grammarserve.fsm.rewrite_unique import rewrite_unique
 from grammarserve.fsm.value_check import ValueCheck
 
 #: Keywords these rewrites remove (``json_schema.check_keywords`` refuses what is left).
-REWRITTEN = frozenset({"not", "if", "dependentRequired", "dependencies", "uniqueItems"})
+REWRITTEN = frozenset({"not", "if", "dependentRequired", "dependencies", "dependentSchemas",
+                       "uniqueItems", "unevaluatedProperties", "unevaluatedItems"})
 _ROUNDS = 3
 
 
 def rewrite_schema(schema: dict[str, Any], *, checks: list[ValueCheck] | None = None
                    ) -> dict[str, Any]:
     """Apply the rewrites above to ``schema`` (in place) and return it; with ``checks``, hand
-    what they leave of ``not``, ``uniqueItems`` and ``contains`` to run-time checks (appended
-    to ``checks``) where that is exact."""
+    what they leave to run-time checks (appended to ``checks``) where that is exact."""
     resolve_meta_refs(schema)
+    hoist_ref_targets(schema)
+    rewrite_unevaluated(schema)
     collector = CheckCollector(schema) if checks is not None else None
     take = collector.take if collector is not None else None
+    if take is not None:
+        take_early(schema, take)
     for _ in range(_ROUNDS):
         if not _pending(schema):
             break
         rewrite_not(schema, take)
-        rewrite_conditions(schema)
+        rewrite_conditions(schema, take)
         rewrite_dependencies(schema)
+        rewrite_dependent_schemas(schema)
         rewrite_unique(schema, take)
     if collector is not None and checks is not None:
-        for sub, parts in reversed(list(iter_subschemas(schema))):
-            if "contains" in sub:
-                collector.take(parts, "contains")
-            if sub.get("uniqueItems") is True:
-                collector.take(parts, "uniqueItems")
+        take_late(schema, collector.take)
         checks.extend(collector.checks)
     return schema
 
@@ -66,4 +79,4 @@ def rewrite_schema(schema: dict[str, Any], *, checks: list[ValueCheck] | None = 
 def _pending(schema: dict[str, Any]) -> bool:
     return any(k in sub for sub, _ in iter_subschemas(schema)
                for k in ("not", "if", "then", "else", "dependentRequired", "dependencies",
-                         "uniqueItems"))
+                         "dependentSchemas", "uniqueItems"))

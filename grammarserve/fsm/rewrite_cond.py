@@ -8,6 +8,9 @@
   The cases are disjoint; more than :data:`MAX_CASES` are refused with a message.
 - ``dependencies`` (drafts 4-7) with only array values is read as ``dependentRequired``. Draft
   2020-12 ignores ``dependencies``; enforcing it can only narrow what is generated.
+- ``dependentSchemas: {k: S}`` -> ``anyOf: [{properties: {k: false}}, {required: [k]} and S]``
+  (``k`` absent, or present and ``S`` holds; a non-object passes the first case, as it passes
+  ``dependentSchemas``), one such ``anyOf`` per key.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any
 from grammarserve.errors import UnsupportedSchemaError
 from grammarserve.fsm.json_schema import iter_subschemas, json_path
 from grammarserve.fsm.negate import Negator
-from grammarserve.fsm.rewrite_not import attach, combine, refuse_if_referenced
+from grammarserve.fsm.rewrite_not import Leftover, attach, combine, refuse_if_referenced
 from grammarserve.fsm.typed_union import Unexpressible, domains_of, emit, restrict
 
 #: At most this many cases for one ``dependentRequired``.
@@ -27,11 +30,15 @@ MAX_CASES = 64
 _MAX_TRIGGERS = 12
 
 
-def rewrite_conditions(schema: dict[str, Any]) -> dict[str, Any]:
+def rewrite_conditions(schema: dict[str, Any], leftover: Leftover | None = None
+                       ) -> dict[str, Any]:
     """Rewrite every ``if``/``then``/``else`` of ``schema`` (in place); raise
-    :class:`UnsupportedSchemaError` at the first one whose condition has no exact negation."""
+    :class:`UnsupportedSchemaError` at the first one whose condition has no exact negation,
+    unless ``leftover`` takes it (a run-time check of the whole condition)."""
     negator = Negator(schema)
     for sub, parts in reversed(list(iter_subschemas(schema))):
+        if "if" not in sub and "then" not in sub and "else" not in sub:
+            continue
         if "if" not in sub:
             for key in ("then", "else"):
                 if key in sub:
@@ -50,6 +57,8 @@ def rewrite_conditions(schema: dict[str, Any]) -> dict[str, Any]:
             try:
                 negated = emit(restrict(negator.negative(cond), domains_of(sub.get("type"))))
             except Unexpressible as e:
+                if leftover is not None and leftover(parts, "if"):
+                    continue
                 raise UnsupportedSchemaError(
                     f"unsupported keyword 'if' at {where}: the condition has no exact negation "
                     f"({e}), so if/then/else cannot be enforced; use 'anyOf' of the cases",
@@ -85,6 +94,22 @@ def rewrite_dependencies(schema: dict[str, Any]) -> dict[str, Any]:
         cases = dependency_cases(sub.pop("dependentRequired"), where)
         if cases:
             attach(sub, cases[0] if len(cases) == 1 else {"anyOf": cases})
+    return schema
+
+
+def rewrite_dependent_schemas(schema: dict[str, Any]) -> dict[str, Any]:
+    """Rewrite every ``dependentSchemas`` of ``schema`` into cases (in place)."""
+    for sub, parts in reversed(list(iter_subschemas(schema))):
+        deps = sub.get("dependentSchemas")
+        if not isinstance(deps, dict):
+            continue
+        refuse_if_referenced(schema, parts + ("dependentSchemas",), "dependentSchemas")
+        del sub["dependentSchemas"]
+        for key, dependent in deps.items():
+            if dependent is True or dependent == {}:
+                continue
+            present = combine({"required": [key]}, dependent)
+            attach(sub, {"anyOf": [{"properties": {key: False}}, present]})
     return schema
 
 

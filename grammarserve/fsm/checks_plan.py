@@ -1,0 +1,162 @@
+"""Which keywords become run-time value checks (``checks.CheckCollector``), and when.
+
+``rewrite.py`` calls :func:`take_early` before any exact rewrite and :func:`take_late` after
+them. Each offer is declined where a check would not be exact (``checks.py``); the keyword is
+then refused as before, with its path.
+
+Early, so that the checks validate what the user wrote:
+
+- ``unevaluatedProperties``/``unevaluatedItems`` (after ``rewrite_uneval.py`` has turned the
+  ones without in-place applicators into ``additionalProperties``/``items``): which members
+  they see depends on the annotations of every keyword beside them, and the rewrites below
+  (``not`` made positive, ``if`` as cases) change annotations;
+- ``oneOf``: provably disjoint ones become ``anyOf`` here, those with exact exclusive cases
+  (``rewrite_oneof_cases.py``) become the ``anyOf`` of the cases, both exactly (as
+  ``normalize`` would, but now, so that the keywords in their branches can be checked); the
+  grammar gets ``anyOf`` for the rest, and a check says exactly one branch holds. Outer ones
+  first, in rounds while a take makes more reachable.
+
+Late, what the rewrites leave: ``contains`` (with min/maxContains), ``uniqueItems`` on open
+item domains, ``propertyNames``, ``min/maxProperties`` where llguidance cannot count members
+(an object with optional named members that may also have others), a ``pattern`` using what
+the backends' regex engines lack (look-around, back-references, atomic groups), and
+``patternProperties`` with such a pattern or with patterns a name could match two of (which
+llguidance refuses): the grammar then gives the other members ``additionalProperties`` or any
+of the patterns' schemas.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from typing import Any
+
+from grammarserve.fsm.json_schema import iter_subschemas
+from grammarserve.fsm.localrefs import move_refs, pointer
+from grammarserve.fsm.negate import Negator
+from grammarserve.fsm.rewrite_not import attach
+from grammarserve.fsm.rewrite_oneof import pairwise_disjoint
+from grammarserve.fsm.rewrite_oneof_cases import exclusive_cases
+
+Take = Callable[[tuple[str | int, ...], str], bool]
+_APPLICATORS = ("allOf", "anyOf", "oneOf", "$ref", "if", "dependentSchemas")
+#: Passes over the ``oneOf``s while takes make others reachable.
+_ROUNDS = 4
+
+
+def take_early(schema: dict[str, Any], take: Take) -> None:
+    """Offer ``unevaluated*``, then the ``oneOf``s without an exact rewrite (in place)."""
+    for sub, parts in list(iter_subschemas(schema)):
+        for key in ("unevaluatedProperties", "unevaluatedItems"):
+            if key in sub:
+                take(parts, key)
+    negator: Negator | None = None
+    exact: set[int] = set()
+    for _ in range(_ROUNDS):
+        changed = False
+        # NOTE: lazily, outer first: a node's children are read after it is yielded, so the
+        # paths below a oneOf that just became anyOf are the new ones
+        for sub, parts in iter_subschemas(schema):
+            branches = sub.get("oneOf")
+            if not isinstance(branches, list) or id(sub) in exact:
+                continue
+            if "anyOf" not in sub and pairwise_disjoint(schema, branches):
+                sub["anyOf"] = sub.pop("oneOf")
+                move_refs(schema, parts + ("oneOf",), parts + ("anyOf",))
+                continue
+            negator = negator or Negator(schema)
+            cases = exclusive_cases(negator, sub)
+            if cases and not _referenced(schema, parts + ("oneOf",)):
+                del sub["oneOf"]  # as normalize would, but now: checks below see anyOf
+                attach(sub, cases[0] if len(cases) == 1 else {"anyOf": cases})
+            elif cases is not None:
+                exact.add(id(sub))  # left for normalize (or the backend) to decide
+            elif take(parts, "oneOf"):
+                changed = True
+        if not changed:
+            break  # a take can make a oneOf reachable that was not (one inside its branches)
+
+
+def _referenced(root: dict[str, Any], parts: tuple[str | int, ...]) -> bool:
+    """Whether some ``$ref`` points at or into the subschema at ``parts``."""
+    prefix = pointer(parts)
+    return any(isinstance(sub.get("$ref"), str) and (sub["$ref"] == prefix or
+                                                     sub["$ref"].startswith(prefix + "/"))
+               for sub, _ in iter_subschemas(root))
+
+
+def take_late(schema: dict[str, Any], take: Take) -> None:
+    """Offer what the exact rewrites left (see the module docstring), innermost first."""
+    for sub, parts in reversed(list(iter_subschemas(schema))):
+        if "contains" in sub:
+            take(parts, "contains")
+        if sub.get("uniqueItems") is True:
+            take(parts, "uniqueItems")
+        if sub.get("propertyNames") in (True, {}, {"type": "string"}):
+            del sub["propertyNames"]  # every member name is a string
+        if "propertyNames" in sub:
+            take(parts, "propertyNames")
+        count = next((k for k in ("minProperties", "maxProperties") if k in sub), None)
+        if count is not None and not counts_members(sub):
+            take(parts, count)
+        if isinstance(sub.get("pattern"), str) and not regular(sub["pattern"]):
+            take(parts, "pattern")
+        patterns = sub.get("patternProperties")
+        if isinstance(patterns, dict) and patterns and (
+                not all(regular(p) for p in patterns) or not disjoint_patterns(tuple(patterns))):
+            take(parts, "patternProperties")
+
+
+def counts_members(sub: dict[str, Any]) -> bool:
+    """Whether llguidance enforces ``min/maxProperties`` of ``sub`` (it does when every named
+    property is required, or no other member may appear; with applicators beside them it
+    merges schemas first, so that is not known here)."""
+    if any(k in sub for k in _APPLICATORS):
+        return False
+    props = sub.get("properties") or {}
+    if set(props) <= set(sub.get("required") or ()):
+        return True
+    return sub.get("additionalProperties") is False and not sub.get("patternProperties")
+
+
+@functools.lru_cache(maxsize=1024)
+def disjoint_patterns(patterns: tuple[str, ...]) -> bool:
+    """Whether llguidance (the one backend that enforces ``patternProperties``) can tell these
+    patterns apart: it refuses patterns a member name could match two of."""
+    if len(patterns) < 2:
+        return True
+    import llguidance
+
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(
+        json.dumps({"type": "object", "patternProperties": {p: {} for p in patterns}}))
+    failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    return not (failed and any("not disjoint" in m for m in messages))
+
+
+def regular(pattern: str) -> bool:
+    """False if ``pattern`` uses look-around (``\\b`` included), a back-reference, an atomic
+    group or a conditional (which the backends' regex engines refuse)."""
+    i, in_class = 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            nxt = pattern[i + 1:i + 2]
+            if not in_class and (nxt.isdigit() and nxt != "0" or nxt in ("k", "b", "B")):
+                return False  # back-references, word boundaries (look-around)
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            if pattern[i + 1:i + 2] == "^":
+                i += 1
+            if pattern[i + 1:i + 2] == "]":
+                i += 1  # a leading ']' is literal
+        elif c == "(" and pattern[i + 1:i + 2] == "?":
+            head = pattern[i + 2:i + 4]
+            if head[:1] in ("=", "!", ">", "(") or head in ("<=", "<!"):
+                return False
+        i += 1
+    return True
