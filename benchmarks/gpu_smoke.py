@@ -6,7 +6,8 @@ tokens of the embedded model's shape, CUDA fp32 vs CPU fp32 and bf16, random wei
 random_models.py), ``engine_paths`` (a shared-prefix pair and a JSON-schema request with long
 forced spans through the engine), ``sync_debug`` (one engine step under
 ``torch.cuda.set_sync_debug_mode("warn")``, the remaining syncs by file:line),
-``engine_process`` (one EngineProcess round trip), ``decode`` (ms/step and peak memory at batch
+``engine_process`` (one EngineProcess round trip), ``engine_decode`` (Engine.step() at
+batch 32 on the SmolLM2 shape, graphs on and off), ``decode`` (ms/step and peak memory at batch
 1, 32 and 128 on random Llama-3.2-1B and Llama-3.1-8B shapes in bf16) and ``attention``
 (the varlen flash path against the torch SDPA path, one layer of the 8B shape).
 
@@ -39,6 +40,7 @@ from random_models import (
 from smoke_engine import (
     attention_bench,
     engine_paths,
+    engine_decode,
     engine_process_round_trip,
     greedy_parity,
     sync_listing,
@@ -106,13 +108,14 @@ def env_info(device: torch.device) -> dict[str, Any]:
 
 
 def kernel_tests(device: torch.device, timeout_s: float) -> dict[str, Any]:
-    """tests/test_kernels_triton.py and test_kernels_kv_indices.py in a child process: compiled
+    """The Triton kernel tests (sampler, KV index, paged decode) in a child process: compiled
     on CUDA (TRITON_INTERPRET unset), interpreted on a CPU dry run."""
     env = dict(os.environ)
     if device.type == "cuda":
         env.pop("TRITON_INTERPRET", None)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-           "tests/test_kernels_triton.py", "tests/test_kernels_kv_indices.py"]
+           "tests/test_kernels_triton.py", "tests/test_kernels_kv_indices.py",
+           "tests/test_kernels_paged_decode.py"]
     proc = subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=timeout_s)
     tail = (proc.stdout + proc.stderr).strip().splitlines()
@@ -181,6 +184,7 @@ def main() -> int:
             ("engine_paths", 30, engine_paths, folder, device),
             ("sync_debug", 20, sync_listing, folder, device),
             ("engine_process", 40, engine_process_round_trip, folder, device),
+            ("engine_decode", 20, engine_decode, folder, device),
             ("decode", 60, decode_section, device, small, [32, 1, 128] if not small else [1, 4],
              smoke),
             ("attention", 20, attention_bench, device, small),

@@ -182,7 +182,8 @@ def decode_bench(model: LlamaModel, device: torch.device, batch: int, *, prompt_
     times.sort()
     ms = 1000 * times[len(times) // 2]
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
-    return {"batch": batch, "graphs": graphs, "ms_per_step": round(ms, 3), "tokens_per_s": round(batch * 1000 / ms,
-                                                                               1),
+    failed = runner.graphs.failed if runner.graphs is not None else None
+    return {"batch": batch, "graphs": graphs if failed is None else f"failed: {failed}"[:300],
+            "ms_per_step": round(ms, 3), "tokens_per_s": round(batch * 1000 / ms, 1),
             "ms_min": round(1000 * times[0], 3), "peak_mem_gib": round(peak / 2**30, 2),
             "context": prompt_len + warmup + steps // 2}

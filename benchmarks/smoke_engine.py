@@ -115,7 +115,8 @@ def greedy_parity(folder: Path, device: torch.device, small: bool) -> dict[str, 
 
     fp32_equal = sum(a == b for a, b in zip(ref, tokens["fp32"]))
     return {
-        "decode_graphs": runs["fp32"].runner.graphs is not None,
+        "decode_graphs": (None if runs["fp32"].runner.graphs is None
+                          else runs["fp32"].runner.graphs.failed or "captured"),
         "fp32_eager_equal_prompts": sum(a == b for a, b in zip(ref, tokens["fp32_eager"])),
         "prompts": len(ref), "tokens_each": 32,
         "fp32_equal_prompts": fp32_equal,
@@ -266,15 +267,40 @@ def _attn_case(backend: str, device: torch.device, b: int, ctx: int, ext: int,
 
 def attention_bench(device: torch.device, small: bool) -> dict[str, Any]:
     """One attention layer of the 8B shape (32 heads, 8 KV heads, d=128), prepare + forward:
-    a decode group (32 x 4096 context) and a 2048-token chunk over an 8192-token prefix; the
+    decode groups (32 x 4096 and 1 x 16384 context) and a 2048-token chunk over an 8192-token prefix; the
     varlen backend against the torch SDPA backend (boolean mask + enable_gqa, no mirror) and,
     for decode, the paged kernel of the CUDA-graph path (eager here)."""
     heads, kv, d = (4, 2, 16) if small else (32, 8, 128)
-    cases = {"decode_b32_ctx4096": (32, 4096, 1), "chunk2048_over_8192": (1, 10240, 2048)}
+    cases = {"decode_b32_ctx4096": (32, 4096, 1), "decode_b1_ctx16384": (1, 16384, 1),
+             "chunk2048_over_8192": (1, 10240, 2048)}
     if small:
         cases = {"decode_b4_ctx64": (4, 64, 1), "chunk16_over_48": (1, 64, 16)}
     out: dict[str, Any] = {}
     for name, (b, ctx, ext) in cases.items():
         backends = ("varlen", "torch", "paged") if ext == 1 else ("varlen", "torch")
         out[name] = {be: _attn_case(be, device, b, ctx, ext, heads, kv, d) for be in backends}
+    return out
+
+
+def engine_decode(folder: Path, device: torch.device) -> dict[str, Any]:
+    """Engine.step() on 32 greedy requests of the SmolLM2 shape (scheduler, sampler,
+    detokenizer and all), CUDA graphs on and off: steady decode ms per step and tokens/s."""
+    out: dict[str, Any] = {}
+    for graphs in (True, False):
+        engine = _engine(folder, device, cuda_graphs=graphs, max_num_reqs=32)
+        g = torch.Generator().manual_seed(3)
+        for i in range(32):
+            engine.add_request(str(i), torch.randint(100, 40000, (64,), generator=g).tolist(),
+                               SamplingParams(max_tokens=48, temperature=0, ignore_eos=True))
+        times = []
+        while engine.has_unfinished():
+            t0 = time.perf_counter()
+            outs = engine.step()
+            if len(outs) == 32 and not any(o.finished for o in outs):
+                times.append(time.perf_counter() - t0)
+        times = sorted(times[4:])  # past the prefill step and the captures
+        ms = 1000 * statistics.median(times) if times else float("nan")
+        out["graphs" if graphs else "eager"] = {"ms_per_step": round(ms, 3),
+                                                "tokens_per_s": round(32_000 / ms, 1),
+                                                "steps": len(times)}
     return out

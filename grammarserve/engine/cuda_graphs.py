@@ -13,6 +13,7 @@ On a CPU the same static forward runs eagerly (``capture=False``): what the CPU 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,8 @@ from grammarserve.models.llama import LlamaModel
 
 if TYPE_CHECKING:
     from grammarserve.engine.model_runner import BatchEntry
+
+log = logging.getLogger(__name__)
 
 BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256)
 _IDS, _POS, _ROWS, _SEQ, _LIVE = range(5)
@@ -48,11 +51,12 @@ class DecodeGraphs:
         self._arange = torch.arange(self.max_batch, device=self.device)
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self._mempool = torch.cuda.graph_pool_handle() if self.capture else None
+        self.failed: str | None = None  # why a capture failed (graphs are then off)
 
     def usable(self, entries: Sequence[BatchEntry]) -> bool:
         """A decode step of at most ``max_batch`` requests."""
-        return (0 < len(entries) <= self.max_batch and all(len(e.token_ids) == 1
-                                                             for e in entries))
+        return (self.failed is None and 0 < len(entries) <= self.max_batch
+                and all(len(e.token_ids) == 1 for e in entries))
 
     @staticmethod
     def supports(model: LlamaModel) -> bool:
@@ -63,8 +67,9 @@ class DecodeGraphs:
     def bucket(self, n: int) -> int:
         return next(b for b in self.buckets if b >= n)
 
-    def run(self, entries: Sequence[BatchEntry]) -> torch.Tensor:
-        """fp32 logits ``[len(entries), vocab]`` of a decode step (see :meth:`usable`)."""
+    def run(self, entries: Sequence[BatchEntry]) -> torch.Tensor | None:
+        """fp32 logits ``[len(entries), vocab]`` of a decode step (see :meth:`usable`); None
+        when a capture failed (the caller then runs the step eagerly)."""
         n = len(entries)
         bs = self.bucket(n)
         pad = bs - n
@@ -79,7 +84,14 @@ class DecodeGraphs:
         if not self.capture:
             return self._forward(bs)[:n]
         if bs not in self._graphs:
-            self._graphs[bs] = self._capture(bs)
+            try:
+                self._graphs[bs] = self._capture(bs)
+            except Exception as e:  # noqa: BLE001 - the engine goes on without graphs
+                self.failed = f"{type(e).__name__}: {e}"
+                log.warning("CUDA graph capture failed; decoding eagerly from now on: %s",
+                            self.failed)
+                torch.cuda.synchronize(self.device)
+                return None
         graph, logits = self._graphs[bs]
         graph.replay()
         return logits[:n]

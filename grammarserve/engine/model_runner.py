@@ -71,5 +71,7 @@ class ModelRunner:
         """Run the entries; returns fp32 logits ``[len(entries), vocab]`` of each last token
         (a decode step through its CUDA graph when the runner has them)."""
         if self.graphs is not None and self.graphs.usable(entries):
-            return self.graphs.run(entries)
+            logits = self.graphs.run(entries)
+            if logits is not None:
+                return logits
         return self.model(self.build_batch(entries), self.attn)
