@@ -257,12 +257,13 @@ def _attn_case(backend: str, device: torch.device, b: int, ctx: int, ext: int,
     for _ in range(6):
         t0 = time.perf_counter()
         attn.prepare(batch)
-        attn.forward(0, q, k, k)
+        o = attn.forward(0, q, k, k)
         if device.type == "cuda":
             torch.cuda.synchronize()
         times.append(1000 * (time.perf_counter() - t0))
     peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if device.type == "cuda" else 0
-    return {"ms": round(statistics.median(times[1:]), 3), "transient_mib": round(peak, 1)}
+    return {"ms": round(statistics.median(times[1:]), 3), "transient_mib": round(peak, 1),
+            "out": o.float()}
 
 
 def attention_bench(device: torch.device, small: bool) -> dict[str, Any]:
@@ -278,7 +279,17 @@ def attention_bench(device: torch.device, small: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, (b, ctx, ext) in cases.items():
         backends = ("varlen", "torch", "paged") if ext == 1 else ("varlen", "torch")
-        out[name] = {be: _attn_case(be, device, b, ctx, ext, heads, kv, d) for be in backends}
+        torch.manual_seed(0)  # the same K/V pool and queries for every backend
+        res = {}
+        for be in backends:
+            torch.manual_seed(0)
+            res[be] = _attn_case(be, device, b, ctx, ext, heads, kv, d)
+        ref = res["torch"].pop("out")
+        for be in backends:
+            if be != "torch":
+                diff = float((res[be].pop("out") - ref).abs().max())
+                res[be]["max_abs_diff_vs_torch"] = float(f"{diff:.3g}")
+        out[name] = res
     return out
 
 
