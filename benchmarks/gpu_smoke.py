@@ -39,8 +39,8 @@ from random_models import (
 )
 from smoke_engine import (
     attention_bench,
-    engine_paths,
     engine_decode,
+    engine_paths,
     engine_process_round_trip,
     greedy_parity,
     sync_listing,
