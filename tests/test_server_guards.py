@@ -257,3 +257,10 @@ def test_text_chars_walks_any_depth() -> None:
     for _ in range(50_000):  # far deeper than Python's recursion limit
         deep = {"k": [deep]}
     assert text_chars(deep) == 3 + 50_000
+
+
+def test_loopback_hosts_are_told_apart() -> None:
+    from grammarserve.cli import _loopback
+
+    assert all(_loopback(h) for h in ("127.0.0.1", "127.3.2.1", "::1", "[::1]", "localhost"))
+    assert not any(_loopback(h) for h in ("0.0.0.0", "::", "10.1.2.3", "example.com"))
