@@ -139,3 +139,21 @@ def test_bad_config_and_unknown_policy_are_refused() -> None:
         RouterConfig(load_factor=0.5)
     with pytest.raises(InvalidRequestError, match="unknown router"):
         make_policy("random")
+
+
+def test_simulation_prefix_router_keeps_prefixes_where_round_robin_scatters_them() -> None:
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import bench_router
+
+    samples = [{"prompt_tokens": 800, "shared_tokens": 780, "completion_tokens": 40,
+                "compile_cold_s": 0.03, "compile_hit_s": 0.003, "prefill_cold_s": 6.0,
+                "prefill_warm_s": 0.2, "decode_batch_s": 2.0}]
+    got = {p: bench_router.simulate(samples, 4, p, per_tenant=16, kv_tokens=8192)
+           for p in ("round_robin", "prefix_grammar")}
+    rr, ours = got["round_robin"], got["prefix_grammar"]
+    assert rr["requests"] == ours["requests"] == 4 * 4 * 16
+    assert ours["prefix_cache_hit_rate"] > 0.8 > rr["prefix_cache_hit_rate"]
+    assert ours["grammar_cache_hit_rate"] > rr["grammar_cache_hit_rate"]
