@@ -42,11 +42,12 @@ def validation_response(e: RequestValidationError) -> JSONResponse:
     return exception_response(validation_error(e.errors()))
 
 
-def create_app(config: ServerConfig, *, on_failure: Callable[[str], None] | None = None
-               ) -> FastAPI:
+def create_app(config: ServerConfig, *, on_failure: Callable[[str], None] | None = None,
+               state: ServerState | None = None) -> FastAPI:
     """Build the app; the engine starts loading when the app starts (``/health`` answers 503
-    until it is ready)."""
-    state = ServerState(config)
+    until it is ready). ``state``: a :class:`ServerState` of another kind of engine (the Ray
+    ingress passes one whose engine is its replicas); default: one engine process."""
+    state = state or ServerState(config)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
