@@ -84,3 +84,22 @@ def test_dependency_cases_are_disjoint_and_capped() -> None:
     with pytest.raises(UnsupportedSchemaError) as info:
         rewritten({"type": "object", "dependentRequired": many})
     assert info.value.path == "$.dependentRequired" and str(MAX_CASES) in str(info.value)
+
+
+SWITCH_POOL = [{"f": "a", "x": 1}, {"f": "a", "x": "s"}, {"f": "b", "y": 1}, {"f": "b", "y": "s"},
+               {"f": "c"}, {"f": "c", "z": 1}, {}, {"x": 1, "y": 1}, {"x": "s"}, {"z": "s"},
+               {"f": 1}, "s", 3, None]
+
+
+@pytest.mark.parametrize("required", [[], ["f"]])
+@pytest.mark.parametrize("node", [{}, {"type": "object"}, {"required": ["f"]}])
+def test_switch_on_one_key_is_one_any_of(required: list[str], node: dict[str, Any]) -> None:
+    schema = {**node, "allOf": [
+        {"if": {"properties": {"f": {"const": "a"}}, "required": required},
+         "then": {"properties": {"x": {"type": "integer"}}}},
+        {"if": {"properties": {"f": {"const": "b"}}, "required": required},
+         "then": {"properties": {"y": {"type": "integer"}}}, "else": {"properties": {
+             "z": {"type": "string"}}}},
+        {"minProperties": 0}]}
+    out = assert_equivalent(schema, extra=SWITCH_POOL)
+    assert "if" not in str(out) and len(out["allOf"]) == 2

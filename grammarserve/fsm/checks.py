@@ -24,11 +24,13 @@ the checks make the pair exact: a value is accepted iff the original schema acce
 
 from __future__ import annotations
 
-import copy
+import contextlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from grammarserve.fsm.json_schema import (
+    _copy_json,
     iter_subschemas,
     json_path,
     rebase_refs,
@@ -53,14 +55,19 @@ CHECKABLE: dict[str, tuple[str, ...]] = {
     "pattern": ("pattern",),
     "oneOf": ("oneOf",),
     "if": ("if", "then", "else"),
+    "dependentRequired": ("dependentRequired",),
+    "dependentSchemas": ("dependentSchemas",),
     "patternProperties": ("patternProperties",),
 }
 #: At most this many checks per schema (more is refused as before).
-MAX_CHECKS = 128
+MAX_CHECKS = 1024
 #: Path steps below a check's location where removing a keyword only widens the whole.
 _MONOTONE = frozenset({"anyOf", "allOf", "properties", "items", "prefixItems",
                        "additionalProperties", "patternProperties", "then", "else",
                        "dependentSchemas", "contains", "propertyNames"})
+#: Keywords that assert nothing, left out of the checks' documents.
+_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment",
+                          "deprecated", "readOnly", "writeOnly"})
 #: Keywords whose subschemas apply to (a part of) the value (``$defs``, unknown keywords and
 #: ``contentSchema`` hold subschemas that apply only where a ``$ref`` uses them).
 _APPLIED = frozenset({"properties", "patternProperties", "additionalProperties", "items",
@@ -80,7 +87,10 @@ class CheckCollector:
     def __init__(self, root: dict[str, Any]) -> None:
         self.root = root
         self.checks: list[ValueCheck] = []
-        self._recursive: set[Parts] = set()  # pointers met again while finding anchors
+        self._recursive: set[Parts] = set()  # targets met again while finding anchors
+        self._widening: Parts | None = None  # the oneOf being taken: it will be an anyOf
+        self._ref_cache: dict[Parts, list[Parts]] | None = None
+        self._batch = False
 
     def take(self, parts: Parts, keyword: str) -> bool:
         """Turn ``keyword`` of the subschema at ``parts`` into checks and remove it from the
@@ -90,13 +100,14 @@ class CheckCollector:
         if keyword not in CHECKABLE or not isinstance(sub, dict) or keyword not in sub:
             return False
         target = parts + (keyword,)
-        refs = _refs(self.root)
+        refs = self._refs()
         moved = [k for k in CHECKABLE[keyword] if k in sub and k != "oneOf"]
         if keyword == "patternProperties" and "additionalProperties" in sub:
             moved.append("additionalProperties")
         if any(_starts_with(p, parts + (k,)) for p in refs for k in moved):
             return False  # a $ref points into what would be removed
         self._recursive = set()
+        self._widening = target if keyword == "oneOf" else None
         anchors = self._anchors(parts, refs, frozenset())
         if anchors is None or len(self.checks) + len(anchors) > MAX_CHECKS:
             return False
@@ -125,9 +136,11 @@ class CheckCollector:
                 sub["anyOf"] = branches
                 moved_to = parts + ("anyOf",)
             move_refs(self.root, parts + ("oneOf",), moved_to)
+            self.moved()
             return
         if keyword == "patternProperties":
             schemas = list(sub.pop("patternProperties").values())
+            self.moved()
             if "additionalProperties" in sub:
                 options = [o for o in [sub["additionalProperties"], *schemas] if o is not False]
                 if any(o is True or o == {} for o in options):
@@ -161,7 +174,7 @@ class CheckCollector:
             rest = _segments(parts[len(target):])
             if any(s[0] not in _APPLIED for s in rest):
                 continue  # not applied to the value from there (in $defs, an unknown keyword)
-            monotone = all(s[0] in _MONOTONE for s in rest)
+            monotone = _monotone(target, rest, self._widening)
             if target in seen:
                 if not monotone:
                     return None
@@ -178,7 +191,7 @@ class CheckCollector:
                 return None
             whole = target in self._recursive
             for location, node_parts, exact in outers:
-                inner = _walk(self.root, location, target, rest) \
+                inner = _walk(self.root, location, target, rest, self._widening) \
                     if exact and not whole else None
                 if inner is not None:
                     out.append(inner)
@@ -211,27 +224,80 @@ class CheckCollector:
                           item_schema=texts[-1] if item is not None else "")
 
     def _document(self, schema: Any, node_parts: Parts | None) -> Any:
-        """``schema`` as a document of its own (the root's ``$defs`` beside it), or None if one
-        of its ``$ref``s would not resolve there. Where the subschema is the root's at
-        ``node_parts`` and it refers elsewhere in the root (``#/properties/...``), the document
-        holds the whole root and refers to it there."""
+        """``schema`` as a document of its own (with the root's ``$defs`` entries it uses), or
+        None if one of its ``$ref``s would not resolve there. Where the subschema is the
+        root's at ``node_parts`` and it refers elsewhere in the root (``#/properties/...``),
+        the document holds the whole root and refers to it there. Annotations are left out
+        (``jsonschema_rs`` refuses some that the meta-schema lets through)."""
         if not node_parts and schema is self.root:
-            doc = copy.deepcopy(self.root)
+            doc = _copy_json(self.root, depth=10_000)
             doc.pop("$schema", None)
         else:
-            doc = {"allOf": [copy.deepcopy(schema)]}
-            for key in ("$defs", "definitions"):
-                if isinstance(self.root.get(key), dict):
-                    doc[key] = copy.deepcopy(self.root[key])
+            doc = {"allOf": [_copy_json(schema, depth=10_000)]}
+            for container, name in self._defs_used(schema) or ():
+                doc.setdefault(container, {})[name] = _copy_json(self.root[container][name],
+                                                                 depth=10_000)
         if _resolves(doc):
-            return doc
+            return _without_annotations(doc)
         if node_parts is None:
             return None
         whole = rebase_refs(self.root, "#/$defs/__root")
         whole.pop("$schema", None)
         whole.pop("$id", None)
         doc = {"$ref": "#/$defs/__root" + pointer(node_parts)[1:], "$defs": {"__root": whole}}
-        return doc if _resolves(doc) else None
+        return _without_annotations(doc) if _resolves(doc) else None
+
+    def _defs_used(self, schema: Any) -> list[tuple[str, str]] | None:
+        """The ``$defs``/``definitions`` entries ``schema`` reaches through its ``$ref``s
+        (transitively), or None if one points elsewhere."""
+        found: dict[tuple[str, str], None] = {}
+        todo = [schema]
+        while todo:
+            for _, target in _ref_targets(todo.pop()):
+                if len(target) < 2 or target[0] not in ("$defs", "definitions"):
+                    return None
+                entry = (str(target[0]), str(target[1]))
+                if entry in found:
+                    continue
+                holder = self.root.get(entry[0])
+                if not isinstance(holder, dict) or entry[1] not in holder:
+                    return None
+                found[entry] = None
+                todo.append(holder[entry[1]])
+        return list(found)
+
+    def _refs(self) -> dict[Parts, list[Parts]]:
+        if self._ref_cache is None or not self._batch:
+            self._ref_cache = _refs(self.root)
+        return self._ref_cache
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Takes in a row, with nothing but them (and :meth:`moved`) changing the schema: the
+        ``$ref``s of the root are found once, not on every take."""
+        self._batch, self._ref_cache = True, None
+        try:
+            yield
+        finally:
+            self._batch, self._ref_cache = False, None
+
+    def moved(self) -> None:
+        """Say that ``$ref``s of the root changed (cached referrers are stale)."""
+        self._ref_cache = None
+
+
+def _ref_targets(node: Any) -> list[tuple[Parts, Parts]]:
+    """(referrer path, target path) of every local ``$ref`` in ``node``."""
+    return [(parts, _pointer_parts(sub["$ref"])) for sub, parts in iter_refs(node)
+            if sub["$ref"].startswith("#")]
+
+
+def _without_annotations(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` without the annotations of its subschemas (in place)."""
+    for sub, _ in iter_subschemas(doc):
+        for key in _ANNOTATIONS & set(sub):
+            del sub[key]
+    return doc
 
 
 def _resolves(doc: dict[str, Any]) -> bool:
@@ -249,8 +315,21 @@ def _resolves(doc: dict[str, Any]) -> bool:
     return True
 
 
+def _monotone(base: Parts, segs: list[Parts], widening: Parts | None) -> bool:
+    """Whether dropping a keyword below ``segs`` (from the node at ``base``) widens the node
+    at ``base``: each step is monotone, or is the ``oneOf`` being widened into ``anyOf``."""
+    where = base
+    for seg in segs:
+        widened = widening is not None and len(widening) == len(where) + 1 \
+            and _starts_with(widening, where + seg[:1])
+        if seg[0] not in _MONOTONE and not widened:
+            return False
+        where = where + seg
+    return True
+
+
 def _walk(root: dict[str, Any], location: tuple[Step, ...], base: Parts,
-          segs: list[Parts]) -> Anchor | None:
+          segs: list[Parts], widening: Parts | None = None) -> Anchor | None:
     """Follow ``segs`` from the node at ``base`` (at instance ``location``) through location
     steps; the rest must be monotone."""
     loc = list(location)
@@ -259,8 +338,7 @@ def _walk(root: dict[str, Any], location: tuple[Step, ...], base: Parts,
         node = _node(root, node_parts)
         step = _location_step(node, seg)
         if step is None:
-            rest = segs[i:]
-            if not all(s[0] in _MONOTONE for s in rest):
+            if not _monotone(node_parts, segs[i:], widening):
                 return None
             return tuple(loc), node_parts, False
         if step != ("same", None):

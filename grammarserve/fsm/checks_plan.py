@@ -45,8 +45,11 @@ _APPLICATORS = ("allOf", "anyOf", "oneOf", "$ref", "if", "dependentSchemas")
 _ROUNDS = 4
 
 
-def take_early(schema: dict[str, Any], take: Take) -> None:
-    """Offer ``unevaluated*``, then the ``oneOf``s without an exact rewrite (in place)."""
+def take_early(schema: dict[str, Any], take: Take, moved: Callable[[], None], *,
+               lean: bool = False) -> None:
+    """Offer ``unevaluated*``, then the ``oneOf``s without an exact rewrite (in place);
+    ``moved`` is told when ``$ref``s change. ``lean``: no ``oneOf`` becomes cases (each case
+    repeats the other branches negated); they are offered as they are."""
     for sub, parts in list(iter_subschemas(schema)):
         for key in ("unevaluatedProperties", "unevaluatedItems"):
             if key in sub:
@@ -64,12 +67,14 @@ def take_early(schema: dict[str, Any], take: Take) -> None:
             if "anyOf" not in sub and pairwise_disjoint(schema, branches):
                 sub["anyOf"] = sub.pop("oneOf")
                 move_refs(schema, parts + ("oneOf",), parts + ("anyOf",))
+                moved()
                 continue
             negator = negator or Negator(schema)
-            cases = exclusive_cases(negator, sub)
+            cases = None if lean else exclusive_cases(negator, sub)
             if cases and not _referenced(schema, parts + ("oneOf",)):
                 del sub["oneOf"]  # as normalize would, but now: checks below see anyOf
                 attach(sub, cases[0] if len(cases) == 1 else {"anyOf": cases})
+                moved()  # the cases hold copies of the branches, and their $refs
             elif cases is not None:
                 exact.add(id(sub))  # left for normalize (or the backend) to decide
             elif take(parts, "oneOf"):

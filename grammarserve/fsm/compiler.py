@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from grammarserve.errors import GrammarError
+from grammarserve.errors import GrammarBackendError, GrammarError
 from grammarserve.fsm import text_grammars
 from grammarserve.fsm.cache import CacheStats, GrammarCache
 from grammarserve.fsm.checked import CheckedGrammar, CheckSet
@@ -216,7 +216,13 @@ class GrammarCompiler:
         return self.cache.get_or_compile(key, lambda: self._compile(spec))
 
     def _compile(self, spec: GrammarSpec) -> CompiledGrammar:
-        grammar = self.policy.compile(spec)
+        try:
+            grammar = self.policy.compile(spec)
+        except GrammarBackendError:
+            lean = self._lean_spec(spec)
+            if lean is None:
+                raise
+            spec, grammar = lean, self.policy.compile(lean)
         self._probe(grammar)
         if not spec.checks:
             return grammar
@@ -299,9 +305,11 @@ class GrammarCompiler:
                 ("max_whitespace", c.max_whitespace))
 
     def _check_schema(self, schema: Any, strict: bool, path: str = "$",
-                      checks: list[ValueCheck] | None = None) -> dict[str, Any]:
+                      checks: list[ValueCheck] | None = None, lean: bool = False
+                      ) -> dict[str, Any]:
         """The schema the grammar is compiled from; with ``checks`` (a list), what no grammar
-        can hold may be left to run-time checks, appended to it (``rewrite.py``)."""
+        can hold may be left to run-time checks, appended to it (``rewrite.py``; ``lean``:
+        conditions too)."""
         rewrite: Callable[[dict[str, Any]], dict[str, Any]] | None = None
         try:
             check_schema_depth(schema, self.config.limits.max_depth)
@@ -312,7 +320,7 @@ class GrammarCompiler:
             raise
         if not strict:
             rewrite = rewrite_schema if checks is None else functools.partial(
-                rewrite_schema, checks=checks)
+                rewrite_schema, checks=checks, lean=lean)
         try:
             # NOTE: strict mode refuses every keyword the rewrites remove: check it as written.
             prepared = prepare_schema(schema, rewrite=rewrite, checked=checks is not None)
@@ -329,13 +337,26 @@ class GrammarCompiler:
             raise
         return prepared
 
-    def _json_spec(self, schema: Any, *, strict: bool = False) -> GrammarSpec:
+    def _json_spec(self, schema: Any, *, strict: bool = False, lean: bool = False
+                   ) -> GrammarSpec:
         checks: list[ValueCheck] | None = [] if self.config.value_checks and not strict \
             else None
-        source = canonical_json(self._check_schema(schema, strict, checks=checks))
+        source = canonical_json(self._check_schema(schema, strict, checks=checks, lean=lean))
         return GrammarSpec("json_schema", source,
                            self._json_options(source) + (("strict", strict),),
-                           tuple(checks or ()))
+                           tuple(checks or ()), origin=None if lean else schema)
+
+    def _lean_spec(self, spec: GrammarSpec) -> GrammarSpec | None:
+        """For a JSON schema the backends refused: the spec of its ``lean`` rewrite (conditions
+        as run-time checks instead of cases, ``rewrite.rewrite_schema``), if that differs."""
+        if spec.kind != "json_schema" or spec.origin is None or not self.config.value_checks \
+                or spec.option("strict"):
+            return None
+        try:
+            lean = self._json_spec(spec.origin, lean=True)
+        except GrammarError:
+            return None
+        return lean if lean.source != spec.source else None
 
     def _regex_spec(self, pattern: str) -> GrammarSpec:
         if isinstance(pattern, str):

@@ -125,6 +125,9 @@ class GrammarSpec:
     source: str
     options: tuple[tuple[str, Any], ...] = ()
     checks: tuple[ValueCheck, ...] = ()
+    #: The JSON schema as given, for a second front-end pass if a backend refuses ``source``
+    #: (``GrammarCompiler``: the ``lean`` rewrite); not part of the identity.
+    origin: Any = field(default=None, compare=False, repr=False)
 
     def option(self, name: str, default: Any = None) -> Any:
         """The value of option ``name`` (``default`` if absent)."""
@@ -137,7 +140,8 @@ class GrammarSpec:
         """This spec with option ``name`` set to ``value``."""
         options = dict(self.options)
         options[name] = value
-        return GrammarSpec(self.kind, self.source, tuple(sorted(options.items())), self.checks)
+        return GrammarSpec(self.kind, self.source, tuple(sorted(options.items())), self.checks,
+                           self.origin)
 
     def key(self, fingerprint: str, backend: str) -> str:
         """Cache key: canonical JSON of kind, source, options, tokenizer fingerprint, backend

@@ -39,6 +39,7 @@ from grammarserve.fsm.rewrite_cond import (
     rewrite_conditions,
     rewrite_dependencies,
     rewrite_dependent_schemas,
+    rewrite_switches,
 )
 from grammarserve.fsm.rewrite_not import rewrite_not
 from grammarserve.fsm.rewrite_uneval import rewrite_unevaluated
@@ -51,27 +52,38 @@ REWRITTEN = frozenset({"not", "if", "dependentRequired", "dependencies", "depend
 _ROUNDS = 3
 
 
-def rewrite_schema(schema: dict[str, Any], *, checks: list[ValueCheck] | None = None
-                   ) -> dict[str, Any]:
+def rewrite_schema(schema: dict[str, Any], *, checks: list[ValueCheck] | None = None,
+                   lean: bool = False) -> dict[str, Any]:
     """Apply the rewrites above to ``schema`` (in place) and return it; with ``checks``, hand
-    what they leave to run-time checks (appended to ``checks``) where that is exact."""
+    what they leave to run-time checks (appended to ``checks``) where that is exact.
+
+    ``lean`` (with ``checks``): conditions (``not``, ``if``, ``dependent*``, ``oneOf``) become
+    run-time checks wherever that is exact, before their rewrite into cases is tried. The
+    grammar is then looser but smaller: for schemas whose cases a backend cannot intersect
+    (llguidance's "schema too large"; ``GrammarCompiler`` retries those this way)."""
     resolve_meta_refs(schema)
     hoist_ref_targets(schema)
     rewrite_unevaluated(schema)
     collector = CheckCollector(schema) if checks is not None else None
     take = collector.take if collector is not None else None
-    if take is not None:
-        take_early(schema, take)
+    lean = lean and take is not None
+    if collector is not None:
+        with collector.batch():
+            take_early(schema, collector.take, collector.moved, lean=lean)
+    prefer = take if lean else None
     for _ in range(_ROUNDS):
         if not _pending(schema):
             break
-        rewrite_not(schema, take)
-        rewrite_conditions(schema, take)
-        rewrite_dependencies(schema)
-        rewrite_dependent_schemas(schema)
+        rewrite_not(schema, take, prefer=lean)
+        if not lean:
+            rewrite_switches(schema)
+        rewrite_conditions(schema, take, prefer=lean)
+        rewrite_dependencies(schema, prefer)
+        rewrite_dependent_schemas(schema, prefer)
         rewrite_unique(schema, take)
     if collector is not None and checks is not None:
-        take_late(schema, collector.take)
+        with collector.batch():
+            take_late(schema, collector.take)
         checks.extend(collector.checks)
     return schema
 

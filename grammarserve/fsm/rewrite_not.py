@@ -32,13 +32,17 @@ _UPPER = frozenset({"maxLength", "maxItems", "maxProperties", "maximum", "exclus
 Leftover = Callable[[tuple[str | int, ...], str], bool]
 
 
-def rewrite_not(schema: dict[str, Any], leftover: Leftover | None = None) -> dict[str, Any]:
+def rewrite_not(schema: dict[str, Any], leftover: Leftover | None = None, *,
+                prefer: bool = False) -> dict[str, Any]:
     """Replace every ``not`` of ``schema`` (in place) by its exact negation; raise
     :class:`UnsupportedSchemaError` at the first one that has none, unless ``leftover`` takes
-    it."""
+    it (with ``prefer``, ``leftover`` is offered each ``not`` first). One inside another
+    ``not`` that neither holds is left for the outer one (whose negation may undo it)."""
     negator = Negator(schema)
     for sub, parts in reversed(list(iter_subschemas(schema))):
         if "not" not in sub:
+            continue
+        if prefer and leftover is not None and leftover(parts, "not"):
             continue
         where = json_path(parts + ("not",))
         refuse_if_referenced(schema, parts + ("not",), "not")
@@ -47,6 +51,8 @@ def rewrite_not(schema: dict[str, Any], leftover: Leftover | None = None) -> dic
         except Unexpressible as e:
             if leftover is not None and leftover(parts, "not"):
                 continue
+            if "not" in parts:
+                continue  # negated itself: the outer not is rewritten whole, or refused
             raise UnsupportedSchemaError(
                 f"unsupported keyword 'not' at {where}: it has no exact rewrite the grammar can "
                 f"enforce ({e}); state the allowed values positively instead",

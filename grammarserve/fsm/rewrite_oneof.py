@@ -72,6 +72,8 @@ def _domains(branch: dict[str, Any]) -> tuple[str, ...]:
     values = _finite(branch)
     if values is not None:
         found = {_domain(v) for v in values}
+        if "type" in branch:  # ``{"type": "string", "enum": ["a", []]}`` holds strings only
+            found &= set(domains_of(branch["type"]))
         return tuple(d for d in DOMAINS if d in found)
     if "$ref" in branch or any(k in branch for k in ("anyOf", "oneOf", "allOf")):
         return DOMAINS
