@@ -128,6 +128,20 @@ def _server_args(p: argparse.ArgumentParser) -> None:
                         "of the process list")
 
 
+def _ray_args(p: argparse.ArgumentParser) -> None:
+    """``serve --ray``: N engine replicas on Ray Serve (the extra ``grammarserve[ray]``)."""
+    p.add_argument("--ray", action="store_true",
+                   help="serve with Ray Serve: --replicas engine replicas behind a prefix- and "
+                        "grammar-aware router (needs grammarserve[ray])")
+    p.add_argument("--address", default=None,
+                   help="with --ray: the Ray cluster to join ('auto', or HOST:PORT); default: "
+                        "start a local Ray instance")
+    p.add_argument("--replicas", type=int, default=1, help="with --ray: engine replicas")
+    p.add_argument("--router", default="prefix_grammar",
+                   choices=["prefix_grammar", "power_of_two", "round_robin"],
+                   help="with --ray: how a request's replica is chosen")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="grammarserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -154,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--data-dir", type=Path, default=None,
                        help="batch API files and state (default ~/.local/share/grammarserve)")
     _server_args(serve)
+    _ray_args(serve)
     batch_cli.add_parser(sub, _engine_args)
     return parser
 
@@ -217,6 +232,18 @@ def _serve(args: argparse.Namespace) -> int:
         if server is not None:
             server.should_exit = True
 
+    if args.ray:
+        from grammarserve.cluster import require_ray
+
+        require_ray()
+        from grammarserve.cluster.serve import RayServeConfig, run
+
+        print(f"grammarserve: serving {args.model} on Ray ({args.replicas} replicas, router "
+              f"{args.router}) at http://{args.host}:{args.port}/v1", file=sys.stderr,
+              flush=True)
+        run(RayServeConfig(config, replicas=args.replicas, router=args.router),
+            address=args.address, host=args.host, port=args.port)
+        return 0
     app = create_app(config, on_failure=on_failure)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
                                            log_level=args.log_level, timeout_keep_alive=30))

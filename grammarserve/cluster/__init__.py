@@ -9,3 +9,16 @@
 
 Only the Ray entry points import Ray; importing this package does not.
 """
+
+from grammarserve.errors import GrammarserveError
+
+
+def require_ray() -> None:
+    """Raise a one-line error naming the extra to install when Ray is missing."""
+    try:
+        import ray
+        import ray.data
+        import ray.serve  # noqa: F401
+    except ImportError as e:
+        raise GrammarserveError(f"--ray needs Ray ({e}); install it with: pip install "
+                                "'grammarserve[ray]'") from None

@@ -101,8 +101,14 @@ def build_app(config: RayServeConfig) -> Any:
 def run(config: RayServeConfig, *, address: str | None, host: str, port: int) -> None:
     """``grammarserve serve --ray``: join the Ray cluster at ``address`` (None: start a local
     one), serve the application on ``host:port`` until interrupted, then delete it."""
+    import signal
+
     import ray
 
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, interrupt)  # a plain kill also deletes the app and stops Ray
     ray.init(address=address)
     try:
         serve.start(http_options={"host": host, "port": port})
