@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from grammarserve.errors import GrammarError, GrammarTimeoutError
 from grammarserve.fsm.limits import GrammarLimits
+from grammarserve.fsm.lru import BoundedLRU
 from grammarserve.fsm.matcher import CompiledGrammar
 
 
@@ -67,7 +68,8 @@ class GrammarCache:
         self._lock = threading.Lock()
         self._lru: OrderedDict[str, CompiledGrammar] = OrderedDict()
         # key -> (the refusal, when it expires: +inf for the input's own faults)
-        self._refused: OrderedDict[str, tuple[GrammarError, float]] = OrderedDict()
+        self._refused: BoundedLRU[tuple[GrammarError, float]] = BoundedLRU(
+            self.limits.negative_entries, self.limits.memo_bytes)
         self._inflight: dict[str, _Job] = {}
         self._bytes = 0
         self._counts = {"hits": 0, "misses": 0, "shared": 0, "timeouts": 0, "errors": 0,
@@ -160,7 +162,7 @@ class GrammarCache:
             if self._inflight.get(job.key) is job:
                 del self._inflight[job.key]
             if result is not None:
-                self._refused.pop(job.key, None)  # it timed out, then compiled after all
+                self._refused.pop(job.key)  # it timed out, then compiled after all
                 self._insert(job.key, result)
             else:
                 self._counts["errors"] += 1
@@ -210,13 +212,9 @@ class GrammarCache:
 
     def _remember(self, key: str, error: GrammarError, *, forever: bool) -> None:
         # Called with the lock held.
-        if self.limits.negative_entries <= 0:
-            return
         expires = float("inf") if forever else time.monotonic() + self.limits.negative_ttl_s
-        self._refused[key] = (copy.copy(error).with_traceback(None), expires)
-        self._refused.move_to_end(key)
-        while len(self._refused) > self.limits.negative_entries:
-            self._refused.popitem(last=False)
+        self._refused.put(key, (copy.copy(error).with_traceback(None), expires),
+                          len(str(error)))
 
     def _refusal(self, key: str) -> GrammarError | None:
         # Called with the lock held.
@@ -225,9 +223,8 @@ class GrammarCache:
             return None
         error, expires = entry
         if time.monotonic() >= expires:
-            del self._refused[key]
+            self._refused.pop(key)
             return None
-        self._refused.move_to_end(key)
         return copy.copy(error).with_traceback(None)
 
     def clear(self) -> None:

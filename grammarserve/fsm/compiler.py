@@ -5,8 +5,6 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import replace
@@ -32,6 +30,7 @@ from grammarserve.fsm.depth import check_schema_depth, check_text_depth
 from grammarserve.fsm.finite import check_finite
 from grammarserve.fsm.json_schema import prepare_schema
 from grammarserve.fsm.limits import GrammarLimits
+from grammarserve.fsm.lru import BoundedLRU
 from grammarserve.fsm.matcher import CompiledGrammar
 from grammarserve.fsm.normalize import normalize
 from grammarserve.fsm.policy import AUTO_ORDER, BackendPolicy
@@ -119,8 +118,8 @@ class GrammarCompiler:
                                   threads=compile_threads, limits=limits)
         # NOTE: front-end results by exact input, refusals included: a bad input sent again
         # is refused from here without being parsed again.
-        self._specs: OrderedDict[str, GrammarSpec | GrammarError] = OrderedDict()
-        self._specs_lock = threading.Lock()
+        self._specs: BoundedLRU[GrammarSpec | GrammarError] = BoundedLRU(
+            _SPEC_MEMO_SIZE, limits.memo_bytes)
 
     # -- facts the engine needs ------------------------------------------------------------
     @property
@@ -149,8 +148,7 @@ class GrammarCompiler:
         """Forget the compiled grammars and the validated front-end results, so that the next
         compile of any schema is a cold one (benchmarks; in-flight compiles are unaffected)."""
         self.cache.clear()
-        with self._specs_lock:
-            self._specs.clear()
+        self._specs.clear()
 
     def cache_stats(self) -> CacheStats:
         """Hits, misses, shared in-flight compiles, timeouts, bytes and compile time."""
@@ -255,10 +253,7 @@ class GrammarCompiler:
             raw = json.dumps([kind, args, kwargs], separators=(",", ":"))
         except (TypeError, ValueError, RecursionError):
             return self._spec_safely(kind, args, kwargs)
-        with self._specs_lock:
-            memo = self._specs.get(raw)
-            if memo is not None:
-                self._specs.move_to_end(raw)
+        memo = self._specs.get(raw)
         if isinstance(memo, GrammarError):
             raise copy.copy(memo).with_traceback(None)
         if memo is not None:
@@ -269,10 +264,8 @@ class GrammarCompiler:
             if self.config.limits.negative_entries == 0:
                 raise
             spec = copy.copy(e).with_traceback(None)
-        with self._specs_lock:
-            self._specs[raw] = spec
-            while len(self._specs) > _SPEC_MEMO_SIZE:
-                self._specs.popitem(last=False)
+        self._specs.put(raw, spec, len(spec.source) if isinstance(spec, GrammarSpec)
+                        else len(str(spec)))
         if isinstance(spec, GrammarError):
             raise copy.copy(spec).with_traceback(None)
         return spec

@@ -12,7 +12,12 @@ Each bound is here, explicit and configurable, rather than left to a library's d
   (``finite.py``, ``text_finite.py``), which is what made its jump-forward loop and allocate
   until the OOM killer came (issue 20); every accepted grammar has a finite completion from
   every state, so the forced continuation is finite.
-- Compile time: ``GrammarConfig.compile_timeout_s`` (``cache.py``).
+- Compile time: ``GrammarConfig.compile_timeout_s`` (``cache.py``). It fails the waiters, but a
+  backend compile cannot be stopped once started, so what may start is bounded too: xgrammar
+  compiles grammars of at most ``xgrammar_max_bytes`` (measured on SmolLM2's tokenizer, 2
+  shared cores: an enum of 20,000 strings, 2 MB of JSON, took 93 s and +746 MB to compile
+  ahead of time into a 540 MB grammar; 1,000 strings 0.9 s and +26 MB; llguidance compiled the
+  20,000 in 0.3 s, +33 MB). Beyond it llguidance alone serves the grammar (``auto``).
 - Refusals (``negative_entries``): a schema refused once is refused again from memory, without
   compiling (``cache.py``); a compile that timed out is remembered for ``negative_ttl_s`` (its
   worker may still be running it, and a timeout can be the machine's load, not the schema).
@@ -48,10 +53,16 @@ class GrammarLimits:
         llguidance: lexer states one grammar may build (each ~1-2 kB).
     max_grammar_size : int
         llguidance: symbols of a grammar's productions.
+    xgrammar_max_bytes : int
+        Largest grammar source (a schema's canonical JSON, a grammar's text) xgrammar
+        compiles; 128 KiB is 2.3x the largest schema of schemas/realworld/ (55 KB).
     initial_lexer_fuel, step_lexer_fuel : int
         llguidance: lexer work to build a grammar's regexes, and per mask step.
     negative_entries : int
         Refused inputs remembered (LRU; 0 keeps none).
+    memo_bytes : int
+        Bytes of inputs the front-end memo and the negative cache may each hold (their keys
+        are the inputs, as large as a request body).
     negative_ttl_s : float
         How long a compile timeout is remembered (refusals of the input itself stay until
         evicted).
@@ -62,16 +73,21 @@ class GrammarLimits:
     max_items_in_row: int = 2_000
     max_lexer_states: int = 250_000
     max_grammar_size: int = 500_000
+    xgrammar_max_bytes: int = 128 * 1024
     initial_lexer_fuel: int = 1_000_000
     step_lexer_fuel: int = 200_000
     negative_entries: int = 4096
+    memo_bytes: int = 64 * 2**20
     negative_ttl_s: float = 600.0
 
     def __post_init__(self) -> None:
         for name in ("max_depth", "step_max_items", "max_items_in_row", "max_lexer_states",
-                     "max_grammar_size", "initial_lexer_fuel", "step_lexer_fuel"):
+                     "max_grammar_size", "initial_lexer_fuel", "step_lexer_fuel",
+                     "xgrammar_max_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.memo_bytes < 0:
+            raise ValueError(f"memo_bytes must be >= 0, got {self.memo_bytes}")
         if self.negative_entries < 0:
             raise ValueError(f"negative_entries must be >= 0, got {self.negative_entries}")
         if self.negative_ttl_s < 0:

@@ -87,6 +87,8 @@ class XGrammarBackend(GrammarBackend):
             return self._budgets[chars, limit]
 
     def accepts(self, spec: GrammarSpec) -> bool:
+        if len(spec.source) > self.config.limits.xgrammar_max_bytes:
+            return False
         if spec.kind != "json_schema":
             return spec.kind != "tool_calls"
         if spec.option("json_style") not in (*_SEPARATORS, "indented", "flexible"):
@@ -138,6 +140,13 @@ class XGrammarBackend(GrammarBackend):
                                   backend=self.name)
 
     def _compile(self, spec: GrammarSpec, compiler: Any) -> Any:
+        limit = self.config.limits.xgrammar_max_bytes
+        if len(spec.source) > limit:
+            # NOTE: xgrammar's compile time and memory grow with the grammar and cannot be
+            # stopped once started (see limits.py); a larger one is left to llguidance.
+            raise GrammarBackendError(
+                f"the {spec.kind} is too large for xgrammar ({len(spec.source)} characters; "
+                f"this server's limit is {limit}); llguidance compiles it", backend=self.name)
         grammar = self._grammar(spec)
         # NOTE: xgrammar's jump-forward follows a rule that can never be completed for ever,
         # allocating as it goes (issue 20): its own grammar is checked, whatever the front end
