@@ -73,6 +73,7 @@ def normalize_tools(tools: list[dict[str, Any]], mode: Any, *, parallel: bool,
         if any(t["name"] == name for t in out):
             raise GrammarError(f"duplicate tool name {name!r} at {where}", path=where)
         params = fn.get("parameters") or {"type": "object", "properties": {}}
+        _check_object_schema(params, name, f"{where}.function.parameters")
         schema = check_schema(params, bool(fn.get("strict")), f"{where}.function.parameters")
         out.append({"name": name, "parameters": schema})
     if mode in ("auto", "required"):
@@ -88,6 +89,17 @@ def normalize_tools(tools: list[dict[str, Any]], mode: Any, *, parallel: bool,
         raise GrammarError(f"tool_choice must be 'auto', 'required' or {{'type': 'function', "
                            f"'function': {{'name': ...}}}}, got {mode!r}", path="$.tool_choice")
     return {"tools": out, "mode": kind, "parallel": bool(parallel), "format": fmt}
+
+
+def _check_object_schema(params: Any, name: str, where: str) -> None:
+    """A tool's arguments are a JSON object, so its ``parameters`` must be an object schema,
+    as OpenAI requires (its wording; a missing ``type`` is refused too, as ``'type:
+    "None"'``). Omitted or ``{}`` parameters mean no arguments."""
+    kind = params.get("type") if isinstance(params, dict) else type(params).__name__
+    if kind != "object":
+        shown = kind if isinstance(kind, str) else json.dumps(kind) if kind is not None else None
+        raise GrammarError(f"Invalid schema for function '{name}': schema must be a JSON Schema "
+                           f"of 'type: \"object\"', got 'type: \"{shown}\"'.", path=where)
 
 
 def call_schema(tool: dict[str, Any], json_options: dict[str, Any]) -> dict[str, Any]:

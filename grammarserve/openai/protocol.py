@@ -20,13 +20,21 @@ _SURROGATE_MESSAGE = ("strings must be valid Unicode: a lone UTF-16 surrogate (a
 def has_lone_surrogate(value: Any) -> bool:
     """Whether a string in ``value`` (nested lists and dicts, keys included) holds a lone UTF-16
     surrogate, which JSON's ``\\ud800`` escapes can carry but UTF-8 (the tokenizer, the grammar
-    compilers, SQLite, the JSON reply) cannot. Request models are checked when they are built."""
-    if isinstance(value, str):
-        return not value.isascii() and _SURROGATE.search(value) is not None
-    if isinstance(value, (list, tuple)):
-        return any(has_lone_surrogate(x) for x in value)
-    if isinstance(value, dict):
-        return any(has_lone_surrogate(k) or has_lone_surrogate(v) for k, v in value.items())
+    compilers, SQLite, the JSON reply) cannot. Request models are checked when they are built.
+
+    NOTE: a loop, not recursion: it runs inside the request's validation, where a value nested
+    a few hundred levels deep overflowed Python's recursion limit (issue 20)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.isascii() and _SURROGATE.search(item) is not None:
+                return True
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
     return False
 
 

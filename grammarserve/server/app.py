@@ -24,6 +24,7 @@ from grammarserve.openai.render import render_chat
 from grammarserve.server import batches, inference
 from grammarserve.server.auth import ApiKeyAuth
 from grammarserve.server.config import ServerConfig
+from grammarserve.server.depth import JsonDepthLimit
 from grammarserve.server.limits import BodyLimit
 from grammarserve.server.metrics import ServerMetrics
 from grammarserve.server.state import ServerState
@@ -58,6 +59,7 @@ def create_app(config: ServerConfig, *, on_failure: Callable[[str], None] | None
     app = FastAPI(title="grammarserve", version="0.1.0", lifespan=lifespan)
     app.state.gs = state
     # Outermost last: counting sees every answer; keys are checked before a body is read.
+    app.add_middleware(JsonDepthLimit, max_depth=config.max_json_depth, exempt=_is_upload)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, exempt=_is_upload)
     app.add_middleware(ApiKeyAuth, keys=config.api_keys)
     app.add_middleware(_CountRequests, metrics=state.metrics)

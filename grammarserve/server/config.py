@@ -10,6 +10,7 @@ from grammarserve.batch.lines import MAX_BYTES
 from grammarserve.config import EngineConfig
 from grammarserve.errors import InvalidRequestError
 from grammarserve.openai.context import model_name
+from grammarserve.openai.depth import DEFAULT_MAX_JSON_DEPTH
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,10 @@ class ServerConfig:
         Engine requests one API request may ask for (prompts x ``n``); more is a 400 naming the
         parameter. Capped by ``max_pending_requests`` (a request that could never be admitted
         must not get a "retry later" 503).
+    max_json_depth:
+        Deepest nesting of a request body's JSON (a 400 beyond it, before the body is parsed;
+        see :mod:`grammarserve.openai.depth`). Schemas have their own, smaller limit
+        (``EngineConfig.grammar_max_depth``).
     api_keys:
         ``key -> tenant`` (``""``: no tenant). Empty: no authentication. A tenant is the cache
         namespace of its keys' requests and owns their files and batches.
@@ -98,11 +103,12 @@ class ServerConfig:
     max_upload_bytes: int = MAX_BYTES
     max_prompt_chars: int | None = None
     max_request_choices: int = 128
+    max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
     api_keys: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("max_n", "max_pending_requests", "max_body_bytes", "max_upload_bytes",
-                     "max_request_choices"):
+                     "max_request_choices", "max_json_depth"):
             if getattr(self, name) < 1:
                 raise InvalidRequestError(f"{name} must be >= 1", param=name)
         if self.max_prompt_chars is not None and self.max_prompt_chars < 1:
