@@ -83,7 +83,9 @@ def test_checked_schemas_give_valid_replies_and_count_retries(e2e_server: dict[s
 
 def test_keywords_that_cannot_be_checked_are_still_refused(e2e_server: dict[str, Any]
                                                            ) -> None:
-    schema = {"oneOf": [{"type": "integer"}, {"type": "array", "uniqueItems": True}]}
+    # a recursion through ``if``: no check can stand for the condition at every depth
+    schema = {"$defs": {"t": {"type": "array", "uniqueItems": True, "items": {
+        "if": {"$ref": "#/$defs/t"}, "then": {"minItems": 1}}}}, "$ref": "#/$defs/t"}
     status, reply = http_post(e2e_server["url"] + "/v1/chat/completions",
                               _body(schema, "Answer in JSON."))
-    assert status == 400 and "uniqueItems" in reply["error"]["message"]
+    assert status == 400 and "'if'" in reply["error"]["message"]

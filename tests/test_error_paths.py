@@ -55,7 +55,8 @@ def _tool(parameters: dict[str, Any]) -> dict[str, Any]:
 CASES: dict[str, tuple[str, dict[str, Any], str | None]] = {
     "schema_keyword": (CHAT, _chat(response_format=_schema(BAD_SCHEMA)), "response_format"),
     "unsupported_keyword": (CHAT, _chat(response_format=_schema(
-        {"type": "object", "unevaluatedProperties": False})), "response_format"),
+        {"type": "object", "properties": {"a": {"$ref": "https://example.com/a.json"}}})),
+        "response_format"),
     "strict_rules": (CHAT, _chat(response_format=_schema(
         {"type": "object", "properties": {"a": {"type": "string"}}}, strict=True)),
         "response_format"),

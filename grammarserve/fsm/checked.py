@@ -37,6 +37,8 @@ from grammarserve.fsm.vocab import VocabInfo
 Validator = Callable[[Any], "str | None"]  # the error message, or None if valid
 #: Tokens before the failed attempt a retry may go back to when a ban leaves nothing.
 MAX_BACKOFF = 16
+#: Paths whose answer to ``CheckSet.holds`` is remembered (shared by a grammar's matchers).
+_HOLDS_MEMO = 4096
 
 
 def make_validator(schema_text: str) -> Validator:
@@ -82,6 +84,14 @@ class CheckSet:
         self.checks = checks
         self.token_bytes = token_bytes
         self.max_retries = max_retries
+        # NOTE: a schema may have hundreds of checks (one per place a $ref'd subschema is
+        # used); a value of depth d can only match a location of d steps (a "unique" check:
+        # d - 1, the array holding it), so they are looked up by that length.
+        self._by_depth: dict[int, list[ValueCheck]] = {}
+        for c in checks:
+            depth = len(c.location) + (1 if c.kind == "unique" else 0)
+            self._by_depth.setdefault(depth, []).append(c)
+        self._holds: dict[Path, bool] = {}
         self._validators: dict[str, Validator] = {}
         for c in checks:
             for text in (c.schema, c.item_schema):
@@ -97,15 +107,28 @@ class CheckSet:
     def validator(self, text: str) -> Validator:
         return self._validators[text]
 
+    def candidates(self, path: Path) -> list[ValueCheck]:
+        """The checks that may concern the value at ``path`` (those of its depth)."""
+        return self._by_depth.get(len(path), [])
+
     def holds(self, path: Path) -> bool:
         """Whether the open value at ``path`` may still be rolled back by a check."""
-        for c in self.checks:
+        known = self._holds.get(path)
+        if known is not None:
+            return known
+        found = False
+        for c in self.candidates(path):
             if c.kind == "unique":
                 if path and isinstance(path[-1], int) and c.matches(path[:-1]):
-                    return True
+                    found = True
+                    break
             elif c.matches(path):
-                return True
-        return False
+                found = True
+                break
+        if len(self._holds) >= _HOLDS_MEMO:
+            self._holds.clear()
+        self._holds[path] = found
+        return found
 
 
 @dataclass(frozen=True)
@@ -268,7 +291,7 @@ class CheckedMatcher(Matcher):
 
     def _first_failure(self, closed: list[Closed]) -> _Failure | None:
         for event in closed:
-            for check in self._set.checks:
+            for check in self._set.candidates(event.path):
                 failure = self._run(check, event)
                 if failure is not None:
                     return failure
