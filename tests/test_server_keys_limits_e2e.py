@@ -123,8 +123,9 @@ def test_size_limits(server: ServerProcess) -> None:
     status, err = _post_raw(server, CHAT, long.encode())
     assert status == 400 and err["error"]["code"] == "context_length_exceeded"
     assert "at most 663552" in err["error"]["message"]  # 8192 tokens x 81 bytes
-    for body, param in [({"prompt": ["a"] * 600}, "prompt"), ({"prompt": ["a"] * 40, "n": 16},
-                                                             "n")]:
+    too_many: list[tuple[dict[str, Any], str]] = [
+        ({"prompt": ["a"] * 600}, "prompt"), ({"prompt": ["a"] * 40, "n": 16}, "n")]
+    for body, param in too_many:
         status, err = _post_raw(server, "/v1/completions",
                                 json.dumps({"model": "m", **body}).encode())
         assert status == 400 and err["error"]["param"] == param, err
