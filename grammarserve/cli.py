@@ -48,6 +48,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    default=EngineConfig.grammar_max_whitespace,
                    help="longest whitespace run between JSON tokens in the flexible style "
                         "(-1: unbounded)")
+    p.add_argument("--grammar-max-depth", type=int, default=EngineConfig.grammar_max_depth,
+                   help="deepest nesting of a JSON schema (JSON levels) or of a regex's or "
+                        "grammar's parentheses (400 beyond)")
     p.add_argument("--open-schemas", default=EngineConfig.grammar_open_schemas,
                    action=argparse.BooleanOptionalAction,
                    help="generate anything a schema allows (default: only named properties, "
@@ -112,6 +115,8 @@ def _server_args(p: argparse.ArgumentParser) -> None:
                         "length x the longest token, a bound no prompt that fits can exceed)")
     p.add_argument("--max-request-choices", type=int, default=d.max_request_choices,
                    help="engine requests (prompts x n) one request may ask for (400 beyond)")
+    p.add_argument("--max-json-depth", type=int, default=d.max_json_depth,
+                   help="deepest nesting of a request body's JSON (400 beyond, before parsing)")
     p.add_argument("--engine-max-restarts", type=int, default=r.max_restarts,
                    help="restarts of a dead engine allowed within --engine-restart-window; one "
                         "more death and the server exits with status 2 (0: never restart)")
@@ -188,6 +193,7 @@ def _config(args: argparse.Namespace) -> EngineConfig:
                         grammar_open_schemas=args.open_schemas,
                         grammar_value_checks=args.value_checks,
                         grammar_check_retries=args.check_retries,
+                        grammar_max_depth=args.grammar_max_depth,
                         enable_jump_forward=args.jump_forward, num_threads=args.num_threads,
                         adaptive_threads=args.adaptive_threads,
                         tool_call_format=args.tool_call_format,
@@ -219,7 +225,8 @@ def _serve(args: argparse.Namespace) -> int:
                           max_body_bytes=args.max_body_bytes,
                           max_upload_bytes=args.max_upload_bytes,
                           max_prompt_chars=args.max_prompt_chars,
-                          max_request_choices=args.max_request_choices, api_keys=keys)
+                          max_request_choices=args.max_request_choices,
+                          max_json_depth=args.max_json_depth, api_keys=keys)
     if not keys and not _loopback(args.host):
         logging.getLogger("grammarserve").warning(
             "serving on %s without API keys: anyone who can reach it may use the model and "

@@ -90,6 +90,10 @@ class EngineConfig:
     grammar_check_retries:
         Failed value checks one request may retry; then it ends with ``finish_reason``
         ``"error"`` and the check's message.
+    grammar_max_depth:
+        Deepest nesting of a JSON schema (JSON levels) and of parentheses in a regex or
+        grammar; deeper ones are refused (400) before any parser sees them
+        (``grammarserve.fsm.limits``: 64 is about 3x the deepest real-world schema we have).
     tool_call_format:
         How tool calls are written when ``tool_choice`` is ``"required"`` or names a function:
         ``"json_array"`` (default: one JSON array of ``{"name", "parameters"}`` objects, like
@@ -153,6 +157,7 @@ class EngineConfig:
     grammar_open_schemas: bool = False
     grammar_value_checks: bool = True
     grammar_check_retries: int = 8
+    grammar_max_depth: int = 64
     enable_jump_forward: bool = True
     tool_call_format: Literal["hermes", "json_array"] = "json_array"
     tool_call_dedupe: bool = True
@@ -190,6 +195,9 @@ class EngineConfig:
         if self.grammar_check_retries < 0:
             raise InvalidRequestError("grammar_check_retries must be >= 0",
                                       param="grammar_check_retries")
+        if self.grammar_max_depth < 1:
+            raise InvalidRequestError("grammar_max_depth must be >= 1",
+                                      param="grammar_max_depth")
         if self.quant_activations not in ("int8x2", "int8", "fp32"):
             raise InvalidRequestError(f"quant_activations must be int8x2, int8 or fp32, got "
                                       f"{self.quant_activations!r}", param="quant_activations")
@@ -242,7 +250,8 @@ class EngineConfig:
                 "json_style": self.grammar_json_style,
                 "open_schemas": self.grammar_open_schemas,
                 "value_checks": self.grammar_value_checks,
-                "check_retries": self.grammar_check_retries}
+                "check_retries": self.grammar_check_retries,
+                "max_depth": self.grammar_max_depth}
 
     @property
     def torch_dtype(self) -> torch.dtype:
