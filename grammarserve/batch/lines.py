@@ -20,7 +20,9 @@ from typing import IO, Any
 
 from typing_extensions import Self
 
+from grammarserve.errors import InvalidRequestError
 from grammarserve.openai.bodies import new_id
+from grammarserve.openai.depth import DEFAULT_MAX_JSON_DEPTH, check_json_depth
 from grammarserve.openai.endpoints import CHAT_URL, ENDPOINTS, RESPONSES_URL
 from grammarserve.openai.errors import error_response
 
@@ -100,6 +102,12 @@ def index_input(path: Path, *, endpoint: str | None = None) -> InputIndex:
 
 def _check_envelope(number: int, raw: bytes, endpoint: str | None
                     ) -> LineError | tuple[str, str, SortKey]:
+    try:
+        # NOTE: the body sits one level down in its line: the server's default limit on it
+        check_json_depth(raw, DEFAULT_MAX_JSON_DEPTH + 1, what=f"line {number}",
+                         flag="the batch line limit")
+    except InvalidRequestError as e:
+        return LineError(number, "invalid_request", str(e))
     try:
         obj = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
