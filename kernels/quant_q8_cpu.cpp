@@ -62,20 +62,21 @@ inline float quantize_block(const float* xb, int8_t* q, int* sum, int8_t* q2, in
   return d;
 }
 
-Q8Rows quantize_rows(const float* x, int64_t R, int64_t K, bool two, int threads) {
+Q8Rows alloc_rows(int64_t R, int64_t K, bool two) {
   const int64_t nb = K / 32;
   Q8Rows a;
   a.q.resize(R * K), a.dx.resize(R * nb), a.sx.resize(R * nb);
   if (two) a.q2.resize(R * K);
-#pragma omp parallel for schedule(static) num_threads(threads) if (R * nb >= 512)
-  for (int64_t rb = 0; rb < R * nb; ++rb) {
-    int s1 = 0, s2 = 0;
-    const float d = quantize_block(x + rb * 32, a.q.data() + rb * 32, &s1,
-                                   two ? a.q2.data() + rb * 32 : nullptr, &s2);
-    a.dx[rb] = two ? d / 256.f : d;
-    a.sx[rb] = two ? a.dx[rb] * static_cast<float>(256 * s1 + s2) : d * static_cast<float>(s1);
-  }
   return a;
+}
+
+// Block rb (row-major blocks of 32) of the activations, into `a`.
+void quantize_blocks(const float* x, bool two, int64_t rb, Q8Rows& a) {
+  int s1 = 0, s2 = 0;
+  const float d = quantize_block(x + rb * 32, a.q.data() + rb * 32, &s1,
+                                 two ? a.q2.data() + rb * 32 : nullptr, &s2);
+  a.dx[rb] = two ? d / 256.f : d;
+  a.sx[rb] = two ? a.dx[rb] * static_cast<float>(256 * s1 + s2) : d * static_cast<float>(s1);
 }
 
 inline int32_t group4(const int8_t* p) {  // 4 activation bytes as one int32 (for broadcasts)
@@ -237,13 +238,24 @@ void gemm(const float* x, int64_t R, int64_t K, const uint8_t* qs, const float* 
           const float* m, int64_t N, float* y, int threads) {
   const int64_t nb = K / 32, tiles = (N + kTile - 1) / kTile;
   const int64_t tile_bytes = nb * (kQ4 ? 4 : 8) * 64;
-  const Q8Rows a = quantize_rows(x, R, K, kTwo, threads);
+  Q8Rows a = alloc_rows(R, K, kTwo);
+  // One parallel region: the activations are quantized by all threads, then (after the implicit
+  // barrier) the weight tiles are shared out; a decode step runs ~120 of these, each small.
   // Rows in chunks whose activations stay in L2 while every weight tile passes over them. The
   // result of a row does not depend on the chunking (each row's sums run in the same order).
   constexpr int64_t kChunk = 64;
+#pragma omp parallel num_threads(threads)
+  {
+  if (R * nb >= 64) {  // (the same branch on every thread)
+#pragma omp for schedule(static)
+    for (int64_t rb = 0; rb < R * nb; ++rb) quantize_blocks(x, kTwo, rb, a);
+  } else {
+#pragma omp single
+    for (int64_t rb = 0; rb < R * nb; ++rb) quantize_blocks(x, kTwo, rb, a);
+  }
   for (int64_t c0 = 0; c0 < R; c0 += kChunk) {
     const int64_t c1 = c0 + kChunk < R ? c0 + kChunk : R;
-#pragma omp parallel for schedule(static) num_threads(threads)
+#pragma omp for schedule(static)
     for (int64_t t = 0; t < tiles; ++t) {
       const uint8_t* qt = qs + t * tile_bytes;
       const float* dt = d + t * nb * kTile;
@@ -258,6 +270,7 @@ void gemm(const float* x, int64_t R, int64_t K, const uint8_t* qs, const float* 
         for (; r < c1; ++r) tile_rows<1, kQ4, kTwo>(a, K, r, qt, dt, mt, h, y, N, n0, nv);
       }
     }
+  }
   }
 }
 
