@@ -133,15 +133,20 @@ def _server_args(p: argparse.ArgumentParser) -> None:
                         "of the process list")
 
 
-def _ray_args(p: argparse.ArgumentParser) -> None:
-    """``serve --ray``: N engine replicas on Ray Serve (the extra ``grammarserve[ray]``)."""
+def _ray_args(p: argparse.ArgumentParser, *, serve: bool = True) -> None:
+    """``serve --ray`` (N engine replicas on Ray Serve) and ``batch --ray`` (an actor pool of
+    engines on Ray Data); the extra ``grammarserve[ray]``."""
     p.add_argument("--ray", action="store_true",
                    help="serve with Ray Serve: --replicas engine replicas behind a prefix- and "
-                        "grammar-aware router (needs grammarserve[ray])")
+                        "grammar-aware router (needs grammarserve[ray])" if serve else
+                        "run on Ray Data: --replicas engine actors, lines grouped by prompt "
+                        "(needs grammarserve[ray])")
     p.add_argument("--address", default=None,
                    help="with --ray: the Ray cluster to join ('auto', or HOST:PORT); default: "
                         "start a local Ray instance")
     p.add_argument("--replicas", type=int, default=1, help="with --ray: engine replicas")
+    if not serve:
+        return
     p.add_argument("--router", default="prefix_grammar",
                    choices=["prefix_grammar", "power_of_two", "round_robin"],
                    help="with --ray: how a request's replica is chosen")
@@ -174,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="batch API files and state (default ~/.local/share/grammarserve)")
     _server_args(serve)
     _ray_args(serve)
-    batch_cli.add_parser(sub, _engine_args)
+    _ray_args(batch_cli.add_parser(sub, _engine_args), serve=False)
     return parser
 
 
@@ -284,6 +289,13 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.command == "serve":
         return _serve(args)
+    if args.command == "batch" and args.ray:
+        from grammarserve.cluster import require_ray
+
+        require_ray()
+        from grammarserve.cluster import data
+
+        return data.main(args, _config(args))
     if args.command == "batch":
         return batch_cli.main(args, _config(args))
 

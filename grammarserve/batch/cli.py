@@ -16,8 +16,9 @@ from typing import Any
 from grammarserve.config import EngineConfig
 
 
-def add_parser(sub: Any, engine_args: Callable[[argparse.ArgumentParser], None]) -> None:
-    """Register the ``batch`` subcommand (``sub``: the CLI's subparsers)."""
+def add_parser(sub: Any, engine_args: Callable[[argparse.ArgumentParser], None]
+               ) -> argparse.ArgumentParser:
+    """Register the ``batch`` subcommand (``sub``: the CLI's subparsers); returns its parser."""
     p = sub.add_parser("batch", help="run an OpenAI batch file (JSONL) offline, resumable",
                        description=__doc__)
     p.add_argument("input", type=Path, help="input JSONL: {custom_id, method, url, body} lines")
@@ -32,6 +33,7 @@ def add_parser(sub: Any, engine_args: Callable[[argparse.ArgumentParser], None])
     p.add_argument("--summary", type=Path, default=None, help="write the run's summary as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     engine_args(p)
+    return p
 
 
 def default_errors_path(output: Path) -> Path:
