@@ -164,7 +164,8 @@ def batch_dataset(ds: ray.data.Dataset, config: RayBatchConfig, *,
         ds = ds.map(_as_row).sort("key")
     return ds.map_batches(
         BatchActor, fn_constructor_args=(config.engine, config.max_n),
-        batch_size=config.lines_per_task, concurrency=config.replicas,
+        batch_size=config.lines_per_task,
+        compute=ray.data.ActorPoolStrategy(size=config.replicas),
         num_cpus=config.replica_cpus, batch_format="numpy")
 
 
