@@ -90,6 +90,7 @@ class CheckCollector:
         self._recursive: set[Parts] = set()  # targets met again while finding anchors
         self._widening: Parts | None = None  # the oneOf being taken: it will be an anyOf
         self._ref_cache: dict[Parts, list[Parts]] | None = None
+        self._holders: list[tuple[dict[str, Any], Parts, Parts]] = []  # node, path, target
         self._batch = False
 
     def take(self, parts: Parts, keyword: str) -> bool:
@@ -135,8 +136,7 @@ class CheckCollector:
             else:
                 sub["anyOf"] = branches
                 moved_to = parts + ("anyOf",)
-            move_refs(self.root, parts + ("oneOf",), moved_to)
-            self.moved()
+            self.rename(parts + ("oneOf",), moved_to)
             return
         if keyword == "patternProperties":
             schemas = list(sub.pop("patternProperties").values())
@@ -268,8 +268,41 @@ class CheckCollector:
 
     def _refs(self) -> dict[Parts, list[Parts]]:
         if self._ref_cache is None or not self._batch:
-            self._ref_cache = _refs(self.root)
+            self._holders = [(sub, parts, _pointer_parts(sub["$ref"]))
+                             for sub, parts in iter_refs(self.root)
+                             if sub["$ref"].startswith("#")]
+            self._ref_cache = self._index()
         return self._ref_cache
+
+    def _index(self) -> dict[Parts, list[Parts]]:
+        out: dict[Parts, list[Parts]] = {}
+        for _, parts, target in self._holders:
+            out.setdefault(target, []).append(parts)
+        return out
+
+    def points_into(self, parts: Parts) -> bool:
+        """Whether some ``$ref`` points at or below the subschema at ``parts``."""
+        return any(_starts_with(target, parts) for target in self._refs())
+
+    def rename(self, old: Parts, new: Parts) -> None:
+        """The subschema at ``old`` is now at ``new``: its ``$ref``s follow (and, in a batch,
+        the cached referrers, instead of another walk over the whole document)."""
+        if not self._batch:
+            move_refs(self.root, old, new)
+            return
+        self._refs()
+
+        def moved(path: Parts) -> Parts:
+            return new + path[len(old):] if _starts_with(path, old) else path
+
+        holders = []
+        for sub, parts, target in self._holders:
+            if _starts_with(target, old):
+                target = tuple(str(p) for p in moved(target))
+                sub["$ref"] = pointer(target)
+            holders.append((sub, moved(parts), target))
+        self._holders = holders
+        self._ref_cache = self._index()
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
@@ -374,17 +407,6 @@ def _segments(parts: Parts) -> list[Parts]:
         take = 2 if key in _NAMED and i + 1 < len(parts) else 1
         out.append(tuple(parts[i:i + take]))
         i += take
-    return out
-
-
-def _refs(root: dict[str, Any]) -> dict[Parts, list[Parts]]:
-    """Every local ``$ref`` of ``root`` (wherever it is): the pointed path -> the paths of the
-    referrers."""
-    out: dict[Parts, list[Parts]] = {}
-    for sub, parts in iter_refs(root):
-        ref = sub["$ref"]
-        if ref.startswith("#"):
-            out.setdefault(_pointer_parts(ref), []).append(parts)
     return out
 
 

@@ -32,8 +32,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from grammarserve.fsm.checks import CheckCollector
 from grammarserve.fsm.json_schema import iter_subschemas
-from grammarserve.fsm.localrefs import move_refs, pointer
 from grammarserve.fsm.negate import Negator
 from grammarserve.fsm.rewrite_not import attach
 from grammarserve.fsm.rewrite_oneof import pairwise_disjoint
@@ -45,15 +45,15 @@ _APPLICATORS = ("allOf", "anyOf", "oneOf", "$ref", "if", "dependentSchemas")
 _ROUNDS = 4
 
 
-def take_early(schema: dict[str, Any], take: Take, moved: Callable[[], None], *,
-               lean: bool = False) -> None:
-    """Offer ``unevaluated*``, then the ``oneOf``s without an exact rewrite (in place);
-    ``moved`` is told when ``$ref``s change. ``lean``: no ``oneOf`` becomes cases (each case
+def take_early(schema: dict[str, Any], collector: CheckCollector, *, lean: bool = False
+               ) -> None:
+    """Offer ``unevaluated*``, then the ``oneOf``s without an exact rewrite, to ``collector``
+    (in place; in one of its batches). ``lean``: no ``oneOf`` becomes cases (each case
     repeats the other branches negated); they are offered as they are."""
     for sub, parts in list(iter_subschemas(schema)):
         for key in ("unevaluatedProperties", "unevaluatedItems"):
             if key in sub:
-                take(parts, key)
+                collector.take(parts, key)
     negator: Negator | None = None
     exact: set[int] = set()
     for _ in range(_ROUNDS):
@@ -66,29 +66,20 @@ def take_early(schema: dict[str, Any], take: Take, moved: Callable[[], None], *,
                 continue
             if "anyOf" not in sub and pairwise_disjoint(schema, branches):
                 sub["anyOf"] = sub.pop("oneOf")
-                move_refs(schema, parts + ("oneOf",), parts + ("anyOf",))
-                moved()
+                collector.rename(parts + ("oneOf",), parts + ("anyOf",))
                 continue
             negator = negator or Negator(schema)
             cases = None if lean else exclusive_cases(negator, sub)
-            if cases and not _referenced(schema, parts + ("oneOf",)):
+            if cases and not collector.points_into(parts + ("oneOf",)):
                 del sub["oneOf"]  # as normalize would, but now: checks below see anyOf
                 attach(sub, cases[0] if len(cases) == 1 else {"anyOf": cases})
-                moved()  # the cases hold copies of the branches, and their $refs
+                collector.moved()  # the cases hold copies of the branches, and their $refs
             elif cases is not None:
                 exact.add(id(sub))  # left for normalize (or the backend) to decide
-            elif take(parts, "oneOf"):
+            elif collector.take(parts, "oneOf"):
                 changed = True
         if not changed:
             break  # a take can make a oneOf reachable that was not (one inside its branches)
-
-
-def _referenced(root: dict[str, Any], parts: tuple[str | int, ...]) -> bool:
-    """Whether some ``$ref`` points at or into the subschema at ``parts``."""
-    prefix = pointer(parts)
-    return any(isinstance(sub.get("$ref"), str) and (sub["$ref"] == prefix or
-                                                     sub["$ref"].startswith(prefix + "/"))
-               for sub, _ in iter_subschemas(root))
 
 
 def take_late(schema: dict[str, Any], take: Take) -> None:

@@ -55,6 +55,7 @@ _ONE = ("items", "additionalItems", "additionalProperties", "not", "contains", "
 _LIST = ("items", "prefixItems", "allOf", "anyOf", "oneOf")
 _MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
         "dependencies")
+_KEYS = frozenset(_ONE + _LIST + _MAP)
 
 
 def declared_draft(schema: Any) -> int:
@@ -85,6 +86,8 @@ def iter_any_draft(schema: Any, path: Parts = ()) -> Iterator[tuple[dict[str, An
 def children(node: dict[str, Any], where: Parts) -> list[tuple[dict[str, Any], Parts]]:
     """The direct object subschemas of ``node`` (at ``where``) with their paths."""
     out: list[tuple[dict[str, Any], Parts]] = []
+    if _KEYS.isdisjoint(node):
+        return out
     for key in _ONE:
         if isinstance(node.get(key), dict):
             out.append((node[key], where + (key,)))

@@ -69,7 +69,7 @@ def rewrite_schema(schema: dict[str, Any], *, checks: list[ValueCheck] | None = 
     lean = lean and take is not None
     if collector is not None:
         with collector.batch():
-            take_early(schema, collector.take, collector.moved, lean=lean)
+            take_early(schema, collector, lean=lean)
     prefer = take if lean else None
     for _ in range(_ROUNDS):
         if not _pending(schema):
@@ -80,7 +80,11 @@ def rewrite_schema(schema: dict[str, Any], *, checks: list[ValueCheck] | None = 
         rewrite_conditions(schema, take, prefer=lean)
         rewrite_dependencies(schema, prefer)
         rewrite_dependent_schemas(schema, prefer)
-        rewrite_unique(schema, take)
+        if collector is not None:
+            with collector.batch():  # it adds enums of arrays: no $ref moves
+                rewrite_unique(schema, take)
+        else:
+            rewrite_unique(schema, take)
     if collector is not None and checks is not None:
         with collector.batch():
             take_late(schema, collector.take)
