@@ -4,9 +4,13 @@ behind the OpenAI routes, used with the official ``openai`` SDK (needs ``grammar
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,14 +43,15 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def base_url() -> Iterator[str]:
+def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     ray.init(num_cpus=2, object_store_memory=200 * 2**20, include_dashboard=False,
              log_to_driver=False)
     try:
         port = _free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         config = RayServeConfig(ServerConfig(engine=EngineConfig(kv_cache_tokens=2048,
-                                                                 num_threads=1)),
+                                                                 num_threads=1),
+                                             data_dir=tmp_path_factory.mktemp("data")),
                                 replicas=2, health_period_s=2.0)
         serve.run(build_app(config), name=APP_NAME, route_prefix="/")
         url = f"http://127.0.0.1:{port}"
@@ -138,3 +143,74 @@ def test_requests_sharing_a_prompt_land_on_one_replica(base_url: str, client: An
         time.sleep(0.5)
     assert len(after) == 2
     assert sorted(gained.values()) == [0, 4]
+
+
+def _engine_pids() -> list[int]:
+    """Pids of the replicas' engine processes (children of the EngineReplica actors)."""
+    def cmdline(pid: str) -> bytes:
+        try:
+            return (Path("/proc") / pid / "cmdline").read_bytes()
+        except OSError:
+            return b""
+
+    def parent(pid: str) -> str:
+        try:
+            return (Path("/proc") / pid / "stat").read_text().rsplit(")", 1)[1].split()[1]
+        except (OSError, IndexError):
+            return ""
+
+    pids = [p.name for p in Path("/proc").iterdir() if p.name.isdigit()]
+    replicas = {p for p in pids if b"EngineReplica" in cmdline(p)}
+    return [int(p) for p in pids if parent(p) in replicas and b"spawn_main" in cmdline(p)]
+
+
+def test_engine_killed_under_load_loses_no_batch_line_and_answers_no_500(
+        base_url: str, client: Any, tmp_path: Path) -> None:
+    src = tmp_path / "batch.jsonl"
+    src.write_text("".join(json.dumps({
+        "custom_id": f"b{i}", "method": "POST", "url": "/v1/chat/completions",
+        "body": {"model": "m", "temperature": 0, "max_tokens": 12, "messages": [
+            {"role": "system", "content": f"You work for team {i % 4}."},
+            {"role": "user", "content": f"Line {i}: say something."}]}}) + "\n"
+        for i in range(24)))
+    uploaded = client.files.create(file=src.open("rb"), purpose="batch")
+    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+    statuses: list[int] = []
+
+    def chat(i: int) -> None:
+        r = httpx.post(f"{base_url}/v1/chat/completions", timeout=300, json={
+            "model": "m", "temperature": 0, "max_tokens": 24, "stream": i % 2 == 1,
+            "messages": [{"role": "system", "content": f"You are assistant number {i}."},
+                         {"role": "user", "content": "Tell me a short story."}]})
+        statuses.append(r.status_code)
+
+    threads = [threading.Thread(target=chat, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    victims = _engine_pids()
+    assert len(victims) == 2
+    os.kill(victims[0], signal.SIGKILL)
+    for t in threads:
+        t.join(timeout=300)
+    assert statuses and all(s in (200, 503) for s in statuses), statuses
+
+    deadline = time.monotonic() + 600
+    while batch.status not in ("completed", "failed", "cancelled"):
+        assert time.monotonic() < deadline
+        time.sleep(1)
+        batch = client.batches.retrieve(batch.id)
+    assert batch.status == "completed"
+    lines = client.files.content(batch.output_file_id).text.splitlines()
+    ids = [json.loads(x)["custom_id"] for x in lines]
+    assert sorted(ids) == sorted(f"b{i}" for i in range(24))  # each line exactly once
+
+    # Ray starts a new replica (a new engine process) in place of the dead one.
+    while True:
+        assert time.monotonic() < deadline
+        health = httpx.get(f"{base_url}/health", timeout=30).json()
+        pids = _engine_pids()
+        if health.get("replicas_ready") == 2 and len(pids) == 2 and victims[0] not in pids:
+            break
+        time.sleep(1)

@@ -34,6 +34,8 @@ from grammarserve.server.state import ServerState
 
 log = logging.getLogger(__name__)
 
+#: Seconds before a request lost with its replica is sent again.
+RETRY_DELAY_S = 2.0
 #: Per-replica series exported on the ingress (besides the summed engine counters).
 _REPLICA_FIELDS = ("finished_requests", "running_requests", "waiting_requests", "prompt_tokens",
                    "cached_prompt_tokens", "grammar_cache_hits", "grammar_cache_misses")
@@ -111,6 +113,9 @@ class RayEngine:
                 if isinstance(err, EngineDeadError) and not delivered and attempt == 0:
                     log.warning("engine replica lost request %s before its first output; "
                                 "retrying it once", stream.request_id)
+                    # NOTE: the dead replica's process exits within a second; by then Serve
+                    # routes around it (the same key would pick it again before).
+                    await asyncio.sleep(RETRY_DELAY_S)
                     continue
                 stream.put(err)
                 return

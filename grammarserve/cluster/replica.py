@@ -2,15 +2,18 @@
 radix cache and grammar cache) behind the methods the ingress calls.
 
 The class is plain Python; :func:`grammarserve.cluster.serve.build_app` makes it a Serve
-deployment. Ray Serve replaces a replica whose :meth:`EngineReplica.check_health` raises (its
-engine process died); the requests it had in flight end with
-:class:`~grammarserve.errors.EngineDeadError`.
+deployment. When its engine process dies, the requests it had in flight end with
+:class:`~grammarserve.errors.EngineDeadError` and the replica's process exits, so Ray Serve stops
+routing to it and starts a new replica.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
+import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,6 +22,10 @@ from grammarserve.engine.process import EngineProcess
 from grammarserve.engine.request import RequestOutput
 from grammarserve.errors import EngineDeadError
 from grammarserve.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+#: Seconds between the engine's death and the replica's exit.
+_EXIT_GRACE_S = 0.5
 
 
 def _replica_id() -> str:
@@ -46,6 +53,20 @@ class EngineReplica:
         self.engine = EngineProcess(config, startup_timeout_s=startup_timeout_s)
         self.replica_id = _replica_id()
         self.served = 0  # generate calls finished here (the router test counts them)
+        self._closing = False
+        threading.Thread(target=self._exit_with_engine, daemon=True,
+                         name="grammarserve-replica-watch").start()
+
+    def _exit_with_engine(self) -> None:
+        """End this replica's process when its engine dies, so Ray routes around it at once
+        and starts a new one (a health check would leave it routable for a period)."""
+        self.engine.wait_dead()
+        if self._closing:
+            return
+        time.sleep(_EXIT_GRACE_S)  # the failed requests' errors reach the ingress first
+        log.error("replica %s: the engine process died (exit code %s); exiting so Ray "
+                  "replaces this replica", self.replica_id, self.engine.exitcode)
+        os._exit(1)
 
     async def generate(self, request_id: str, prompt: list[int], params: SamplingParams,
                        namespace: str) -> AsyncIterator[RequestOutput]:
@@ -84,6 +105,7 @@ class EngineReplica:
                                   f"(exit code {self.engine.exitcode})")
 
     def __del__(self) -> None:
+        self._closing = True
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.shutdown()
