@@ -151,3 +151,16 @@ def test_hoisted_targets_keep_their_meaning() -> None:
     original = jsonschema.Draft202012Validator(schema)
     for doc in POOL + [2, 3, {"a": "s"}]:
         assert jsonschema.Draft202012Validator(out).is_valid(doc) == original.is_valid(doc), doc
+
+
+def test_a_ref_into_an_unknown_keyword_is_hoisted_before_the_keywords_are_checked() -> None:
+    # nothing else in the schema asks for a rewrite: the oneOf is found only once hoisted
+    schema = {"properties": {"a": {"$ref": "#/x-lib/u"}},
+              "x-lib": {"u": {"oneOf": [{"type": "string"},
+                                        {"type": "string", "maxLength": 2}]}}}
+    out, checks = prepared(schema)
+    assert out["properties"]["a"]["$ref"].startswith("#/$defs/")
+    assert "oneOf" not in json.dumps(out["$defs"])
+    original = jsonschema.Draft202012Validator(schema)
+    for doc in POOL + [{"a": "abc"}, {"a": "ab"}, {"a": 1}]:
+        assert passes(doc, out, checks) == original.is_valid(doc), doc

@@ -74,10 +74,10 @@ def take_early(schema: dict[str, Any], collector: CheckCollector, *, lean: bool 
                 del sub["oneOf"]  # as normalize would, but now: checks below see anyOf
                 attach(sub, cases[0] if len(cases) == 1 else {"anyOf": cases})
                 collector.moved()  # the cases hold copies of the branches, and their $refs
+            elif collector.take(parts, "oneOf"):
+                changed = True  # (also when $refs point into the branches: they follow)
             elif cases is not None:
                 exact.add(id(sub))  # left for normalize (or the backend) to decide
-            elif collector.take(parts, "oneOf"):
-                changed = True
         if not changed:
             break  # a take can make a oneOf reachable that was not (one inside its branches)
 

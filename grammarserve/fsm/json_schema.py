@@ -358,7 +358,7 @@ def prepare_schema(schema: dict[str, Any] | str | bool,
     refused first, so a schema is refused for the same reason with or without it. ``checked``:
     the rewrite may also turn ``contains`` into run-time checks, so it is not refused first."""
     from grammarserve.fsm.drafts import to_draft_2020  # NOTE: it imports us
-    from grammarserve.fsm.localrefs import localize_refs
+    from grammarserve.fsm.localrefs import hoist_ref_targets, localize_refs
 
     try:
         parsed = to_draft_2020(parse_schema(schema))
@@ -381,6 +381,10 @@ def prepare_schema(schema: dict[str, Any] | str | bool,
     try:
         # NOTE: the rewrites (and the second check) run only where they have work
         localize_refs(out)
+        if rewrite is not None:
+            # NOTE: before the keywords are checked: a $ref may reach a subschema in a keyword
+            # no draft defines, which the front end would not walk
+            hoist_ref_targets(out)
         skip = REWRITABLE | CHECKED if checked else REWRITABLE
         if rewrite is None or check_keywords(out, skip=skip):
             if rewrite is not None:
