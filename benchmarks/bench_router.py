@@ -7,6 +7,9 @@ Prints one JSON line: per replica count and policy, the prefix cache hit rate (c
 tokens / prompt tokens), the grammar cache hit rate (constrained requests that found their
 grammar compiled or compiling / all), throughput (requests/s of simulated time) and TTFT p95.
 
+``--live`` runs the workload through the Ray Serve application instead (2 replicas of the
+embedded model on a local Ray instance, once per policy; ``router_live.py``).
+
 Service times come from ``benchmarks/data/router_service_times.json``, measured on the embedded
 model by ``--measure`` (which rewrites that file); the model of one replica is in
 :func:`simulate`. Run ``--measure`` again on the machine you want to judge.
@@ -291,7 +294,27 @@ def main() -> None:
     ap.add_argument("--measure", action="store_true",
                     help=f"measure service times on the embedded model first (rewrites {DATA})")
     ap.add_argument("--measure-tenants", type=int, default=4)
+    ap.add_argument("--live", action="store_true",
+                    help="instead: the workload through the Ray Serve app (router_live.py)")
+    ap.add_argument("--live-replicas", type=int, default=2)
+    ap.add_argument("--live-tenants", type=int, default=8)
+    ap.add_argument("--live-per-tenant", type=int, default=32)
+    ap.add_argument("--live-kv-tokens", type=int, default=4096)
+    ap.add_argument("--live-concurrency", type=int, default=8)
+    ap.add_argument("--live-max-tokens", type=int, default=16)
     args = ap.parse_args()
+    if args.live:
+        import router_live
+
+        live = [router_live.run_policy(
+            p, replicas=args.live_replicas, tenants=args.live_tenants,
+            per_tenant=args.live_per_tenant, kv_tokens=args.live_kv_tokens,
+            concurrency=args.live_concurrency, max_tokens=args.live_max_tokens)
+            for p in args.policies.split(",")]
+        print(json.dumps({"bench": "router_live", "kv_tokens": args.live_kv_tokens,
+                          "concurrency": args.live_concurrency,
+                          "max_tokens": args.live_max_tokens, "results": live}))
+        return
     if args.measure:
         data = measure(args.measure_tenants, args.slots, None)
         DATA.write_text(json.dumps(data, indent=1) + "\n")
