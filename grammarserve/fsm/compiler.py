@@ -120,6 +120,7 @@ class GrammarCompiler:
         # is refused from here without being parsed again.
         self._specs: BoundedLRU[GrammarSpec | GrammarError] = BoundedLRU(
             _SPEC_MEMO_SIZE, limits.memo_bytes)
+        self._memo_refused = 0
 
     # -- facts the engine needs ------------------------------------------------------------
     @property
@@ -151,8 +152,10 @@ class GrammarCompiler:
         self._specs.clear()
 
     def cache_stats(self) -> CacheStats:
-        """Hits, misses, shared in-flight compiles, timeouts, bytes and compile time."""
-        return self.cache.stats()
+        """Hits, misses, shared in-flight compiles, timeouts, bytes and compile time; ``refused``
+        counts the inputs refused from memory (front end and compile alike)."""
+        stats = self.cache.stats()
+        return replace(stats, refused=stats.refused + self._memo_refused)
 
     # -- compile entry points --------------------------------------------------------------
     def compile_json_schema(self, schema: dict[str, Any] | str, *,
@@ -255,6 +258,7 @@ class GrammarCompiler:
             return self._spec_safely(kind, args, kwargs)
         memo = self._specs.get(raw)
         if isinstance(memo, GrammarError):
+            self._memo_refused += 1
             raise copy.copy(memo).with_traceback(None)
         if memo is not None:
             return memo

@@ -69,6 +69,10 @@ class Generation:
         self.streams: list[AsyncRequestStream] = []
         self.finished: set[int] = set()
         self.t0 = time.perf_counter()
+        self._queue: asyncio.Queue[tuple[int, RequestOutput | BaseException]] | None = None
+        self._pumps: list[asyncio.Future[None]] = []
+        self._primed: list[tuple[int, RequestOutput]] = []
+        self._last: dict[int, float] = {}
 
     def start(self) -> None:
         """Submit every choice (aborting the ones already submitted if one fails)."""
@@ -125,41 +129,73 @@ class Generation:
         self._observe("e2e", time.perf_counter() - self.t0)
         return list(outs)
 
-    async def stream(self) -> AsyncGenerator[tuple[int, RequestOutput], None]:
-        """``(choice index, output)`` as they arrive, all choices interleaved."""
-        queue: asyncio.Queue[tuple[int, RequestOutput | BaseException]] = asyncio.Queue()
+    def _pumped(self) -> asyncio.Queue[tuple[int, RequestOutput | BaseException]]:
+        """The queue every choice's outputs (or its error) arrive on, interleaved."""
+        if self._queue is None:
+            queue: asyncio.Queue[tuple[int, RequestOutput | BaseException]] = asyncio.Queue()
+            self._queue = queue
 
-        async def pump(i: int) -> None:
-            try:
-                async for out in self.streams[i]:
-                    await queue.put((i, out))
-            except BaseException as e:  # delivered to the consumer below
-                await queue.put((i, e))
+            async def pump(i: int) -> None:
+                try:
+                    async for out in self.streams[i]:
+                        await queue.put((i, out))
+                except BaseException as e:  # noqa: BLE001 - delivered to the consumer
+                    await queue.put((i, e))
 
-        tasks = [asyncio.ensure_future(pump(i)) for i in range(len(self.streams))]
-        last: dict[int, float] = {}
+            self._pumps = [asyncio.ensure_future(pump(i)) for i in range(len(self.streams))]
+        return self._queue
+
+    async def _next(self) -> tuple[int, RequestOutput]:
+        """The next output of any choice: timed, and checked if it is a choice's last; a
+        choice's error is raised."""
+        i, item = await self._pumped().get()
+        if isinstance(item, BaseException):
+            self.finished.add(i)
+            raise item
+        now = time.perf_counter()
+        if item.token_ids:
+            if i in self._last:
+                self._observe("itl", now - self._last[i])
+            else:
+                self._observe("ttft", now - self.t0)
+            self._last[i] = now
+        if item.finished:
+            self.finished.add(i)
+            self.prep.check_output(item)
+        return i, item
+
+    def _close(self) -> None:
+        for t in self._pumps:
+            t.cancel()
+        self.abort()
+
+    async def prime(self) -> None:
+        """Wait until every choice has its first output (kept for :meth:`stream`), so a
+        request that fails before its first token (a constraint the engine refuses, a prompt
+        it cannot take) raises here, before a stream's status line is sent: the same 400 as
+        without streaming. Everything is aborted if it raises."""
+        started: set[int] = set()
         try:
-            while len(self.finished) < len(self.streams):
-                i, item = await queue.get()
-                if isinstance(item, BaseException):
-                    self.finished.add(i)
-                    raise item
-                now = time.perf_counter()
-                if item.token_ids:
-                    if i in last:
-                        self._observe("itl", now - last[i])
-                    else:
-                        self._observe("ttft", now - self.t0)
-                    last[i] = now
-                if item.finished:
-                    self.finished.add(i)
-                    self.prep.check_output(item)
+            while len(started) < len(self.streams):
+                i, item = await self._next()
+                started.add(i)
+                self._primed.append((i, item))
+        except BaseException:
+            self._close()
+            raise
+
+    async def stream(self) -> AsyncGenerator[tuple[int, RequestOutput], None]:
+        """``(choice index, output)`` as they arrive, all choices interleaved (those
+        :meth:`prime` took first)."""
+        try:
+            primed, self._primed = self._primed, []
+            for i, item in primed:
                 yield i, item
+            while len(self.finished) < len(self.streams):
+                yield await self._next()
             self._observe("e2e", time.perf_counter() - self.t0)
         finally:
-            for t in tasks:
-                t.cancel()
-            self.abort()
+            self._close()
 
 
 async def _disconnected(receive: Receive) -> None:

@@ -48,6 +48,10 @@ def router(state: ServerState) -> APIRouter:
             return overloaded()
         try:
             gen.start()
+            if events is not None:
+                # NOTE: the status line waits for every choice's first output, so what fails
+                # before its first token is the same 400 streamed or not (issue 20)
+                await gen.prime()
         except BaseException:
             state.release(n)
             raise

@@ -86,6 +86,9 @@ class _Snapshot(Collector):
                                       value=g.compile_s_total)
             yield GaugeMetricFamily(f"{p}_cache_bytes", "Server-side grammar cache size",
                                     value=g.bytes)
+            yield CounterMetricFamily(f"{p}_refused", "Constraints refused from memory (refused "
+                                      "before), without validating or compiling them again",
+                                      value=g.refused)
 
 
 class ServerMetrics:
