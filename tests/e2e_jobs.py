@@ -171,11 +171,12 @@ def sdk_stream(client: openai.OpenAI, **kw: Any) -> Any:
 
 def schema_job(client: openai.OpenAI, item: dict[str, Any], i: int) -> Callable[[], Any]:
     """Even: response_format json_schema; odd: a required tool call (strict flag alternating,
-    but only where the schema passes strict mode)."""
+    but only where the schema passes strict mode). Tool parameters must be an object schema
+    (OpenAI's rule), so a schema whose root is not ``type: object`` is a response_format."""
     strict = bool(item["strict_compatible"]) and i % 4 < 2
     prompt = [{"role": "user", "content": f"{item['description']} Reply with one short, "
                f"realistic example as JSON matching this schema: {json.dumps(item['schema'])}"}]
-    if i % 2 == 0:
+    if i % 2 == 0 or item["schema"].get("type") != "object":
         fmt = {"type": "json_schema", "json_schema": {"name": item["name"][:64],
                                                       "schema": item["schema"], "strict": strict}}
         return lambda: client.chat.completions.create(model="m", messages=prompt,

@@ -150,12 +150,13 @@ def test_choice_and_regex_extensions(fired: dict[str, Future[Any]]) -> None:
         item["name"]])) if item["name"] in SCHEMA_CUT else pytest.param(i, id=item["name"])
     for i, item in enumerate(e2e_schemas(NUM_SCHEMAS))])
 def test_schema_reply_completes_and_validates(fired: dict[str, Future[Any]], i: int) -> None:
-    """Even: response_format, odd: a required tool call. A reply cut by max_tokens fails."""
+    """Even: response_format, odd: a required tool call (a response_format if the schema is
+    not an object schema, which tool parameters must be). A reply cut by max_tokens fails."""
     item = e2e_schemas(NUM_SCHEMAS)[i]
     choice = fired[f"schema_{i}"].result().choices[0]
     validator = jsonschema.Draft202012Validator(
         item["schema"], format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
-    if i % 2 == 0:
+    if i % 2 == 0 or item["schema"].get("type") != "object":
         assert choice.finish_reason == "stop", choice
         validator.validate(json.loads(choice.message.content))
     else:
