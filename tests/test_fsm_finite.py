@@ -78,7 +78,10 @@ def test_compile_refuses_before_any_backend_runs(tokenizer: Any) -> None:
         with pytest.raises(GrammarError) as e:
             compiler.compile_json_schema(schema, strict=strict)
         assert "no finite instance" in str(e.value) or strict
-    tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+    # NOTE: tool parameters must be an object schema, so the cycle sits under one
+    params = {"type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}, "required": ["x"],
+              "$defs": schema["$defs"]}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": params}}]
     with pytest.raises(GrammarError, match="no finite instance"):
         compiler.compile_tool_calls(tools, "required")
     assert compiler.cache_stats().misses == 0  # nothing reached the compile cache
