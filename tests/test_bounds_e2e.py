@@ -102,6 +102,9 @@ BAD_CONSTRAINTS: list[tuple[str, dict[str, Any], str, str]] = [
      "response_format", "'type' allows string; allOf[0] allows integer"),
     ("regex the vocabulary cannot write", {"regex": "\U00092361"}, "regex",
      "cannot be completed"),
+    ("lark terminal regex", {"grammar": "start: /[/\n"}, "grammar",
+     "invalid Lark grammar: unterminated character set"),
+    ("huge repeat", {"regex": "a{4294967296}"}, "regex", "repetition number is too large"),
 ]
 
 

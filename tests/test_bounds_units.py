@@ -17,6 +17,7 @@ from grammarserve.fsm.finite import check_finite
 from grammarserve.fsm.json_schema import prepare_schema
 from grammarserve.fsm.lru import BoundedLRU
 from grammarserve.fsm.text_finite import check_grammar_productive, unproductive_rules
+from grammarserve.fsm.text_grammars import check_lark, check_regex
 from grammarserve.openai.protocol import has_lone_surrogate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -136,6 +137,17 @@ def test_grammar_rules_that_never_complete_are_refused(syntax: str, text: str,
     with pytest.raises(GrammarError) as e:
         check_grammar_productive(text, syntax)
     assert e.value.path == "$.grammar" and words in str(e.value)
+
+
+def test_what_the_parsers_raise_is_a_syntax_error() -> None:
+    """Not only their own exception types: a Lark terminal's regex raises the ``regex``
+    module's error, a huge repeat Python's OverflowError (both were 500s in the soak)."""
+    with pytest.raises(GrammarError, match="unterminated character set") as e:
+        check_lark("start: /[/\n")
+    assert e.value.path == "$.grammar"
+    with pytest.raises(GrammarError, match="repetition number is too large") as e:
+        check_regex("a{4294967296}")
+    assert e.value.path == "$.regex"
 
 
 def test_xgrammar_own_json_grammar_shows_the_cycle() -> None:

@@ -27,6 +27,8 @@ def check_regex(pattern: Any) -> str:
         raise GrammarSyntaxError(f"invalid regex: {e.msg} at position {e.pos} (line {line}, "
                                  f"column {col})", path="$.regex", line=line,
                                  column=col) from None
+    except (OverflowError, RecursionError, ValueError) as e:  # e.g. a{4294967296}
+        raise GrammarSyntaxError(f"invalid regex: {e}", path="$.regex") from None
     return pattern
 
 
@@ -51,6 +53,8 @@ def check_lark(text: Any) -> str:
         raise GrammarSyntaxError(f"invalid Lark grammar: {msg}", path="$.grammar", line=line,
                                  column=col) from None
     except lark.exceptions.LarkError as e:
+        raise GrammarSyntaxError(f"invalid Lark grammar: {e}", path="$.grammar") from None
+    except Exception as e:  # noqa: BLE001 - e.g. a terminal's regex (`/[/`) raises its module's
         raise GrammarSyntaxError(f"invalid Lark grammar: {e}", path="$.grammar") from None
     return text
 
