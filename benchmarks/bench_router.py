@@ -86,7 +86,9 @@ def measure(tenants: int, batch: int, kv_tokens: int | None) -> dict[str, Any]:
                                                      warm.params[0])
         # Decode beside batch - 1 others (warm prefix): what a request's decode costs in a batch.
         preps = [prepared(t, j)[0] for j in range(2, 2 + batch)]
-        t0, first, done = time.perf_counter(), {}, {}
+        t0 = time.perf_counter()
+        first: dict[str, float] = {}
+        done: dict[str, tuple[float, int]] = {}
         for j, p in enumerate(preps):
             engine.add_request(f"{t}-b{j}", p.prompts[0], p.params[0])
         while engine.has_unfinished():

@@ -33,7 +33,7 @@ def route_request(pending: PendingRequest | None) -> RouteRequest | None:
     return RouteRequest(str(namespace), prompt, grammar_key(params.constraint))
 
 
-class GrammarRequestRouter(FIFOMixin, RequestRouter):  # type: ignore[misc]
+class GrammarRequestRouter(FIFOMixin, RequestRouter):
     """A Ray Serve ``RequestRouter`` running one of our policies (``request_router_kwargs``:
     ``policy`` and the :class:`RouterConfig` fields).
 
