@@ -11,7 +11,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from grammarserve.errors import InvalidRequestError
 from grammarserve.openai.depth import check_json_depth
 from grammarserve.openai.errors import error_response
-from grammarserve.server.respond import send_json
+from grammarserve.server.respond import replaying, send_json
 
 _WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
 
@@ -52,13 +52,4 @@ class JsonDepthLimit:
                 await send_json(send, *error_response(e))
                 return
             first = {"type": "http.request", "body": body, "more_body": False}
-        pending: Message | None = first
-
-        async def replay() -> Message:
-            nonlocal pending
-            if pending is not None:
-                out, pending = pending, None
-                return out
-            return await receive()  # e.g. the disconnect a streaming reply watches for
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(first, receive), send)

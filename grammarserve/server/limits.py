@@ -15,7 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from grammarserve.errors import ErrorKind
 from grammarserve.openai.errors import kind_response
-from grammarserve.server.respond import send_json
+from grammarserve.server.respond import replaying, send_json
 
 _WITH_BODY = frozenset({"POST", "PUT", "PATCH"})
 
@@ -71,13 +71,4 @@ class BodyLimit:
         if first is None:
             first = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
         chunks.clear()
-        pending: Message | None = first
-
-        async def replay() -> Message:
-            nonlocal pending
-            if pending is not None:
-                out, pending = pending, None
-                return out
-            return await receive()  # e.g. the disconnect a streaming reply watches for
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replaying(first, receive), send)
