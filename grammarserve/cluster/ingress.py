@@ -26,7 +26,6 @@ from ray.exceptions import RayError, RayTaskError
 from grammarserve.engine.process import AsyncRequestStream
 from grammarserve.engine.stats import EngineStats
 from grammarserve.errors import EngineDeadError, GrammarserveError
-from grammarserve.openai.context import ModelContext
 from grammarserve.sampling_params import SamplingParams
 from grammarserve.server.config import ServerConfig
 from grammarserve.server.metrics import PREFIX
@@ -206,15 +205,7 @@ class RayServerState(ServerState):
             self.ray_engine = engine
             # NOTE: the routes call the same methods on it as on an EngineProcess.
             self.engine = engine  # type: ignore[assignment]
-            self.tokenizer, self.compiler = tokenizer, compiler
-            self.max_model_len = int(info["max_model_len"])
-            self.model_name = self.config.model_name(info["model_folder"])
-            self.context = ModelContext.create(
-                tokenizer, compiler, max_model_len=self.max_model_len, max_n=self.config.max_n,
-                model_name=self.model_name, tool_call_format=self.config.engine.tool_call_format,
-                max_prompt_chars=self.config.max_prompt_chars,
-                max_choices=self.config.request_choices_limit)
-            self.status = "ready"
+            self._ready(tokenizer, compiler, info)
             threading.Thread(target=self._poll, daemon=True,
                              name="grammarserve-replica-poll").start()
             log.info("grammarserve on Ray ready: %s in %.1fs", self.model_name,

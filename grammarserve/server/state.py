@@ -75,15 +75,7 @@ class ServerState:
             self.engine = engine
             self.metrics.engine_pid = engine.pid
             info = engine.info
-            self.tokenizer, self.compiler = tokenizer, compiler
-            self.max_model_len = int(info["max_model_len"])
-            self.model_name = self.config.model_name(info["model_folder"])
-            self.context = ModelContext.create(
-                tokenizer, compiler, max_model_len=self.max_model_len, max_n=self.config.max_n,
-                model_name=self.model_name, tool_call_format=self.config.engine.tool_call_format,
-                max_prompt_chars=self.config.max_prompt_chars,
-                max_choices=self.config.request_choices_limit)
-            self.status = "ready"
+            self._ready(tokenizer, compiler, info)
             self._supervise(engine)
             log.info("grammarserve ready: %s (KV %d tokens, context %d) in %.1fs",
                      self.model_name, info["kv_capacity"], self.max_model_len,
@@ -117,6 +109,18 @@ class ServerState:
                                           startup_timeout_s=self.config.startup_timeout_s),
             self.config.restart, on_down=down, on_up=up, on_give_up=give_up)
         self._supervisor.start()
+
+    def _ready(self, tokenizer: Any, compiler: GrammarCompiler, info: dict[str, Any]) -> None:
+        """Serve with this tokenizer and compiler for the engine that sent ``info``."""
+        self.tokenizer, self.compiler = tokenizer, compiler
+        self.max_model_len = int(info["max_model_len"])
+        self.model_name = self.config.model_name(info["model_folder"])
+        self.context = ModelContext.create(
+            tokenizer, compiler, max_model_len=self.max_model_len, max_n=self.config.max_n,
+            model_name=self.model_name, tool_call_format=self.config.engine.tool_call_format,
+            max_prompt_chars=self.config.max_prompt_chars,
+            max_choices=self.config.request_choices_limit)
+        self.status = "ready"
 
     def _start_engine(self, box: list[EngineProcess | BaseException]) -> None:
         try:
