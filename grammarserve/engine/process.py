@@ -336,6 +336,7 @@ class EngineProcess:
 def _engine_main(config: EngineConfig, conn: Connection) -> None:
     """Child process body: build the engine, then serve messages and step while there is work."""
     from grammarserve.engine.engine import Engine
+    from grammarserve.engine.heap import HeapTrimmer
     from grammarserve.engine.memory import process_rss_bytes
 
     try:
@@ -351,7 +352,9 @@ def _engine_main(config: EngineConfig, conn: Connection) -> None:
                      "vocab_size": engine.loaded.config.vocab_size,
                      "stop_token_ids": sorted(engine.eos_ids),
                      "max_model_len": engine.max_model_len}))
+    heap = HeapTrimmer()
     while True:
+        heap.maybe_trim()
         if not engine.has_unfinished():
             conn.poll(None)  # idle: sleep until a message arrives
         while conn.poll(0):
