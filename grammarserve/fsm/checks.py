@@ -29,6 +29,15 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from grammarserve.fsm.check_paths import (
+    Anchor,
+    Parts,
+    monotone_below,
+    node_at,
+    segments,
+    starts_with,
+    walk_to_location,
+)
 from grammarserve.fsm.json_schema import (
     _copy_json,
     iter_subschemas,
@@ -36,7 +45,7 @@ from grammarserve.fsm.json_schema import (
     rebase_refs,
     resolve_pointer,
 )
-from grammarserve.fsm.localrefs import iter_refs, move_refs, pointer
+from grammarserve.fsm.localrefs import iter_refs, move_refs, pointer, pointer_parts
 from grammarserve.fsm.value_check import CheckKind, Step, ValueCheck
 
 #: Keywords the collector may take, and what is removed with each (each only asserts: removing
@@ -61,10 +70,6 @@ CHECKABLE: dict[str, tuple[str, ...]] = {
 }
 #: At most this many checks per schema (more is refused as before).
 MAX_CHECKS = 1024
-#: Path steps below a check's location where removing a keyword only widens the whole.
-_MONOTONE = frozenset({"anyOf", "allOf", "properties", "items", "prefixItems",
-                       "additionalProperties", "patternProperties", "then", "else",
-                       "dependentSchemas", "contains", "propertyNames"})
 #: Keywords that assert nothing, left out of the checks' documents.
 _ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment",
                           "deprecated", "readOnly", "writeOnly"})
@@ -74,11 +79,7 @@ _APPLIED = frozenset({"properties", "patternProperties", "additionalProperties",
                       "prefixItems", "contains", "allOf", "anyOf", "oneOf", "not", "if", "then",
                       "else", "dependentSchemas", "propertyNames", "unevaluatedItems",
                       "unevaluatedProperties"})
-_NAMED = frozenset({"properties", "patternProperties", "$defs", "definitions",
-                    "dependentSchemas", "anyOf", "allOf", "oneOf", "prefixItems"})
 
-Parts = tuple[str | int, ...]
-Anchor = tuple[tuple[Step, ...], Parts, bool]  # location, schema path of its node, exact
 
 
 class CheckCollector:
@@ -97,7 +98,7 @@ class CheckCollector:
         """Turn ``keyword`` of the subschema at ``parts`` into checks and remove it from the
         schema; False (nothing changed) where that would not be exact (see the module
         docstring)."""
-        sub = _node(self.root, parts)
+        sub = node_at(self.root, parts)
         if keyword not in CHECKABLE or not isinstance(sub, dict) or keyword not in sub:
             return False
         target = parts + (keyword,)
@@ -105,7 +106,7 @@ class CheckCollector:
         moved = [k for k in CHECKABLE[keyword] if k in sub and k != "oneOf"]
         if keyword == "patternProperties" and "additionalProperties" in sub:
             moved.append("additionalProperties")
-        if any(_starts_with(p, parts + (k,)) for p in refs for k in moved):
+        if any(starts_with(p, parts + (k,)) for p in refs for k in moved):
             return False  # a $ref points into what would be removed
         self._recursive = set()
         self._widening = target if keyword == "oneOf" else None
@@ -169,12 +170,12 @@ class CheckCollector:
         if () not in refs:
             pointers.append(((), []))
         for target, referrers in pointers:
-            if not _starts_with(parts, target):
+            if not starts_with(parts, target):
                 continue
-            rest = _segments(parts[len(target):])
+            rest = segments(parts[len(target):])
             if any(s[0] not in _APPLIED for s in rest):
                 continue  # not applied to the value from there (in $defs, an unknown keyword)
-            monotone = _monotone(target, rest, self._widening)
+            monotone = monotone_below(target, rest, self._widening)
             if target in seen:
                 if not monotone:
                     return None
@@ -191,7 +192,7 @@ class CheckCollector:
                 return None
             whole = target in self._recursive
             for location, node_parts, exact in outers:
-                inner = _walk(self.root, location, target, rest, self._widening) \
+                inner = walk_to_location(self.root, location, target, rest, self._widening) \
                     if exact and not whole else None
                 if inner is not None:
                     out.append(inner)
@@ -206,7 +207,7 @@ class CheckCollector:
     def _check(self, location: tuple[Step, ...], node_parts: Parts, exact: bool,
                sub: dict[str, Any], keyword: str, where: str) -> ValueCheck | None:
         kind: CheckKind = "schema"
-        schema: Any = _node(self.root, node_parts)
+        schema: Any = node_at(self.root, node_parts)
         item: Any = None
         if exact and keyword == "uniqueItems":
             kind, schema = "unique", None
@@ -268,7 +269,7 @@ class CheckCollector:
 
     def _refs(self) -> dict[Parts, list[Parts]]:
         if self._ref_cache is None or not self._batch:
-            self._holders = [(sub, parts, _pointer_parts(sub["$ref"]))
+            self._holders = [(sub, parts, pointer_parts(sub["$ref"]))
                              for sub, parts in iter_refs(self.root)
                              if sub["$ref"].startswith("#")]
             self._ref_cache = self._index()
@@ -282,7 +283,7 @@ class CheckCollector:
 
     def points_into(self, parts: Parts) -> bool:
         """Whether some ``$ref`` points at or below the subschema at ``parts``."""
-        return any(_starts_with(target, parts) for target in self._refs())
+        return any(starts_with(target, parts) for target in self._refs())
 
     def rename(self, old: Parts, new: Parts) -> None:
         """The subschema at ``old`` is now at ``new``: its ``$ref``s follow (and, in a batch,
@@ -293,11 +294,11 @@ class CheckCollector:
         self._refs()
 
         def moved(path: Parts) -> Parts:
-            return new + path[len(old):] if _starts_with(path, old) else path
+            return new + path[len(old):] if starts_with(path, old) else path
 
         holders = []
         for sub, parts, target in self._holders:
-            if _starts_with(target, old):
+            if starts_with(target, old):
                 target = tuple(str(p) for p in moved(target))
                 sub["$ref"] = pointer(target)
             holders.append((sub, moved(parts), target))
@@ -321,7 +322,7 @@ class CheckCollector:
 
 def _ref_targets(node: Any) -> list[tuple[Parts, Parts]]:
     """(referrer path, target path) of every local ``$ref`` in ``node``."""
-    return [(parts, _pointer_parts(sub["$ref"])) for sub, parts in iter_refs(node)
+    return [(parts, pointer_parts(sub["$ref"])) for sub, parts in iter_refs(node)
             if sub["$ref"].startswith("#")]
 
 
@@ -346,86 +347,3 @@ def _resolves(doc: dict[str, Any]) -> bool:
         except (KeyError, IndexError, ValueError):
             return False
     return True
-
-
-def _monotone(base: Parts, segs: list[Parts], widening: Parts | None) -> bool:
-    """Whether dropping a keyword below ``segs`` (from the node at ``base``) widens the node
-    at ``base``: each step is monotone, or is the ``oneOf`` being widened into ``anyOf``."""
-    where = base
-    for seg in segs:
-        widened = widening is not None and len(widening) == len(where) + 1 \
-            and _starts_with(widening, where + seg[:1])
-        if seg[0] not in _MONOTONE and not widened:
-            return False
-        where = where + seg
-    return True
-
-
-def _walk(root: dict[str, Any], location: tuple[Step, ...], base: Parts,
-          segs: list[Parts], widening: Parts | None = None) -> Anchor | None:
-    """Follow ``segs`` from the node at ``base`` (at instance ``location``) through location
-    steps; the rest must be monotone."""
-    loc = list(location)
-    node_parts = base
-    for i, seg in enumerate(segs):
-        node = _node(root, node_parts)
-        step = _location_step(node, seg)
-        if step is None:
-            if not _monotone(node_parts, segs[i:], widening):
-                return None
-            return tuple(loc), node_parts, False
-        if step != ("same", None):
-            loc.append(step)
-        node_parts = node_parts + seg
-    return tuple(loc), node_parts, True
-
-
-def _location_step(node: Any, seg: Parts) -> Step | None:
-    if not isinstance(node, dict):
-        return None
-    key = seg[0]
-    if key == "properties":
-        return ("key", seg[1])
-    if key == "prefixItems":
-        return ("index", seg[1])
-    if key == "items":
-        prefix = node.get("prefixItems")
-        return ("from", len(prefix) if isinstance(prefix, list) else 0)
-    if key == "additionalProperties" and "patternProperties" not in node:
-        return ("other", tuple(node.get("properties") or {}))
-    if key == "allOf":
-        return ("same", None)
-    return None
-
-
-def _segments(parts: Parts) -> list[Parts]:
-    """``("properties", "a", "items")`` -> ``[("properties", "a"), ("items",)]``."""
-    out: list[Parts] = []
-    i = 0
-    while i < len(parts):
-        key = parts[i]
-        take = 2 if key in _NAMED and i + 1 < len(parts) else 1
-        out.append(tuple(parts[i:i + take]))
-        i += take
-    return out
-
-
-def _pointer_parts(ref: str) -> Parts:
-    from urllib.parse import unquote
-
-    body = ref[1:].strip("/")
-    if not body:
-        return ()
-    return tuple(unquote(raw).replace("~1", "/").replace("~0", "~") for raw in body.split("/"))
-
-
-def _starts_with(parts: Parts, prefix: Parts) -> bool:
-    return len(parts) >= len(prefix) and all(
-        str(a) == str(b) for a, b in zip(parts, prefix))
-
-
-def _node(root: Any, parts: Parts) -> Any:
-    node = root
-    for p in parts:
-        node = node[p]
-    return node
