@@ -39,7 +39,7 @@ from grammarserve.fsm.check_paths import (
     walk_to_location,
 )
 from grammarserve.fsm.json_schema import (
-    _copy_json,
+    copy_json,
     iter_subschemas,
     json_path,
     rebase_refs,
@@ -231,12 +231,12 @@ class CheckCollector:
         the document holds the whole root and refers to it there. Annotations are left out
         (``jsonschema_rs`` refuses some that the meta-schema lets through)."""
         if not node_parts and schema is self.root:
-            doc = _copy_json(self.root, depth=10_000)
+            doc = copy_json(self.root, depth=10_000)
             doc.pop("$schema", None)
         else:
-            doc = {"allOf": [_copy_json(schema, depth=10_000)]}
+            doc = {"allOf": [copy_json(schema, depth=10_000)]}
             for container, name in self._defs_used(schema) or ():
-                doc.setdefault(container, {})[name] = _copy_json(self.root[container][name],
+                doc.setdefault(container, {})[name] = copy_json(self.root[container][name],
                                                                  depth=10_000)
         if _resolves(doc):
             return _without_annotations(doc)

@@ -117,10 +117,10 @@ def to_draft_2020(schema: Any) -> Any:
     if draft == 2020:
         return schema
     _meta_validate(schema, draft)
-    from grammarserve.fsm.json_schema import _copy_json  # NOTE: json_schema imports us
+    from grammarserve.fsm.json_schema import copy_json  # NOTE: json_schema imports us
     from grammarserve.fsm.localrefs import localize_refs
 
-    out = _copy_json(schema, depth=10_000)
+    out = copy_json(schema, depth=10_000)
     if draft == 2019:
         _recursive_refs(out)
     localize_refs(out, draft)

@@ -162,16 +162,16 @@ class _TooDeep(Exception):
     pass
 
 
-def _copy_json(node: Any, depth: int = _FAST_MAX_DEPTH) -> Any:
+def copy_json(node: Any, depth: int = _FAST_MAX_DEPTH) -> Any:
     """A deep copy of a JSON document (dicts and lists copied, leaves shared: they are
     immutable), ~10x faster than ``copy.deepcopy``; raises ``_TooDeep`` past ``depth`` levels."""
     if depth <= 0:
         raise _TooDeep
     if isinstance(node, dict):
-        return {k: _copy_json(v, depth - 1) if isinstance(v, (dict, list)) else v
+        return {k: copy_json(v, depth - 1) if isinstance(v, (dict, list)) else v
                 for k, v in node.items()}
     if isinstance(node, list):
-        return [_copy_json(v, depth - 1) if isinstance(v, (dict, list)) else v for v in node]
+        return [copy_json(v, depth - 1) if isinstance(v, (dict, list)) else v for v in node]
     return node
 
 
@@ -232,7 +232,7 @@ def meta_validate(schema: dict[str, Any] | bool, *, shallow: bool | None = None)
     fast = _fast_meta_validator()
     if fast is not None and shallow is None:
         try:
-            _copy_json(schema)
+            copy_json(schema)
             shallow = True
         except (_TooDeep, RecursionError):
             shallow = False
@@ -365,7 +365,7 @@ def prepare_schema(schema: dict[str, Any] | str | bool,
     except RecursionError:
         raise SchemaValidationError("the schema is nested too deeply", path="$") from None
     try:
-        copied, shallow = _copy_json(parsed), True
+        copied, shallow = copy_json(parsed), True
     except (_TooDeep, RecursionError):
         copied, shallow = None, False
     meta_validate(parsed, shallow=shallow)

@@ -121,7 +121,7 @@ def hoist_ref_targets(schema: dict[str, Any]) -> dict[str, Any]:
             targets[pointer_parts(ref)] = None
     if not targets:
         return schema
-    from grammarserve.fsm.json_schema import _copy_json, resolve_pointer
+    from grammarserve.fsm.json_schema import copy_json, resolve_pointer
 
     defs = schema.setdefault("$defs", {})
     for n, steps in enumerate(sorted(targets, key=len, reverse=True)):
@@ -132,7 +132,7 @@ def hoist_ref_targets(schema: dict[str, Any]) -> dict[str, Any]:
         name = f"hoisted_{n}"
         while name in defs:
             name += "_"
-        defs[name] = _copy_json(target, depth=10_000)
+        defs[name] = copy_json(target, depth=10_000)
         move_refs(schema, steps, ("$defs", name))
     return schema
 
