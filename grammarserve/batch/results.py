@@ -17,7 +17,7 @@ from typing import Any
 
 from typing_extensions import Self
 
-from grammarserve.batch.lines import InputIndex, InputLine
+from grammarserve.batch.lines import InputIndex, InputLine, LineError, index_input
 from grammarserve.errors import GrammarserveError
 
 
@@ -89,6 +89,29 @@ def todo_lines(index: InputIndex, done: Done) -> list[InputLine]:
     """Valid lines not yet answered, in prompt order."""
     return [x for x in index.sorted_lines()
             if x.custom_id not in done.custom_ids and x.line not in done.lines]
+
+
+@dataclass(frozen=True)
+class Pending:
+    """What a run of an input file still has to do: ``todo`` valid lines (prompt order) and
+    ``bad`` lines to answer with their errors; the rest of ``total`` is already ``done``."""
+
+    total: int
+    todo: list[InputLine]
+    bad: list[LineError]
+    done: Done
+
+    @property
+    def skipped(self) -> int:
+        return self.total - len(self.todo) - len(self.bad)
+
+
+def pending(input_path: Path, output_path: Path, error_path: Path) -> Pending:
+    """Index ``input_path`` and leave out what the output and error files already answer."""
+    index = index_input(input_path)
+    done = scan(output_path, error_path)
+    return Pending(index.total, todo_lines(index, done),
+                   [e for e in index.errors if e.line not in done.lines], done)
 
 
 class ResultFile:

@@ -21,10 +21,9 @@ from grammarserve.batch.lines import (
     InputReader,
     error_line,
     failure_line,
-    index_input,
     response_line,
 )
-from grammarserve.batch.results import ResultFile, scan, todo_lines
+from grammarserve.batch.results import ResultFile, pending
 from grammarserve.engine.engine import Engine
 from grammarserve.engine.request import RequestOutput
 from grammarserve.openai.bodies import final_usage
@@ -94,12 +93,9 @@ class BatchRunner:
         """
         summary = BatchSummary()
         t0 = time.perf_counter()
-        index = index_input(input_path)
-        done = scan(output_path, error_path)
-        summary.total_lines = index.total
-        bad = [e for e in index.errors if e.line not in done.lines]
-        todo = todo_lines(index, done)
-        summary.skipped = index.total - len(todo) - len(bad)
+        work = pending(input_path, output_path, error_path)
+        todo, bad = work.todo, work.bad
+        summary.total_lines, summary.skipped = work.total, work.skipped
         if on_start is not None:
             on_start(len(todo) + len(bad))
         with ResultFile(output_path) as out, ResultFile(error_path) as err, \

@@ -37,8 +37,8 @@ from typing import Any
 import ray
 import ray.data
 
-from grammarserve.batch.lines import InputReader, error_line, index_input, sort_key
-from grammarserve.batch.results import ResultFile, recover, scan, todo_lines
+from grammarserve.batch.lines import InputReader, error_line, sort_key
+from grammarserve.batch.results import ResultFile, pending, recover
 from grammarserve.batch.runner import BatchRunner, BatchSummary
 from grammarserve.config import EngineConfig
 from grammarserve.errors import InvalidRequestError
@@ -176,12 +176,9 @@ def run_file(input_path: Path, output_path: Path, error_path: Path, config: RayB
     (``ray.init`` first); the files are those of ``grammarserve batch``."""
     summary = BatchSummary()
     t0 = time.perf_counter()
-    index = index_input(input_path)
-    done = scan(output_path, error_path)
-    summary.total_lines = index.total
-    bad = [e for e in index.errors if e.line not in done.lines]
-    todo = todo_lines(index, done)  # prompt order
-    summary.skipped = index.total - len(todo) - len(bad)
+    work = pending(input_path, output_path, error_path)
+    todo, bad = work.todo, work.bad  # todo in prompt order
+    summary.total_lines, summary.skipped = work.total, work.skipped
     if on_start is not None:
         on_start(len(todo) + len(bad))
     with ResultFile(output_path) as out, ResultFile(error_path) as err:
@@ -194,7 +191,7 @@ def run_file(input_path: Path, output_path: Path, error_path: Path, config: RayB
             ds = batch_dataset(ray.data.from_items(rows), config, ordered=True)
             try:
                 _collect(ds.iter_batches(batch_size=None, batch_format="numpy"), out, err,
-                         summary, progress, set(done.custom_ids))
+                         summary, progress, set(work.done.custom_ids))
             except KeyboardInterrupt:
                 summary.interrupted = True
     summary.elapsed_s = time.perf_counter() - t0
