@@ -11,7 +11,8 @@ the same: each reference names the same subschema. Then the embedded ``$id``s an
 
 - 2020-12 ``$dynamicRef`` is a plain ``$ref`` when no two ``$dynamicAnchor``s share a name
   (its dynamic resolution can then only find the subschema ``$ref`` finds), and
-  ``$dynamicAnchor`` then is a plain anchor.
+  ``$dynamicAnchor`` then is a plain anchor; else ``dynamicrefs.py`` resolves it statically
+  (one copy of a subschema per dynamic scope it is evaluated in).
 - References that resolve to no place in the document (remote ones) are left as written, for
   the front end to refuse; so are references into the JSON Schema meta-schemas
   (``metaschemas.py`` bundles those).
@@ -19,12 +20,14 @@ the same: each reference names the same subschema. Then the embedded ``$id``s an
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import quote, unquote, urldefrag, urljoin
 
 from grammarserve.fsm.drafts import Parts, children, iter_any_draft
+from grammarserve.fsm.dynamicrefs import plan_dynamic_refs, specialize_dynamic_refs
 
 #: Characters a pointer step keeps unescaped (RFC 3986 ``pchar`` minus ``%``): backends that
 #: do not percent-decode pointers (llguidance) still find ``$defs`` names.
@@ -180,6 +183,10 @@ def localize_refs(schema: dict[str, Any], draft: int = 2020) -> dict[str, Any]:
         bases.append((node, base))
         stack.extend((child, where, base) for child, where in children(node, parts))
     root_base = bases[0][1]
+    plan = None
+    if draft == 2020 and any("$dynamicRef" in node for node, _ in bases):
+        plan = plan_dynamic_refs(schema, {id(n): b for n, b in bases},
+                                 functools.partial(_locate, registry, paths))
     for node, base in bases:
         ref = node.get("$ref")
         if not isinstance(ref, str) or is_meta_ref(ref):
@@ -192,8 +199,31 @@ def localize_refs(schema: dict[str, Any], draft: int = 2020) -> dict[str, Any]:
             continue  # not in this document: the front end refuses it
         if target is not None:
             node["$ref"] = pointer(target)
+    if plan is not None:
+        specialize_dynamic_refs(schema, plan)
     _strip(schema, draft)
     return schema
+
+
+def _locate(registry: Any, paths: dict[int, Parts], base: str,
+            ref: str) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """For ``dynamicrefs``: the paths of the resource ``ref``'s URI names and of its target
+    (None: not in this document, or a meta-schema)."""
+    from referencing.exceptions import Unresolvable
+
+    from grammarserve.fsm.metaschemas import is_meta_ref
+
+    if is_meta_ref(ref):
+        return None
+    try:
+        target = _resolve(registry, base, ref, paths)
+        uri = urldefrag(urljoin(base, ref))[0]
+        resource = registry.resolver(base_uri=base).lookup(uri).contents
+    except (Unresolvable, KeyError, IndexError, ValueError):
+        return None
+    if target is None or id(resource) not in paths:
+        return None
+    return tuple(map(str, paths[id(resource)])), tuple(map(str, target))
 
 
 def _resolve(registry: Any, base: str, ref: str, paths: dict[int, Parts]) -> Parts | None:
@@ -234,11 +264,22 @@ def _plain_dynamic_refs(schema: dict[str, Any]) -> None:
             node["$ref"] = ref
 
 
+def _binds_meta(nodes: list[tuple[dict[str, Any], Parts]]) -> bool:
+    """Whether the schema sets ``$dynamicAnchor: "meta"`` and refers to a Draft 2020-12
+    meta-schema: that anchor would then bind the meta-schema's ``$dynamicRef: "#meta"``,
+    which ``metaschemas.py`` resolves as if it did not (so the anchor stays, and is refused)."""
+    from grammarserve.fsm.metaschemas import is_meta_ref
+
+    return any(n.get("$dynamicAnchor") == "meta" for n, _ in nodes) and any(
+        is_meta_ref(n.get("$ref")) and "/draft/2020-12/" in n["$ref"] for n, _ in nodes)
+
+
 def _strip(schema: dict[str, Any], draft: int) -> None:
     """Drop what only named places (embedded ``$id``s, anchors) once every reference that
-    resolves is a pointer; ``$dynamicAnchor``s stay while a ``$dynamicRef`` needs them."""
+    resolves is a pointer; ``$dynamicAnchor``s stay while a ``$dynamicRef`` needs them (or
+    one named ``meta`` could bind a meta-schema's, ``_binds_meta``)."""
     nodes = list(iter_any_draft(schema))
-    dynamic = any("$dynamicRef" in n for n, _ in nodes)
+    dynamic = any("$dynamicRef" in n for n, _ in nodes) or _binds_meta(nodes)
     for node, parts in nodes:
         node.pop("$anchor", None)
         if not dynamic:

@@ -61,15 +61,24 @@ class _Bundler:
         self.root = root
         self.defs = root.setdefault("$defs", {})
 
-    def local(self, ref: str) -> str:
-        """The local reference that replaces ``ref`` (copying what it needs)."""
+    def local(self, ref: str, meta: str | None = None) -> str:
+        """The local reference that replaces ``ref`` (copying what it needs).
+
+        ``meta``: the Draft 2020-12 meta-schema resource whose root ``$dynamicRef: "#meta"``
+        resolves to. Every 2020-12 meta-schema resource sets ``$dynamicAnchor: "meta"`` at its
+        root, so the outermost one entered binds it: the one the schema's own ``$ref`` names
+        (the whole meta-schema, or one vocabulary)."""
         base, fragment = urldefrag(ref)
         base = _norm(base)
         pointer = fragment or ""
         if pointer and not pointer.startswith("/"):
             raise UnsupportedSchemaError("anchors in meta-schema references are not supported")
-        name = "meta_" + re.sub(r"[^A-Za-z0-9]+", "_",
-                                f"{base.rsplit('json-schema.org/', 1)[-1]}{pointer}").strip("_")
+        dynamic = "/draft/2020-12/" in base
+        if dynamic and meta is None:
+            meta = base
+        name = _slug(f"{base}{pointer}")
+        if dynamic and meta != base:
+            name += "__in_" + _slug(meta or "")
         local = "#/$defs/" + name
         if name in self.defs:
             return local
@@ -83,16 +92,27 @@ class _Bundler:
         if isinstance(copied, dict):
             self.defs[name] = copied = translate_draft(copied, _draft(base))
             for sub, _ in list(iter_subschemas(copied)):
+                if dynamic and sub.get("$dynamicRef") == "#meta":
+                    del sub["$dynamicRef"]
+                    target = self.local(f"{meta}#", meta)
+                    if "$ref" in sub:
+                        sub.setdefault("allOf", []).append({"$ref": target})
+                    else:
+                        sub["$ref"] = target
                 if "$dynamicRef" in sub or "$recursiveRef" in sub:
                     raise UnsupportedSchemaError("it uses dynamic references")
-                sub.pop("$id", None)
-                sub.pop("id", None)
-                sub.pop("$schema", None)
-                sub.pop("$dynamicAnchor", None)
-                sub.pop("$recursiveAnchor", None)
-                if isinstance(sub.get("$ref"), str):
-                    sub["$ref"] = self.local(urljoin(base, sub["$ref"]))
+                for key in ("$id", "id", "$schema", "$dynamicAnchor", "$recursiveAnchor",
+                            "$vocabulary"):
+                    sub.pop(key, None)
+                ref_here = sub.get("$ref")
+                if isinstance(ref_here, str) and not ref_here.startswith("#/$defs/meta_"):
+                    sub["$ref"] = self.local(urljoin(base, ref_here), meta)
         return local
+
+
+def _slug(uri: str) -> str:
+    return "meta_" + re.sub(r"[^A-Za-z0-9]+", "_",
+                            uri.rsplit("json-schema.org/", 1)[-1]).strip("_")
 
 
 def _draft(base: str) -> int:

@@ -8,6 +8,9 @@ equivalent schema:
   enforce (llguidance refuses a recursive ``$ref`` beside one, xgrammar's subset refuses them);
 - a ``format`` no backend knows is dropped: in Draft 2020-12 ``format`` is an annotation, so
   this keeps the meaning (``strict=True`` refuses unknown formats instead);
+- a subschema whose ``$ref`` names the schema ``false`` is ``false`` (it accepts nothing,
+  whatever its siblings say): llguidance refuses a reference to ``false`` even where the
+  value may be absent (``properties: {"k": {"$ref": "#/$defs/never"}}``);
 - ``oneOf`` whose branches are provably disjoint becomes ``anyOf``, which is then equivalent
   (``rewrite_oneof.py``: different types, distinct ``const``/``enum`` values, also of a
   property both branches require — pydantic's discriminated unions —, a key one requires and
@@ -61,7 +64,27 @@ def normalize(schema: dict[str, Any]) -> dict[str, Any]:
             sub.pop("maxContains", None)
         if "format" in sub and sub["format"] not in KNOWN_FORMATS:
             del sub["format"]
+    _inline_false_refs(schema, nodes)
     return rewrite_oneof_cases(rewrite_oneof(schema))
+
+
+def _inline_false_refs(schema: dict[str, Any],
+                       nodes: list[tuple[dict[str, Any], tuple[str | int, ...]]]) -> None:
+    """Replace each subschema (below the root) whose local ``$ref`` resolves to ``false`` by
+    ``false`` (in place)."""
+    from grammarserve.fsm.json_schema import resolve_pointer
+    from grammarserve.fsm.localrefs import pointer
+
+    for sub, parts in nodes:
+        ref = sub.get("$ref")
+        if not parts or not isinstance(ref, str) or not ref.startswith("#"):
+            continue
+        try:
+            if resolve_pointer(schema, ref) is not False:
+                continue
+            resolve_pointer(schema, pointer(parts[:-1]))[parts[-1]] = False
+        except (KeyError, IndexError, ValueError, TypeError):
+            continue
 
 
 def _referenced_keys(schema: dict[str, Any]) -> set[tuple[Any, str]]:

@@ -1,0 +1,138 @@
+"""Draft 2020-12 dynamic references resolved statically (``fsm/dynamicrefs.py``), the
+2020-12 meta-schemas' ``$dynamicRef: "#meta"`` (``fsm/metaschemas.py``) and references to
+``false`` (``fsm/normalize.py``), model-free: grammar schema plus value checks against
+``jsonschema`` on pools of instances."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import jsonschema
+import pytest
+from check_helpers import passes, prepared
+
+from grammarserve.errors import GrammarError, UnsupportedSchemaError
+from grammarserve.fsm import dynamicrefs
+from grammarserve.fsm.json_schema import iter_subschemas
+from grammarserve.fsm.localrefs import localize_refs
+
+#: A tree whose nodes a strict extension closes: the tree's ``$dynamicRef: "#node"`` binds
+#: to the outermost resource entered (the strict root), so children are strict too.
+STRICT_TREE = {
+    "$id": "https://example.com/strict-tree", "$dynamicAnchor": "node",
+    "$ref": "tree", "unevaluatedProperties": False,
+    "$defs": {"tree": {"$id": "tree", "$dynamicAnchor": "node", "type": "object",
+                       "properties": {"data": True, "children": {
+                           "type": "array", "items": {"$dynamicRef": "#node"}}}}}}
+
+#: One generic list, two element types: the list is copied once per binding.
+GENERIC_LIST = {
+    "$id": "https://example.com/main",
+    "anyOf": [{"$ref": "numbers"}, {"$ref": "strings"}],
+    "$defs": {
+        "list": {"$id": "list", "type": "array", "items": {"$dynamicRef": "#item"},
+                 "$defs": {"any": {"$dynamicAnchor": "item"}}},
+        "numbers": {"$id": "numbers", "$ref": "list",
+                    "$defs": {"item": {"$dynamicAnchor": "item", "type": "number"}}},
+        "strings": {"$id": "strings", "$ref": "list",
+                    "$defs": {"item": {"$dynamicAnchor": "item", "type": "string"}}}}}
+
+#: A resource entered by descent (``$id`` in ``properties``) binds as well.
+DESCENT = {
+    "$id": "https://example.com/d",
+    "properties": {"inner": {"$id": "inner", "$dynamicAnchor": "v", "type": "string",
+                             "$defs": {"x": {}}},
+                   "use": {"$ref": "user"}},
+    "$defs": {"user": {"$id": "user", "$dynamicRef": "#v",
+                       "$defs": {"v": {"$dynamicAnchor": "v", "type": "integer"}}}}}
+
+POOL: list[Any] = [
+    None, 0, 1, 2.5, "a", "", [], [1], [1, 2], ["a"], ["a", 1], [[1]], {}, {"data": 1},
+    {"data": 1, "x": 2}, {"children": []}, {"children": [{"data": 1}]},
+    {"children": [{"daat": 1}]}, {"children": [{"children": [{"data": {}}]}]},
+    {"children": [{"children": [{"oops": 1}]}]}, {"inner": "s"}, {"inner": 1},
+    {"use": 1}, {"use": "s"}, {"inner": "s", "use": 3}, {"inner": "s", "use": "t"},
+]
+
+
+@pytest.mark.parametrize("schema", [STRICT_TREE, GENERIC_LIST, DESCENT],
+                         ids=["strict_tree", "generic_list", "descent"])
+def test_dynamic_scopes_are_exact(schema: dict[str, Any]) -> None:
+    out, checks = prepared(schema)
+    assert "$dynamicRef" not in json.dumps(out) and "$dynamicAnchor" not in json.dumps(out)
+    original = jsonschema.Draft202012Validator(schema)
+    for doc in POOL:
+        assert passes(doc, out, checks) == original.is_valid(doc), (doc, out)
+
+
+def test_each_binding_gets_one_copy() -> None:
+    out = localize_refs(json.loads(json.dumps(GENERIC_LIST)))
+    copies = {k: v for k, v in out["$defs"].items() if k.startswith("dyn_")}
+    items = sorted(v["items"]["$ref"] for v in copies.values() if "items" in v)
+    assert items == ["#/$defs/numbers/$defs/item", "#/$defs/strings/$defs/item"]
+    # the original list, reached by nothing now, keeps a plain reference (not a dynamic one)
+    assert out["$defs"]["list"]["items"] == {"$ref": "#/$defs/list/$defs/any"}
+
+
+def test_recursion_through_the_root_binding_is_the_root() -> None:
+    out = localize_refs(json.loads(json.dumps(STRICT_TREE)))
+    copies = [v for k, v in out["$defs"].items() if k.startswith("dyn_")]
+    assert [c["properties"]["children"]["items"] for c in copies] == [{"$ref": "#"}]
+
+
+def test_too_many_copies_leave_the_dynamic_ref_to_be_refused(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dynamicrefs, "MAX_COPIES", 1)
+    with pytest.raises(UnsupportedSchemaError, match="dynamic"):
+        prepared(GENERIC_LIST)
+
+
+def test_dynamic_ref_to_a_remote_place_is_refused() -> None:
+    schema = {"$defs": {"a": {"$id": "a", "$dynamicAnchor": "t"},
+                        "b": {"$id": "b", "$dynamicAnchor": "t"}},
+              "items": {"$dynamicRef": "http://localhost:1234/x.json#t"}}
+    with pytest.raises(GrammarError):
+        prepared(schema)
+
+
+META = "https://json-schema.org/draft/2020-12/schema"
+SCHEMAS_AS_DATA: list[Any] = [
+    True, False, 1, "x", {}, {"type": "integer"}, {"type": 1}, {"type": ["string", "null"]},
+    {"type": ["string", "string"]}, {"minLength": 1}, {"minLength": -1}, {"required": ["a"]},
+    {"required": ["a", "a"]}, {"properties": {"a": {"type": "strin"}}},
+    {"properties": {"a": {"items": {"maxItems": 2}}}}, {"$defs": {"x": {"type": "integer"}}},
+    {"$defs": {"x": {"type": 1}}}, {"allOf": []}, {"allOf": [{"not": {"enum": [1]}}]},
+    {"dependencies": {"a": ["b"]}}, {"dependencies": {"a": {"minimum": "1"}}},
+]
+
+
+@pytest.mark.parametrize("schema", [
+    {"$ref": META},
+    {"properties": {"s": {"$ref": META}}, "required": ["s"]},
+    {"$ref": "https://json-schema.org/draft/2020-12/meta/applicator#/$defs/schemaArray"},
+], ids=["root", "property", "vocabulary"])
+def test_the_2020_12_meta_schema_is_bundled_exactly(schema: dict[str, Any]) -> None:
+    out, checks = prepared(schema)
+    assert not [p for sub, p in iter_subschemas(out) if "$dynamicRef" in sub]
+    original = jsonschema.Draft202012Validator(schema)
+    for data in SCHEMAS_AS_DATA + [[d] for d in SCHEMAS_AS_DATA] + [
+            {"s": d} for d in SCHEMAS_AS_DATA]:
+        assert passes(data, out, checks) == original.is_valid(data), data
+
+
+def test_a_schema_binding_meta_itself_is_refused() -> None:
+    schema = {"$id": "https://example.com/custom", "$dynamicAnchor": "meta",
+              "$ref": META, "properties": {"x-extra": {"type": "integer"}}}
+    with pytest.raises(UnsupportedSchemaError, match="dynamic"):
+        prepared(schema)
+
+
+def test_references_to_false_are_false() -> None:
+    schema = {"$defs": {"never": False, "any": True},
+              "properties": {"a": {"$ref": "#/$defs/never"}, "b": {"$ref": "#/$defs/any"}}}
+    out, checks = prepared(schema)
+    assert out["properties"]["a"] is False and checks == []
+    original = jsonschema.Draft202012Validator(schema)
+    for doc in [{}, {"a": 1}, {"b": 1}, {"a": None, "b": 1}, 3]:
+        assert passes(doc, out, checks) == original.is_valid(doc)
