@@ -29,6 +29,7 @@
 namespace {
 
 constexpr int kTile = 16;  // weight rows per tile (lanes of a 512-bit vector of int32/float)
+constexpr int kPrefetch = 8;  // blocks of weights fetched ahead
 
 // Activations of R rows, quantized per block of 32, natural order. With two levels, the residual
 // x - dx * q is quantized on the fixed finer grid dx / 256 (q2, clamped to +-127): x = dx * q +
@@ -193,6 +194,11 @@ inline void tile_rows(const Q8Rows& a, int64_t K, int64_t r0, const uint8_t* qt,
   for (int r = 0; r < RT; ++r) acc[r] = fzero();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* wb = qt + b * G * 64 + half * 32;
+    // NOTE: tiles lie one after another, so the lines kPrefetch blocks ahead are this tile's
+    // or the next one's (what this thread's static share takes next).
+    for (int g = 0; g < G; ++g) _mm_prefetch(reinterpret_cast<const char*>(wb + (kPrefetch * G + g) * 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(dt + (b + kPrefetch) * kTile), _MM_HINT_T0);
+    if constexpr (kQ4) _mm_prefetch(reinterpret_cast<const char*>(mt + (b + kPrefetch) * kTile), _MM_HINT_T0);
     VecI u[8], w[8];
     if constexpr (kQ4) {
       for (int g = 0; g < 4; ++g) {
