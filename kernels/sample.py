@@ -6,7 +6,8 @@ from typing import Literal
 
 import torch
 from grammarserve_kernels.controls import SamplingControls
-from grammarserve_kernels.sample_ref import Sampled, check_inputs, sample_tokens_ref
+from grammarserve_kernels.greedy import greedy_kernel, greedy_tokens_cpu
+from grammarserve_kernels.sample_ref import Sampled, all_greedy, check_inputs, sample_tokens_ref
 
 Backend = Literal["auto", "torch", "triton"]
 
@@ -67,5 +68,12 @@ def sample_tokens(logits: torch.Tensor, bitmask: torch.Tensor | None, temperatur
                                     num_top=num_top)
     if backend not in ("auto", "torch"):
         raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
+    if (backend == "auto" and logits.device.type == "cpu" and logits.dtype == torch.float32
+            and logits.stride(1) == 1 and all_greedy(temperature, controls, num_top)):
+        lib = greedy_kernel()
+        if lib is not None:
+            ids, logprobs = greedy_tokens_cpu(logits, bitmask, lib)
+            none = torch.empty(ids.shape[0], 0)
+            return Sampled(ids, logprobs, none.long(), none)
     return sample_tokens_ref(logits, bitmask, temperature, keys, controls=controls,
                              num_top=num_top)

@@ -188,6 +188,8 @@ def sample_tokens_ref(logits: torch.Tensor, bitmask: torch.Tensor | None,
         ``-inf``.
     """
     b, v = logits.shape
+    if all_greedy(temperature, controls, num_top):
+        return greedy_tokens_ref(logits, bitmask)
     nblocks = -(-v // SAMPLE_BLOCK)
     y = masked_scaled_logits(logits, bitmask, temperature, width=nblocks * SAMPLE_BLOCK,
                              controls=controls)
@@ -222,3 +224,28 @@ def sample_tokens_ref(logits: torch.Tensor, bitmask: torch.Tensor | None,
     if rows.numel():  # NOTE: the same formula as the top entries, so the two agree exactly
         logprobs[rows] = y[rows, ids[rows]] - lse
     return Sampled(ids.masked_fill(empty, -1), logprobs.masked_fill(empty, float("-inf")), *top)
+
+
+def all_greedy(temperature: torch.Tensor, controls: SamplingControls | None,
+               num_top: torch.Tensor | None) -> bool:
+    """Every row greedy, without controls or top log-probabilities: the case
+    :func:`greedy_tokens_ref` (and the CPU kernel ``greedy.py``) serve."""
+    return (controls is None and num_top is None and temperature.numel() > 0
+            and not bool((temperature != 0).any()))
+
+
+def greedy_tokens_ref(logits: torch.Tensor, bitmask: torch.Tensor | None) -> Sampled:
+    """All rows greedy (see :func:`all_greedy`): the argmax of the masked logits (first index on
+    ties) and its log-probability ``y[id] - logsumexp(y)``, without the softmax and block masses
+    the sampled rows need."""
+    b, v = logits.shape
+    y = logits.to(torch.float32)
+    if bitmask is not None:
+        y = y.clone() if y is logits else y
+        apply_bitmask_(y, bitmask, v)
+    ids = y.argmax(dim=-1)
+    logprobs = y.gather(1, ids[:, None])[:, 0] - torch.logsumexp(y, dim=-1)
+    empty = torch.isneginf(logprobs) | torch.isnan(logprobs)
+    none = torch.zeros(b, 0, dtype=torch.int64, device=y.device)
+    return Sampled(ids.masked_fill(empty, -1), logprobs.masked_fill(empty, float("-inf")), none,
+                   torch.zeros(b, 0, dtype=torch.float32, device=y.device))

@@ -64,3 +64,4 @@ def test_a_requests_stream_is_reproducible_and_independent_of_the_batch() -> Non
 def test_a_sampled_row_without_a_stream_is_refused() -> None:
     with pytest.raises(ValueError, match="make_rng"):
         sample(torch.randn(1, 10), [SamplingParams()], [None])
+
