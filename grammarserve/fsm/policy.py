@@ -11,6 +11,10 @@ when llguidance refuses) and, when the schema is in xgrammar's exact subset and 
 (second matcher), compiles xgrammar ahead-of-time in the background (one at a time, lowest
 priority; it releases the GIL) and upgrades the cached grammar: compile latency of llguidance,
 steady-state masks of xgrammar, coverage of both.
+
+A JSON style of ``auto`` compiles one grammar per candidate style (``style.py``). They compile
+side by side, each on its own thread with its start mask: llguidance builds a grammar and
+computes a mask without the GIL, so a cold compile costs about one style's time, not two.
 """
 
 from __future__ import annotations
@@ -18,7 +22,9 @@ from __future__ import annotations
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
 
 from grammarserve.errors import GrammarError
 from grammarserve.fsm.backends import create_backend
@@ -66,6 +72,17 @@ class BackendPolicy:
         self._upgrades = ThreadPoolExecutor(max_workers=1, initializer=_lower_priority,
                                             initargs=(config.upgrade_niceness,),
                                             thread_name_prefix="grammarserve-upgrade")
+        self._styles: ThreadPoolExecutor | None = None  # started on first use
+
+    def _style_pool(self) -> ThreadPoolExecutor:
+        # NOTE: a style compile never submits to this pool itself (its style is fixed), so
+        # compile workers waiting on it cannot deadlock.
+        with self._lock:
+            if self._styles is None:
+                self._styles = ThreadPoolExecutor(
+                    max_workers=self.config.compile_threads * (len(AUTO_STYLES) - 1),
+                    thread_name_prefix="grammarserve-style")
+            return self._styles
 
     def _schedule_upgrade(self, grammar: CompiledGrammar, spec: GrammarSpec, name: str) -> None:
         # NOTE: everything (even building the backend) happens on the upgrade thread, when the
@@ -132,13 +149,25 @@ class BackendPolicy:
 
     def _compile_styles(self, spec: GrammarSpec) -> CompiledGrammar:
         start = time.perf_counter()
-        styles: list[CompiledGrammar] = []
-        errors: list[GrammarError] = []
-        for style in AUTO_STYLES:
+        specs = [spec.with_option("json_style", style) for style in AUTO_STYLES]
+        others: list[Future[CompiledGrammar]] = [
+            self._style_pool().submit(self._compile_with_start, s) for s in specs[1:]]
+        outcomes: list[CompiledGrammar | GrammarError] = []
+        for i, style_spec in enumerate(specs):
             try:
-                styles.append(self.compile(spec.with_option("json_style", style)))
+                outcomes.append(self._compile_with_start(style_spec) if i == 0
+                                else others[i - 1].result())
             except GrammarError as e:  # e.g. a backend that has no such style
-                errors.append(e)
+                outcomes.append(e)
+        styles = [g for g in outcomes if isinstance(g, CompiledGrammar)]
         if not styles:
-            raise errors[0]
+            raise next(e for e in outcomes if isinstance(e, GrammarError))
         return StyledGrammar(spec.kind, styles, self.vocab, time.perf_counter() - start)
+
+    def _compile_with_start(self, spec: GrammarSpec) -> CompiledGrammar:
+        """``compile(spec)`` plus the grammar's start mask (kept for its matchers, see
+        ``SharedMasks``), so that it is computed on this thread too."""
+        grammar = self.compile(spec)
+        bitmask = torch.empty((1, self.vocab.bitmask_width), dtype=torch.int32)
+        grammar.probe().fill_bitmask(bitmask, 0)
+        return grammar
