@@ -36,6 +36,7 @@ from grammarserve.fsm.normalize import normalize
 from grammarserve.fsm.policy import AUTO_ORDER, BackendPolicy
 from grammarserve.fsm.rewrite import rewrite_schema
 from grammarserve.fsm.runs import MAX_DIGITS
+from grammarserve.fsm.share import share_leaves
 from grammarserve.fsm.strict import check_strict
 from grammarserve.fsm.text_finite import check_grammar_productive
 from grammarserve.fsm.tools import normalize_tools
@@ -338,7 +339,9 @@ class GrammarCompiler:
                    ) -> GrammarSpec:
         checks: list[ValueCheck] | None = [] if self.config.value_checks and not strict \
             else None
-        source = canonical_json(self._check_schema(schema, strict, checks=checks, lean=lean))
+        # NOTE: identical leaves become one $defs entry (llguidance compiles each once).
+        source = canonical_json(share_leaves(self._check_schema(schema, strict, checks=checks,
+                                                                lean=lean)))
         return GrammarSpec("json_schema", source,
                            self._json_options(source) + (("strict", strict),),
                            tuple(checks or ()), origin=None if lean else schema)
