@@ -123,8 +123,12 @@ class GrammarCache:
             job = self._inflight[key] = _Job(key, compile_fn,
                                              time.monotonic() + self.timeout_s)
             self._seq += 1
+            # NOTE: the watchdog sleeps until the earliest deadline; waking it (a thread switch
+            # on every cold compile) is needed only when this one comes first.
+            earliest = not self._deadlines or job.deadline < self._deadlines[0][0]
             heapq.heappush(self._deadlines, (job.deadline, self._seq, job))
-            self._watch.notify()
+            if earliest:
+                self._watch.notify()
         self._jobs.put(job)
         return job.future
 
