@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import functools
+import json
+import re
 from typing import Any
 
 import jsonschema
@@ -40,8 +42,12 @@ def values(doc: Any, path: tuple[str | int, ...] = ()) -> list[tuple[tuple[str |
 
 def passes(doc: Any, grammar_schema: dict[str, Any], checks: list[ValueCheck]) -> bool:
     """What generation accepts: the grammar's schema, then every check at its values."""
-    if not jsonschema.Draft202012Validator(grammar_schema).is_valid(doc):
-        return False
+    try:
+        if not jsonschema.Draft202012Validator(grammar_schema).is_valid(doc):
+            return False
+    except re.error:  # a pattern Python's re cannot read (\p{...}): the checks' validator can
+        if make_validator(json.dumps(grammar_schema))(doc) is not None:
+            return False
     for path, value in values(doc):
         for c in checks:
             if not c.matches(path):

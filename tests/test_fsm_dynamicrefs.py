@@ -1,6 +1,5 @@
-"""Draft 2020-12 dynamic references resolved statically (``fsm/dynamicrefs.py``), the
-2020-12 meta-schemas' ``$dynamicRef: "#meta"`` (``fsm/metaschemas.py``) and references to
-``false`` (``fsm/normalize.py``), model-free: grammar schema plus value checks against
+"""Draft 2020-12 dynamic references resolved statically (``fsm/dynamicrefs.py``) and the
+2020-12 meta-schemas' ``$dynamicRef: "#meta"`` (``fsm/metaschemas.py``), model-free: grammar schema plus value checks against
 ``jsonschema`` on pools of instances."""
 
 from __future__ import annotations
@@ -126,13 +125,3 @@ def test_a_schema_binding_meta_itself_is_refused() -> None:
               "$ref": META, "properties": {"x-extra": {"type": "integer"}}}
     with pytest.raises(UnsupportedSchemaError, match="dynamic"):
         prepared(schema)
-
-
-def test_references_to_false_are_false() -> None:
-    schema = {"$defs": {"never": False, "any": True},
-              "properties": {"a": {"$ref": "#/$defs/never"}, "b": {"$ref": "#/$defs/any"}}}
-    out, checks = prepared(schema)
-    assert out["properties"]["a"] is False and checks == []
-    original = jsonschema.Draft202012Validator(schema)
-    for doc in [{}, {"a": 1}, {"b": 1}, {"a": None, "b": 1}, 3]:
-        assert passes(doc, out, checks) == original.is_valid(doc)

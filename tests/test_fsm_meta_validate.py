@@ -11,10 +11,12 @@ from grammarserve.errors import SchemaValidationError
 from grammarserve.fsm import json_schema
 from grammarserve.fsm.json_schema import iter_subschemas, meta_validate, prepare_schema
 
-# NOTE: regexes are checked by Python's ``re`` on both paths (``\p{L}`` is ECMA, not Python)
+# NOTE: regexes are checked by Python's ``re`` on both paths, plus Unicode property escapes
+# (``\p{L}``, ECMA ``u`` mode; ``fsm/patterns.py``)
 _CASES: list[tuple[Any, str | None]] = [
     ({"type": "object", "properties": {"a": {"type": "string", "pattern": "^a+$"}}}, None),
-    ({"properties": {"a": {"pattern": "\\p{L}+"}}}, "$.properties.a.pattern"),
+    ({"properties": {"a": {"pattern": "\\p{L}+"}}}, None),
+    ({"properties": {"a": {"pattern": "\\p{L+"}}}, "$.properties.a.pattern"),
     ({"patternProperties": {"(": {}}}, "$.patternProperties"),
     ({"properties": {"a": {"type": "strin"}}}, "$.properties.a.type"),
     ({"items": {"minLength": -1}}, "$.items.minLength"),

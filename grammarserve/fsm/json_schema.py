@@ -142,14 +142,17 @@ def _flat_meta_schema() -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=1)
 def _meta_validator() -> jsonschema.Draft202012Validator:
-    """A ``jsonschema`` validator for :func:`_flat_meta_schema`, with the ``regex`` format check.
+    """A ``jsonschema`` validator for :func:`_flat_meta_schema`, with the ``regex`` format check
+    (``patterns.py``: Python's ``re``, plus Unicode property escapes).
 
     NOTE: equivalent to ``Draft202012Validator.check_schema`` (same vocabularies, same regex
-    format check; verified on the whole JSON-Schema-Test-Suite and schemas/) but ~20x faster,
-    since the dynamic-reference resolution dominates the stock meta-validation cost.
+    format check but for ``\\p{...}``; verified on the whole JSON-Schema-Test-Suite and
+    schemas/) but ~20x faster, since the dynamic-reference resolution dominates the stock
+    meta-validation cost.
     """
-    cls = jsonschema.Draft202012Validator
-    return cls(_flat_meta_schema(), format_checker=cls.FORMAT_CHECKER)
+    from grammarserve.fsm.patterns import format_checker
+
+    return jsonschema.Draft202012Validator(_flat_meta_schema(), format_checker=format_checker())
 
 
 #: Schemas nested deeper (JSON levels) are meta-validated by ``jsonschema`` alone: its verdict
@@ -197,7 +200,9 @@ def _fast_meta_validator() -> Callable[[Any], bool] | None:
 def format_overrides(meta: Any, cls: Any) -> dict[str, Callable[..., bool]]:
     """``jsonschema_rs`` format checkers for every format ``meta`` uses, each deciding exactly
     as ``cls.FORMAT_CHECKER`` (``jsonschema``) does: unknown formats pass."""
-    checker = cls.FORMAT_CHECKER
+    from grammarserve.fsm.patterns import format_checker
+
+    checker = format_checker() if cls is jsonschema.Draft202012Validator else cls.FORMAT_CHECKER
     return {name: functools.partial(_conforms, checker, name) for name in _formats_used(meta)}
 
 

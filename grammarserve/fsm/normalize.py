@@ -11,6 +11,9 @@ equivalent schema:
 - a subschema whose ``$ref`` names the schema ``false`` is ``false`` (it accepts nothing,
   whatever its siblings say): llguidance refuses a reference to ``false`` even where the
   value may be absent (``properties: {"k": {"$ref": "#/$defs/never"}}``);
+- a ``$ref`` beside other assertions whose target can reach itself through references
+  becomes an ``allOf`` member holding a copy of the target (both apply in place, so this is
+  the same conjunction): llguidance refuses "circular references with sibling keys";
 - ``oneOf`` whose branches are provably disjoint becomes ``anyOf``, which is then equivalent
   (``rewrite_oneof.py``: different types, distinct ``const``/``enum`` values, also of a
   property both branches require — pydantic's discriminated unions —, a key one requires and
@@ -65,6 +68,7 @@ def normalize(schema: dict[str, Any]) -> dict[str, Any]:
         if "format" in sub and sub["format"] not in KNOWN_FORMATS:
             del sub["format"]
     _inline_false_refs(schema, nodes)
+    _inline_cyclic_refs(schema, nodes)
     return rewrite_oneof_cases(rewrite_oneof(schema))
 
 
@@ -85,6 +89,61 @@ def _inline_false_refs(schema: dict[str, Any],
             resolve_pointer(schema, pointer(parts[:-1]))[parts[-1]] = False
         except (KeyError, IndexError, ValueError, TypeError):
             continue
+
+
+#: Keys beside a ``$ref`` that assert nothing.
+_INERT = frozenset({"$ref", "$defs", "definitions", "$schema", "$id", "$comment", "title",
+                    "description", "default", "examples", "deprecated", "readOnly",
+                    "writeOnly"})
+
+
+def _inline_cyclic_refs(schema: dict[str, Any],
+                        nodes: list[tuple[dict[str, Any], tuple[str | int, ...]]]) -> None:
+    """``{..., "$ref": X}`` -> ``{..., "allOf": [..., copy of X]}`` where X reaches itself
+    through references and the subschema has other assertions (in place; one level: a copy
+    whose own root holds a ``$ref`` is not inlined)."""
+    from grammarserve.fsm.json_schema import copy_json, resolve_pointer
+    from grammarserve.fsm.localrefs import iter_refs
+
+    inside: dict[str, list[str]] = {}  # reference -> the local references in its target
+
+    def refs_in(ref: str) -> list[str]:
+        if ref not in inside:
+            try:
+                target = resolve_pointer(schema, ref)
+            except (KeyError, IndexError, ValueError, TypeError):
+                target = None
+            inside[ref] = [("#" if s["$ref"] == "#/" else s["$ref"])
+                           for s, _ in iter_refs(target) if s["$ref"].startswith("#")]
+        return inside[ref]
+
+    def reaches_itself(ref: str) -> bool:
+        seen: set[str] = set()
+        todo = [ref]
+        while todo:
+            for inner in refs_in(todo.pop()):
+                if inner == ref:
+                    return True
+                if inner not in seen:
+                    seen.add(inner)
+                    todo.append(inner)
+        return False
+
+    for sub, _ in nodes:
+        ref = sub.get("$ref")
+        if (not isinstance(ref, str) or not ref.startswith("#") or set(sub) <= _INERT
+                or not reaches_itself(ref)):
+            continue
+        try:
+            target = resolve_pointer(schema, ref)
+        except (KeyError, IndexError, ValueError, TypeError):
+            continue
+        if not isinstance(target, dict) or "$ref" in target:
+            continue
+        copied = {k: copy_json(v, depth=10_000) for k, v in target.items()
+                  if k not in ("$defs", "definitions")}
+        del sub["$ref"]
+        sub["allOf"] = [*sub.get("allOf", []), copied]
 
 
 def _referenced_keys(schema: dict[str, Any]) -> set[tuple[Any, str]]:

@@ -78,7 +78,7 @@ def words_complement(words: list[str]) -> str | None:
 # A pattern this module can negate: ``^`` then literal characters or bracket classes, each
 # alone or repeated an exact number of times (``[0-9a-f]{8}``; no other quantifiers, groups or
 # alternation), then ``$`` or nothing (a prefix).
-_CLASS = r"\[\^?(?:\\.|[^\]\\\[])+\]"
+_CLASS = r"\[\^?(?:\\[^pP]|[^\]\\\[])+\]"  # NOTE: no Unicode property escapes
 _LITERAL = r"\\[^dDwWsSbBpPuxck0-9]|[^\\\[\](){}|?*+.^$]"
 _ATOM = re.compile(rf"({_CLASS}|{_LITERAL})(?:\{{(\d+)\}})?")
 #: At most this many characters in a fixed sequence (an exact count is expanded).

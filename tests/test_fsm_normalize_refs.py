@@ -1,0 +1,49 @@
+"""``normalize.py``'s reference rewrites for the backends, model-free: references to
+``false`` become ``false``, a ``$ref`` into a cycle beside other assertions becomes an
+``allOf`` member; both exact (checked against ``jsonschema``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jsonschema
+from check_helpers import passes, prepared
+
+
+def _same(schema: dict[str, Any], docs: list[Any]) -> None:
+    out, checks = prepared(schema)
+    original = jsonschema.Draft202012Validator(schema)
+    for doc in docs:
+        assert passes(doc, out, checks) == original.is_valid(doc), doc
+
+
+def test_references_to_false_are_false() -> None:
+    schema = {"$defs": {"never": False, "any": True},
+              "properties": {"a": {"$ref": "#/$defs/never"}, "b": {"$ref": "#/$defs/any"}}}
+    out, checks = prepared(schema)
+    assert out["properties"]["a"] is False and checks == []
+    _same(schema, [{}, {"a": 1}, {"b": 1}, {"a": None, "b": 1}, 3])
+
+
+#: The root extends a node type whose children refer back to the root.
+CYCLE = {"type": "object", "properties": {"id": {"type": "integer"}},
+         "$ref": "#/$defs/node",
+         "$defs": {"node": {"type": "object", "properties": {
+             "kids": {"type": "array", "items": {"$ref": "#"}}}}}}
+
+
+def test_a_ref_into_a_cycle_beside_siblings_becomes_all_of() -> None:
+    out, _ = prepared(CYCLE)
+    assert "$ref" not in out and out["allOf"] == [
+        {"type": "object", "properties": {"kids": {"type": "array",
+                                                   "items": {"$ref": "#"}}}}]
+    _same(CYCLE, [{}, {"id": 1}, {"id": "x"}, {"kids": []}, {"kids": [{"id": 2}]},
+                  {"kids": [{"id": "y"}]}, {"kids": [{"kids": [{"id": None}]}]}, [], 1])
+
+
+def test_other_refs_stay() -> None:
+    acyclic = {"properties": {"a": {"type": "integer"}}, "$ref": "#/$defs/b",
+               "$defs": {"b": {"required": ["a"]}}}
+    assert prepared(acyclic)[0]["$ref"] == "#/$defs/b"
+    alone = {"$defs": {"n": {"items": {"$ref": "#/$defs/n"}}}, "items": {"$ref": "#/$defs/n"}}
+    assert prepared(alone)[0]["items"] == {"$ref": "#/$defs/n"}
