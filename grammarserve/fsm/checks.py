@@ -93,6 +93,9 @@ class CheckCollector:
         self._ref_cache: dict[Parts, list[Parts]] | None = None
         self._holders: list[tuple[dict[str, Any], Parts, Parts]] = []  # node, path, target
         self._batch = False
+        # NOTE: the documents of one take, by (subschema, its path): a subschema reached from
+        # many locations (a $defs entry used in many places) is one document, built once.
+        self._docs: dict[tuple[int, Parts], str | None] = {}
 
     def take(self, parts: Parts, keyword: str) -> bool:
         """Turn ``keyword`` of the subschema at ``parts`` into checks and remove it from the
@@ -114,6 +117,7 @@ class CheckCollector:
         if anchors is None or len(self.checks) + len(anchors) > MAX_CHECKS:
             return False
         made = []
+        self._docs = {}
         for location, node_parts, exact in anchors:
             check = self._check(location, node_parts, exact and node_parts == parts, sub,
                                 keyword, json_path(target))
@@ -215,14 +219,26 @@ class CheckCollector:
             kind = "contains"
             schema = {k: sub[k] for k in CHECKABLE["contains"] if k in sub}
             item = sub["contains"]
-        docs = [self._document(s, node_parts if kind == "schema" else None)
-                for s in (schema, item) if s is not None]
-        if any(d is None for d in docs):
+        texts = [self._text(s, node_parts if kind == "schema" else None)
+                 for s in (schema, item) if s is not None]
+        if any(t is None for t in texts):
             return None
-        texts = [json.dumps(d, separators=(",", ":"), ensure_ascii=False) for d in docs]
         return ValueCheck(location, kind, keyword, where,
-                          schema=texts[0] if schema is not None else "",
-                          item_schema=texts[-1] if item is not None else "")
+                          schema=texts[0] or "" if schema is not None else "",
+                          item_schema=texts[-1] or "" if item is not None else "")
+
+    def _text(self, schema: Any, node_parts: Parts | None) -> str | None:
+        """The JSON text of ``_document(schema, node_parts)`` (built once per take for a
+        subschema of the root, ``node_parts`` given)."""
+        key = (id(schema), node_parts)
+        if node_parts is not None and key in self._docs:
+            return self._docs[key]
+        doc = self._document(schema, node_parts)
+        text = None if doc is None else json.dumps(doc, separators=(",", ":"),
+                                                   ensure_ascii=False)
+        if node_parts is not None:
+            self._docs[key] = text
+        return text
 
     def _document(self, schema: Any, node_parts: Parts | None) -> Any:
         """``schema`` as a document of its own (with the root's ``$defs`` entries it uses), or
