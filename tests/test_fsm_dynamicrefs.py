@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -46,17 +47,37 @@ DESCENT = {
     "$defs": {"user": {"$id": "user", "$dynamicRef": "#v",
                        "$defs": {"v": {"$dynamicAnchor": "v", "type": "integer"}}}}}
 
+#: A reference whose pointer crosses a resource (``mid``) enters only the target's own one.
+POINTER_THROUGH = {
+    "$id": "https://example.com/r", "$ref": "#/$defs/mid/$defs/leaf",
+    "$defs": {"mid": {"$id": "mid", "$defs": {
+        "t": {"$dynamicAnchor": "t", "type": "string"},
+        "leaf": {"$id": "leaf", "$dynamicRef": "#t",
+                 "$defs": {"t": {"$dynamicAnchor": "t", "type": "integer"}}}}}}}
+
+#: Recursion under a binding: nested lists of the bound leaf type.
+NESTED = {
+    "$id": "https://example.com/rec", "$ref": "ints",
+    "$defs": {"nested": {"$id": "nested", "anyOf": [
+        {"$dynamicRef": "#leaf"}, {"type": "array", "items": {"$ref": "nested"}}],
+        "$defs": {"leaf": {"$dynamicAnchor": "leaf", "not": True}}},
+        "ints": {"$id": "ints", "$ref": "nested",
+                 "$defs": {"leaf": {"$dynamicAnchor": "leaf", "type": "integer"}}}}}
+
 POOL: list[Any] = [
     None, 0, 1, 2.5, "a", "", [], [1], [1, 2], ["a"], ["a", 1], [[1]], {}, {"data": 1},
     {"data": 1, "x": 2}, {"children": []}, {"children": [{"data": 1}]},
     {"children": [{"daat": 1}]}, {"children": [{"children": [{"data": {}}]}]},
     {"children": [{"children": [{"oops": 1}]}]}, {"inner": "s"}, {"inner": 1},
     {"use": 1}, {"use": "s"}, {"inner": "s", "use": 3}, {"inner": "s", "use": "t"},
+    [[1], [[2]]], [["s"]], [1, [2, [3]]],
 ]
 
 
-@pytest.mark.parametrize("schema", [STRICT_TREE, GENERIC_LIST, DESCENT],
-                         ids=["strict_tree", "generic_list", "descent"])
+@pytest.mark.parametrize("schema", [STRICT_TREE, GENERIC_LIST, DESCENT, POINTER_THROUGH,
+                                    NESTED],
+                         ids=["strict_tree", "generic_list", "descent", "pointer_through",
+                              "nested"])
 def test_dynamic_scopes_are_exact(schema: dict[str, Any]) -> None:
     out, checks = prepared(schema)
     assert "$dynamicRef" not in json.dumps(out) and "$dynamicAnchor" not in json.dumps(out)
@@ -125,3 +146,28 @@ def test_a_schema_binding_meta_itself_is_refused() -> None:
               "$ref": META, "properties": {"x-extra": {"type": "integer"}}}
     with pytest.raises(UnsupportedSchemaError, match="dynamic"):
         prepared(schema)
+
+
+def test_the_suite_optional_pointer_across_a_resource_boundary() -> None:
+    suite = Path(__file__).resolve().parent / "data" / "json-schema-test-suite"
+    groups = json.loads((suite / "draft2020-12" / "optional" / "dynamicRef.json").read_text())
+    for group in groups:
+        out, checks = prepared(group["schema"])
+        for test in group["tests"]:
+            assert passes(test["data"], out, checks) is test["valid"], test["description"]
+
+
+def test_a_resource_entered_by_descent_is_in_the_dynamic_scope() -> None:
+    """The root resource binds ``t`` first (the specification: the dynamic scope starts at
+    the root). NOTE: Python ``jsonschema`` records a resource only when a reference is
+    followed from it, so it would bind ``y``'s own anchor here."""
+    schema = {"$id": "https://example.com/r", "$dynamicAnchor": "t",
+              "type": ["object", "integer"],
+              "properties": {"x": {"$id": "x", "properties": {"y": {
+                  "$id": "y", "$dynamicRef": "#t",
+                  "$defs": {"t": {"$dynamicAnchor": "t", "type": "string"}}}}}}}
+    out, checks = prepared(schema)
+    assert out["properties"]["x"]["properties"]["y"]["$ref"] == "#"
+    for doc, valid in [({"x": {"y": 1}}, True), ({"x": {"y": {}}}, True),
+                       ({"x": {"y": "s"}}, False)]:
+        assert passes(doc, out, checks) is valid, doc

@@ -12,8 +12,7 @@ decides every bookended ``$dynamicRef`` below a point is a *binding*: for each a
 anchor of the outermost resource entered so far that defines it. Bindings are finite (names x
 anchors), so the schema is rewritten exactly: the root is walked with the root resource's
 binding; a ``$ref`` or ``$dynamicRef`` whose target can reach a bookended ``$dynamicRef``
-("sensitive") enters the target's resources (those on the path from the reference's base
-resource to the target), extends the binding with the anchors of names not yet bound, and is
+("sensitive") enters the innermost resource holding the target, extends the binding with the anchors of names not yet bound, and is
 pointed at ``$defs/dyn_<i>``: a copy of the target specialized to that binding (the root with
 the root's binding is ``#``). References to other targets keep their pointer. A subschema with
 ``$id`` met by descent is a resource entered as well. Inside a copy, ``$defs`` are dropped
@@ -36,9 +35,9 @@ from grammarserve.fsm.drafts import Parts, children
 Path = tuple[str, ...]
 #: A binding: (anchor name, path of the anchor's subschema), sorted.
 Binding = tuple[tuple[str, Path], ...]
-#: Resolves a reference written where a base URI holds: (path of the resource the reference's
-#: URI names, path of the target), or None when the target is not in the document.
-Resolver = Callable[[str, str], "tuple[Path, Path] | None"]
+#: Resolves a reference written where a base URI holds: the path of its target, or None when
+#: the target is not in the document.
+Resolver = Callable[[str, str], "Path | None"]
 
 #: Positions not evaluated by descent (``$defs`` are reached only through references).
 _NOT_EVALUATED = frozenset({"$defs", "definitions"})
@@ -76,8 +75,8 @@ class _Doc:
                 if where[len(parts)] not in _NOT_EVALUATED:
                     self.evaluated_in[_key(where)] = path
                 stack.append((child, where, resource))
-        # (node, keyword) -> (resource the URI names, target); bookended: node -> name
-        self.refs: dict[tuple[Path, str], tuple[Path, Path]] = {}
+        # (node, keyword) -> target; bookended: node -> anchor name
+        self.refs: dict[tuple[Path, str], Path] = {}
         self.bookended: dict[Path, str] = {}
 
     def resolve_all(self, resolve: Resolver) -> bool:
@@ -95,20 +94,11 @@ class _Doc:
                     continue
                 self.refs[path, keyword] = found
                 name = urldefrag(ref)[1]
-                target = self.nodes.get(found[1])
+                target = self.nodes.get(found)
                 if (keyword == "$dynamicRef" and name and not name.startswith("/")
                         and target is not None and target.get("$dynamicAnchor") == name):
                     self.bookended[path] = name
         return True
-
-    def resources_between(self, outer: Path, target: Path) -> list[Path]:
-        """The resources entered on the way from ``outer`` down to ``target`` (both
-        included; the target's own resource when ``outer`` does not hold it)."""
-        if target[:len(outer)] != outer:
-            outer = self.resource_of.get(target, ())
-        out = [target[:n] for n in range(len(outer), len(target) + 1)
-               if target[:n] in self.anchors]
-        return out or [self.resource_of.get(target, ())]
 
     def sensitive(self) -> set[Path]:
         """Subschemas from which a bookended ``$dynamicRef`` can be reached (by descent other
@@ -116,7 +106,7 @@ class _Doc:
         back: dict[Path, set[Path]] = {}
         for child, parent in self.evaluated_in.items():
             back.setdefault(child, set()).add(parent)
-        for (path, _), (_, target) in self.refs.items():
+        for (path, _), target in self.refs.items():
             back.setdefault(target, set()).add(path)
         for path, name in self.bookended.items():
             for anchors in self.anchors.values():
@@ -216,12 +206,13 @@ class _Builder:
         found = self.doc.refs.get((path, keyword))
         if found is None:
             return None
-        outer, target = found
+        target = found
         if keyword == "$dynamicRef" and path in self.doc.bookended:
             target = dict(binding).get(self.doc.bookended[path], target)
-            outer = self.doc.resource_of[target]
-        return self.target(target, self.extend(binding,
-                                               self.doc.resources_between(outer, target)))
+        # NOTE: a reference enters the innermost resource holding its target, not the ones
+        # its pointer crosses (the suite's optional "pointer reference across resource
+        # boundary" case; referencing evolves the base URI through them without a push)
+        return self.target(target, self.extend(binding, [self.doc.resource_of[target]]))
 
     def walk(self, path: Path, binding: Binding, *, keep_defs: bool) -> dict[str, Any]:
         """The subschema at ``path`` evaluated under ``binding`` (a new object)."""
@@ -272,7 +263,7 @@ class _Builder:
             if ref is None:
                 continue
             found = self.doc.refs.get((_key(parts), "$dynamicRef"))
-            plain = ref if found is None else pointer(found[1])
+            plain = ref if found is None else pointer(found)
             if "$ref" in node:
                 node.setdefault("allOf", []).append({"$ref": plain})
             else:

@@ -206,9 +206,9 @@ def localize_refs(schema: dict[str, Any], draft: int = 2020) -> dict[str, Any]:
 
 
 def _locate(registry: Any, paths: dict[int, Parts], base: str,
-            ref: str) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
-    """For ``dynamicrefs``: the paths of the resource ``ref``'s URI names and of its target
-    (None: not in this document, or a meta-schema)."""
+            ref: str) -> tuple[str, ...] | None:
+    """For ``dynamicrefs``: the path of ``ref``'s target (None: not in this document, or in a
+    meta-schema)."""
     from referencing.exceptions import Unresolvable
 
     from grammarserve.fsm.metaschemas import is_meta_ref
@@ -217,13 +217,9 @@ def _locate(registry: Any, paths: dict[int, Parts], base: str,
         return None
     try:
         target = _resolve(registry, base, ref, paths)
-        uri = urldefrag(urljoin(base, ref))[0]
-        resource = registry.resolver(base_uri=base).lookup(uri).contents
     except (Unresolvable, KeyError, IndexError, ValueError):
         return None
-    if target is None or id(resource) not in paths:
-        return None
-    return tuple(map(str, paths[id(resource)])), tuple(map(str, target))
+    return None if target is None else tuple(map(str, target))
 
 
 def _resolve(registry: Any, base: str, ref: str, paths: dict[int, Parts]) -> Parts | None:
