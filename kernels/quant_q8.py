@@ -15,6 +15,7 @@ AVX2 build, never ``-march=native``. ``GRAMMARSERVE_CPU_ISA`` (``avx2`` | ``avx5
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import platform
 from dataclasses import dataclass
@@ -82,15 +83,21 @@ def pack_x16(w: QuantWeight, isa: str | None = None, levels: int = 2) -> PackedW
     return PackedWeight(w.kind, n, k, qs, d, m, isa, levels)
 
 
+@functools.cache
+def _cpu_level() -> int:
+    """``gs_cpu_level`` once per process (the avx2 build must be open): CPUID traps to the
+    hypervisor on a VM (~15 us a call)."""
+    return int(_libs["avx2"].gs_cpu_level())
+
+
 def cpu_isa() -> str | None:
     """The widest instruction set of :data:`ISAS` this CPU and OS run (capped by
     ``GRAMMARSERVE_CPU_ISA``), or None where not even AVX2 can run or the kernel cannot be built."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return None
-    base = _open("avx2")
-    if base is None:
+    if _open("avx2") is None:
         return None
-    level = int(base.gs_cpu_level())
+    level = _cpu_level()
     if level < 1:
         return None
     best = ISAS[level - 1]
