@@ -47,3 +47,24 @@ def test_other_refs_stay() -> None:
     assert prepared(acyclic)[0]["$ref"] == "#/$defs/b"
     alone = {"$defs": {"n": {"items": {"$ref": "#/$defs/n"}}}, "items": {"$ref": "#/$defs/n"}}
     assert prepared(alone)[0]["items"] == {"$ref": "#/$defs/n"}
+
+
+#: dart_test's shape: an ``allOf`` member that is only a reference into a cycle, beside
+#: another member.
+CYCLE_MEMBER = {"$ref": "#/$defs/config",
+                "$defs": {"config": {"type": "object", "properties": {
+                    "name": {"type": "string"},
+                    "presets": {"type": "object", "additionalProperties": {
+                        "$ref": "#/$defs/config"}}}},
+                          "runner": {"allOf": [{"$ref": "#/$defs/config"},
+                                               {"properties": {"n": {"type": "integer"}}}]}}}
+
+
+def test_an_all_of_member_into_a_cycle_becomes_its_copy() -> None:
+    schema = {**CYCLE_MEMBER, "$ref": "#/$defs/runner"}
+    out, _ = prepared(schema)
+    first = out["$defs"]["runner"]["allOf"][0]
+    assert "$ref" not in first and first["properties"]["name"] == {"type": "string"}
+    _same(schema, [{}, {"name": "a"}, {"name": 1}, {"n": 1}, {"n": "x"},
+                   {"presets": {"p": {"name": "b"}}}, {"presets": {"p": {"name": 2}}},
+                   {"presets": {"p": {"n": "x"}}}, 3])

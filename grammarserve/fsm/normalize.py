@@ -13,7 +13,9 @@ equivalent schema:
   value may be absent (``properties: {"k": {"$ref": "#/$defs/never"}}``);
 - a ``$ref`` beside other assertions whose target can reach itself through references
   becomes an ``allOf`` member holding a copy of the target (both apply in place, so this is
-  the same conjunction): llguidance refuses "circular references with sibling keys";
+  the same conjunction), and an ``allOf`` member that is only such a ``$ref`` (beside other
+  members or assertions) becomes the copy: llguidance refuses "circular references with
+  sibling keys";
 - ``oneOf`` whose branches are provably disjoint becomes ``anyOf``, which is then equivalent
   (``rewrite_oneof.py``: different types, distinct ``const``/``enum`` values, also of a
   property both branches require — pydantic's discriminated unions —, a key one requires and
@@ -129,21 +131,36 @@ def _inline_cyclic_refs(schema: dict[str, Any],
                     todo.append(inner)
         return False
 
-    for sub, _ in nodes:
-        ref = sub.get("$ref")
-        if (not isinstance(ref, str) or not ref.startswith("#") or set(sub) <= _INERT
-                or not reaches_itself(ref)):
-            continue
+    def inlined(ref: Any) -> dict[str, Any] | None:
+        """A copy of the target of ``ref`` if it is a local reference into a cycle (and the
+        target holds no ``$ref`` of its own), else None."""
+        if not isinstance(ref, str) or not ref.startswith("#") or not reaches_itself(ref):
+            return None
         try:
             target = resolve_pointer(schema, ref)
         except (KeyError, IndexError, ValueError, TypeError):
-            continue
+            return None
         if not isinstance(target, dict) or "$ref" in target:
+            return None
+        return {k: copy_json(v, depth=10_000) for k, v in target.items()
+                if k not in ("$defs", "definitions")}
+
+    for sub, _ in nodes:
+        members = sub.get("allOf")
+        if isinstance(members, list) and len(members) + len(set(sub) - _INERT) > 2:
+            # NOTE: a member that is only a reference into a cycle is intersected with the
+            # others: the same refusal
+            for i, member in enumerate(members):
+                if isinstance(member, dict) and set(member) <= _INERT and "$ref" in member:
+                    copied = inlined(member["$ref"])
+                    if copied is not None:
+                        members[i] = copied
+        if set(sub) <= _INERT:
             continue
-        copied = {k: copy_json(v, depth=10_000) for k, v in target.items()
-                  if k not in ("$defs", "definitions")}
-        del sub["$ref"]
-        sub["allOf"] = [*sub.get("allOf", []), copied]
+        copied = inlined(sub.get("$ref"))
+        if copied is not None:
+            del sub["$ref"]
+            sub["allOf"] = [*sub.get("allOf", []), copied]
 
 
 def _referenced_keys(schema: dict[str, Any]) -> set[tuple[Any, str]]:
