@@ -14,7 +14,7 @@ token by token (SmolLM2 tokenizer) in every form of the default JSON style (comp
 
 Prints one JSON line (the figures, and the misses per cause with ``--misses`` on stderr):
 
-    .venv/bin/python benchmarks/bench_suite.py [--suite DIR] [--misses]
+    .venv/bin/python benchmarks/bench_suite.py [--suite DIR] [--misses] [--closed]
 """
 
 from __future__ import annotations
@@ -80,6 +80,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--suite", default=str(DEFAULT_SUITE))
     parser.add_argument("--misses", action="store_true", help="list every miss on stderr")
+    parser.add_argument("--closed", action="store_true",
+                        help="the default closed-schema compiler instead (for reference: it "
+                             "narrows schemas on purpose, fsm/closed.py)")
     args = parser.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
@@ -92,13 +95,14 @@ def main() -> None:
     torch.set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_folder("default")))
     # NOTE: no compile timeout: a loaded machine must not turn a slow compile into a refusal.
-    compiler = GrammarCompiler(tokenizer, open_schemas=True, compile_timeout_s=600,
+    compiler = GrammarCompiler(tokenizer, open_schemas=not args.closed, compile_timeout_s=600,
                                background_upgrade=False)
     figures, misses = measure(compiler, tokenizer, list(load_suite(args.suite)))
     if args.misses:
         for line in misses:
             print(line, file=sys.stderr)
-    print(json.dumps({"suite": Path(args.suite).name, "open_schemas": True, **figures}))
+    print(json.dumps({"suite": Path(args.suite).name, "open_schemas": not args.closed,
+                      **figures}))
 
 
 if __name__ == "__main__":
