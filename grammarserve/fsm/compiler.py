@@ -6,7 +6,7 @@ import copy
 import functools
 import json
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -122,6 +122,8 @@ class GrammarCompiler:
         self._specs: BoundedLRU[GrammarSpec | GrammarError] = BoundedLRU(
             _SPEC_MEMO_SIZE, limits.memo_bytes)
         self._memo_refused = 0
+        self._check_pool = ThreadPoolExecutor(max_workers=compile_threads,
+                                              thread_name_prefix="grammarserve-checks")
 
     # -- facts the engine needs ------------------------------------------------------------
     @property
@@ -218,18 +220,23 @@ class GrammarCompiler:
         return self.cache.get_or_compile(key, lambda: self._compile(spec))
 
     def _compile(self, spec: GrammarSpec) -> CompiledGrammar:
+        # NOTE: validators are built beside the backend compile (which drops the GIL).
+        checks = self._check_pool.submit(self._check_set, spec) if spec.checks else None
         try:
             grammar = self.policy.compile(spec)
         except GrammarBackendError:
             lean = self._lean_spec(spec)
             if lean is None:
                 raise
-            spec, grammar = lean, self.policy.compile(lean)
+            spec, grammar, checks = lean, self.policy.compile(lean), None
         self._probe(grammar)
         if not spec.checks:
             return grammar
-        checks = CheckSet(spec.checks, self.policy.token_bytes(), self.config.check_retries)
-        return CheckedGrammar(grammar, checks, self.vocab)
+        return CheckedGrammar(grammar, checks.result() if checks is not None
+                              else self._check_set(spec), self.vocab)
+
+    def _check_set(self, spec: GrammarSpec) -> CheckSet:
+        return CheckSet(spec.checks, self.policy.token_bytes(), self.config.check_retries)
 
     def _probe(self, grammar: CompiledGrammar) -> None:
         """Refuse a grammar that fails at its start: no token allowed there (its language is
@@ -339,9 +346,8 @@ class GrammarCompiler:
                    ) -> GrammarSpec:
         checks: list[ValueCheck] | None = [] if self.config.value_checks and not strict \
             else None
-        # NOTE: identical leaves become one $defs entry (llguidance compiles each once).
-        source = canonical_json(share_leaves(self._check_schema(schema, strict, checks=checks,
-                                                                lean=lean)))
+        prepared = self._check_schema(schema, strict, checks=checks, lean=lean)
+        source = canonical_json(share_leaves(prepared))  # NOTE: see share.py
         return GrammarSpec("json_schema", source,
                            self._json_options(source) + (("strict", strict),),
                            tuple(checks or ()), origin=None if lean else schema)
