@@ -87,6 +87,10 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    action=argparse.BooleanOptionalAction,
                    help="on CPU, run each step on one thread or all of them as measured step "
                         "times say (off: always --num-threads)")
+    p.add_argument("--adaptive-batch", default=EngineConfig.adaptive_batch,
+                   action=argparse.BooleanOptionalAction,
+                   help="cap the requests running at once at the decode batch size that gives "
+                        "the most tokens/s as measured (off: up to --max-num-reqs)")
     p.add_argument("--decode-stack-kernel", default=EngineConfig.decode_stack_kernel,
                    action=argparse.BooleanOptionalAction,
                    help="CPU decode steps run all decoder layers in one C++ call (off: layer by "
@@ -201,6 +205,7 @@ def _config(args: argparse.Namespace) -> EngineConfig:
                         grammar_max_depth=args.grammar_max_depth,
                         enable_jump_forward=args.jump_forward, num_threads=args.num_threads,
                         adaptive_threads=args.adaptive_threads,
+                        adaptive_batch=args.adaptive_batch,
                         tool_call_format=args.tool_call_format,
                         tool_call_dedupe=args.tool_call_dedupe, gguf_blocks=args.gguf_blocks,
                         quant_activations=args.quant_activations,

@@ -130,6 +130,10 @@ class EngineConfig:
         times say (:class:`~grammarserve.engine.threads.ThreadTuner`): on a machine whose cores
         are busy with other work, a step on all threads waits at every kernel's barrier for a
         descheduled thread (~70x slower seen beside two busy processes on two cores).
+    adaptive_batch:
+        Cap the requests running at once at the decode batch size that gives the most tokens/s
+        as measured here (:class:`~grammarserve.engine.batch_size.BatchSizer`); while more rows
+        keep bringing more tokens/s (as on the embedded model up to 64 rows), nothing is capped.
     enable_jump_forward:
         Feed the tokens a constraint forces (keys, punctuation, enum tails) in the next forward
         instead of decoding them one step each (requests can opt out with
@@ -150,6 +154,7 @@ class EngineConfig:
     cache_dir: Path | None = None
     num_threads: int | None = None
     adaptive_threads: bool = True
+    adaptive_batch: bool = True
     grammar_backend: Literal["auto", "llguidance", "xgrammar"] = "auto"
     grammar_compile_timeout_s: float = 10.0
     grammar_json_style: Literal["auto", "compact", "spaced", "indented", "flexible"] = "auto"

@@ -13,6 +13,7 @@ from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
 from grammarserve.attention.staging import to_device
 from grammarserve.attention.varlen import VarlenBackend
 from grammarserve.config import EngineConfig
+from grammarserve.engine.batch_size import BatchSizer
 from grammarserve.engine.cuda_graphs import DecodeGraphs
 from grammarserve.engine.detokenizer import IncrementalDetokenizer
 from grammarserve.engine.device import setup_cuda
@@ -85,6 +86,7 @@ class Engine:
         self.runner = ModelRunner(self.loaded.model, pool, table, attn, graphs)
         self.threads = ThreadTuner(torch.get_num_threads() if device.type == "cpu"
                                    and config.adaptive_threads else 1)
+        self.sizer = BatchSizer(config.max_num_reqs, enabled=config.adaptive_batch)
         self.cache = RadixCache(pool) if config.enable_prefix_cache else None
         self.scheduler = Scheduler(pool, table, self.cache,
                                    max_batch_tokens=config.max_batch_tokens)
@@ -182,13 +184,15 @@ class Engine:
         the matchers (plus jump-forward spans), and return the outputs of requests that
         advanced."""
         self._admit_compiled()
+        self.scheduler.max_running = self.sizer.limit()
         work = self.scheduler.schedule()
         if not work:
             self._wait_for_compiles()
             return self._collect([])
         reqs = [w.req for w in work if w.num_tokens == w.req.num_pending]  # will sample
         masks = self.grammar.fill_async(reqs)  # NOTE: overlaps the forward below
-        with self.threads.step(len(work), sum(w.num_tokens for w in work)):
+        tokens = sum(w.num_tokens for w in work)
+        with self.threads.step(len(work), tokens), self.sizer.step(len(work), tokens):
             logits = self.runner.forward([self._entry(w) for w in work])
             self._counters["forward_passes"] += 1
             for w in work:
@@ -304,7 +308,8 @@ class Engine:
             kv_capacity=pool.capacity, kv_free=pool.num_free,
             kv_cached=self.cache.total_tokens if self.cache else 0,
             evicted_tokens=self.cache.evicted_tokens if self.cache else 0,
-            preemptions=s.num_preemptions, constrained_requests=g.constrained_requests,
+            preemptions=s.num_preemptions, running_cap=self.sizer.cap,
+            constrained_requests=g.constrained_requests,
             grammar_errors=g.grammar_errors, jump_forward_tokens=g.jump_forward_tokens,
             check_retries=g.check_retries, check_failures=g.check_failures,
             mask_fill_s=g.mask_fill_s, mask_wait_s=g.mask_wait_s,

@@ -41,6 +41,7 @@ class Scheduler:
         self.max_batch_tokens = max_batch_tokens
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
+        self.max_running: int | None = None  # set by the engine each step (BatchSizer)
         self.num_preemptions = 0
 
     def add(self, req: Req) -> None:
@@ -67,7 +68,8 @@ class Scheduler:
                 budget -= n
         admitted: list[Req] = []
         for req in self._admission_order():
-            if budget == 0 or self.req_to_token.num_free == 0:
+            if budget == 0 or self.req_to_token.num_free == 0 or (
+                    self.max_running is not None and len(self.running) >= self.max_running):
                 break
             took = self._admit(req, budget, admitted)
             if took is None:

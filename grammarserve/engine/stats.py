@@ -21,6 +21,7 @@ class EngineStats:
     evicted_tokens: int
     preemptions: int
     forward_passes: int
+    running_cap: int = 0  # the requests that may run at once now (BatchSizer)
     constrained_requests: int = 0
     aborted_requests: int = 0  # stopped by Engine.abort (a client disconnect, a cancel)
     grammar_errors: int = 0  # constraints that failed to compile or reached a dead end

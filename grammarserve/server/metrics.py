@@ -26,13 +26,16 @@ from grammarserve.fsm.cache import CacheStats
 
 PREFIX = "grammarserve"
 #: EngineStats fields that are levels, not running totals.
-_GAUGES = {"running_requests", "waiting_requests", "kv_capacity", "kv_free", "kv_cached"}
+_GAUGES = {"running_requests", "waiting_requests", "kv_capacity", "kv_free", "kv_cached",
+           "running_cap"}
 _HELP = {
     "prompt_tokens": "Prompt tokens of finished requests",
     "cached_prompt_tokens": "Prompt tokens served from the radix prefix cache",
     "generated_tokens": "Generated tokens",
     "running_requests": "Requests holding KV (running)",
     "waiting_requests": "Requests waiting to be scheduled",
+    "running_cap": ("Requests that may run at once: the decode batch size measured to give "
+                    "the most tokens/s (--adaptive-batch), else --max-num-reqs"),
     "kv_capacity": "KV pool capacity in tokens",
     "kv_free": "Free KV slots",
     "kv_cached": "KV slots owned by the radix cache",
