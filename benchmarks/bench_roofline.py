@@ -6,17 +6,16 @@ own parts (``DecodeStack.seconds``): the matmul and attention times of a step ar
 LM head timed from Python; ``rest`` is the step minus both (norms, rotary, K/V writes, sampling,
 the engine's Python).
 
-Peaks, measured here: fp32 FMA GFLOP/s and int8 multiply-add GOP/s per instruction set this CPU
-runs (``roofline/peak.cpp``: independent register-only chains on every thread), and memory read
-GB/s (every thread streaming its share of 512 MB with vector loads as 1, 2 or 4 interleaved
-streams, the best; ``gs_peak_read``). The host's bandwidth moves between runs, so the probe runs
-again just before and after each row count, whose estimate uses the better reading. Per step
-(the quietest of ``--windows`` windows of ``--steps`` steps), on the embedded model (prefix
-cache off, every row its own ``--context``-token prompt): the time in the quantized matmuls, in attention and in the rest,
+Peaks, measured here (``_Peaks``: the best of measurements at the start and around each row
+count, since the shared host's speed moves): fp32 FMA GFLOP/s and int8 multiply-add GOP/s per
+instruction set this CPU runs, and memory read GB/s. Per step (the quietest of ``--windows``
+windows of ``--steps`` steps), on the embedded model (prefix cache off, every row its own
+``--context``-token prompt): the time in the quantized matmuls, in attention and in the rest,
 and each component's roofline estimate: max(bytes it must read / GB/s, operations / peak), with
 the bytes and operations counted from the shapes (matmuls: the packed weights and
 2 * N * K * rows products per int8 level; attention: each row's K/V in fp32 and
-4 * context * heads * head_dim FLOPs per row and layer, at the window's mean context). ``ratio`` = measured / estimate.
+4 * context * heads * head_dim FLOPs per row and layer, at the window's mean context).
+``ratio`` = measured / estimate.
 
     .venv/bin/python benchmarks/bench_roofline.py [--threads 2] [--context 512] [--rows 1,8,32,64]
 
@@ -46,53 +45,66 @@ def _cpu_name() -> str:
     return platform.machine()
 
 
-def _peaks(threads: int) -> tuple[dict[str, Any], _MemProbe]:
-    from grammarserve_kernels import quant_q8
-    from grammarserve_kernels.cpu_build import build_and_open
+class _Peaks:
+    """The machine's peaks, as the best of every measurement in the run: the host is shared and
+    its speed moves (memory 27-57 GB/s seen on one machine, nothing of ours running), so they
+    are measured at the start and again around each row count, and every estimate uses the best.
 
-    out: dict[str, Any] = {}
-    for isa in quant_q8.supported_isas():
-        lib = build_and_open(HERE / "roofline" / "peak.cpp",
-                             quant_q8._COMMON + quant_q8._ISA_FLAGS[isa], tag=isa)
-        lib.gs_peak_fma.restype, lib.gs_peak_int8.restype = ctypes.c_float, ctypes.c_int
-        lib.gs_peak_fma.argtypes = lib.gs_peak_int8.argtypes = [ctypes.c_int64, ctypes.c_int]
-        lanes = 16 if isa.startswith("avx512") else 8
-        iters = 20_000_000
-        best_f = best_i = 1e9
-        for _ in range(3):
-            t0 = time.perf_counter()
-            lib.gs_peak_fma(iters, threads)
-            best_f = min(best_f, time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            lib.gs_peak_int8(iters, threads)
-            best_i = min(best_i, time.perf_counter() - t0)
-        out[isa] = {"fma_gflops": round(threads * iters * 12 * lanes * 2 / best_f / 1e9, 1),
-                    "int8_gops": round(threads * iters * 12 * lanes * 8 / best_i / 1e9, 1)}
-    probe = _MemProbe(lib, threads)
-    out["mem_read_gbs"] = probe.read_gbs()
-    return out, probe
+    Compute: independent register-only chains on every thread (``roofline/peak.cpp``). Memory:
+    every thread streaming its share of 512 MB as 1, 2 or 4 interleaved streams
+    (``gs_peak_read``)."""
 
+    def __init__(self, threads: int) -> None:
+        from grammarserve_kernels import quant_q8
+        from grammarserve_kernels.cpu_build import build_and_open
 
-class _MemProbe:
-    """Memory read GB/s: the best of every thread streaming its share of 512 MB as 1, 2 or 4
-    interleaved streams (``gs_peak_read``). The host's bandwidth moves between runs (27-47 GB/s
-    seen on one machine), so each step's estimate uses a probe run beside it."""
-
-    def __init__(self, lib: Any, threads: int) -> None:
-        lib.gs_peak_read.restype = ctypes.c_float
-        lib.gs_peak_read.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
-                                     ctypes.c_int]
-        self.lib, self.threads = lib, threads
+        self.threads, self.libs = threads, {}
+        for isa in quant_q8.supported_isas():
+            lib = build_and_open(HERE / "roofline" / "peak.cpp",
+                                 quant_q8._COMMON + quant_q8._ISA_FLAGS[isa], tag=isa)
+            lib.gs_peak_fma.restype, lib.gs_peak_int8.restype = ctypes.c_float, ctypes.c_int
+            lib.gs_peak_fma.argtypes = lib.gs_peak_int8.argtypes = [ctypes.c_int64, ctypes.c_int]
+            lib.gs_peak_read.restype = ctypes.c_float
+            lib.gs_peak_read.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int,
+                                         ctypes.c_int, ctypes.c_int]
+            self.libs[isa] = lib
         self.x = torch.ones(128 * 1024 * 1024)  # 512 MB, far past the caches
+        self.best: dict[str, float] = {}
 
-    def read_gbs(self, reps: int = 3) -> float:
-        best = 1e9
+    def _keep(self, key: str, value: float) -> float:
+        self.best[key] = max(self.best.get(key, 0.0), value)
+        return value
+
+    def measure(self, reps: int = 1) -> float:
+        """Measure every peak ``reps`` times; returns this measurement's memory GB/s."""
+        iters = 20_000_000
+        for isa, lib in self.libs.items():
+            lanes = 16 if isa.startswith("avx512") else 8
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                lib.gs_peak_fma(iters, self.threads)
+                dt = time.perf_counter() - t0
+                self._keep(f"{isa}.fma_gflops", self.threads * iters * 12 * lanes * 2 / dt / 1e9)
+                t0 = time.perf_counter()
+                lib.gs_peak_int8(iters, self.threads)
+                dt = time.perf_counter() - t0
+                self._keep(f"{isa}.int8_gops", self.threads * iters * 12 * lanes * 8 / dt / 1e9)
+        lib, gbs = next(iter(self.libs.values())), 0.0
         for _ in range(reps):
             for streams in (1, 2, 4):
                 t0 = time.perf_counter()
-                self.lib.gs_peak_read(self.x.data_ptr(), self.x.numel(), self.threads, streams, 0)
-                best = min(best, time.perf_counter() - t0)
-        return round(self.x.numel() * 4 / best / 1e9, 1)
+                lib.gs_peak_read(self.x.data_ptr(), self.x.numel(), self.threads, streams, 0)
+                gbs = max(gbs, self.x.numel() * 4 / (time.perf_counter() - t0) / 1e9)
+        return round(self._keep("mem_read_gbs", gbs), 1)
+
+    def values(self) -> dict[str, Any]:
+        """The best of each peak so far, as ``{isa: {fma_gflops, int8_gops}, mem_read_gbs}``."""
+        out: dict[str, Any] = {"mem_read_gbs": round(self.best["mem_read_gbs"], 1)}
+        for key, v in self.best.items():
+            if "." in key:
+                isa, name = key.split(".")
+                out.setdefault(isa, {})[name] = round(v, 1)
+        return out
 
 
 class _Timers:
@@ -213,7 +225,8 @@ def main() -> None:
 
     from grammarserve import LLM, SamplingParams
 
-    peaks, probe = _peaks(args.threads)
+    peaks = _Peaks(args.threads)
+    peaks.measure(reps=3)
     isa = cpu_isa() or "avx2"
     rows_list = [int(r) for r in args.rows.split(",")]
     tokens = max(rows_list) * (args.context + args.windows * args.steps + 16 + 64)  # + headroom
@@ -222,17 +235,21 @@ def main() -> None:
     timers = _Timers()
     sh = _model_shapes(llm)
     out: dict[str, Any] = {"bench": "roofline", "cpu": _cpu_name(), "isa": isa,
-                           "threads": args.threads, "context": args.context, "peaks": peaks,
+                           "threads": args.threads, "context": args.context,
                            "activation_levels": sh["levels"], "steps": []}
     llm.generate([[5] * 32], SamplingParams(max_tokens=2, temperature=0))  # warm-up
+    measured = []
     for rows in rows_list:
-        before = probe.read_gbs(reps=1)
+        before = peaks.measure()
         meas = _decode(llm, timers, rows, args.context, args.steps, args.windows)
-        beside = {**peaks, "mem_read_gbs": max(before, probe.read_gbs(reps=1))}
-        est = _estimate(sh, rows, rows, round(meas["context"]), beside, isa)
+        measured.append((rows, meas, max(before, peaks.measure())))
+    best = peaks.values()
+    out["peaks"] = best
+    for rows, meas, beside in measured:
+        est = _estimate(sh, rows, rows, round(meas["context"]), best, isa)
         row: dict[str, Any] = {"rows": rows, "step_ms": round(meas["step"] * 1e3, 2),
                                "tok_s": round(rows / meas["step"], 1),
-                               "mem_read_gbs": beside["mem_read_gbs"]}
+                               "mem_read_gbs_beside": beside}
         for part in ("matmul", "attention"):
             row[part] = {"ms": round(meas[part] * 1e3, 2), "roofline_ms": round(est[part] * 1e3, 2),
                          "ratio": round(meas[part] / max(est[part], 1e-9), 2)}
@@ -244,7 +261,7 @@ def main() -> None:
     t0 = time.perf_counter()
     llm.generate([ids], SamplingParams(max_tokens=1, temperature=0))
     dt = time.perf_counter() - t0
-    est = _estimate(sh, args.prefill, 1, args.prefill // 2, peaks, isa)
+    est = _estimate(sh, args.prefill, 1, args.prefill // 2, best, isa)
     out["prefill"] = {"tokens": args.prefill, "ms": round(dt * 1e3, 1),
                       "matmul_ms": round(timers.acc["matmul"] * 1e3, 1),
                       "matmul_roofline_ms": round(est["matmul"] * 1e3, 1),
