@@ -16,6 +16,9 @@ equivalent schema:
   the same conjunction), and an ``allOf`` member that is only such a ``$ref`` (beside other
   members or assertions) becomes the copy: llguidance refuses "circular references with
   sibling keys";
+- an object in ``const``/``enum`` is offered in every key order (the same JSON value; the
+  backends write a constant's keys in the order given), at most :data:`MAX_KEY_ORDERS` orders
+  per value, else only as written;
 - ``oneOf`` whose branches are provably disjoint becomes ``anyOf``, which is then equivalent
   (``rewrite_oneof.py``: different types, distinct ``const``/``enum`` values, also of a
   property both branches require — pydantic's discriminated unions —, a key one requires and
@@ -26,6 +29,8 @@ equivalent schema:
 
 from __future__ import annotations
 
+import itertools
+import math
 from typing import Any
 
 from grammarserve.fsm.json_schema import iter_subschemas
@@ -71,6 +76,8 @@ def normalize(schema: dict[str, Any]) -> dict[str, Any]:
             del sub["format"]
     _inline_false_refs(schema, nodes)
     _inline_cyclic_refs(schema, nodes)
+    for sub, _ in nodes:
+        _constants_in_any_key_order(sub)
     return rewrite_oneof_cases(rewrite_oneof(schema))
 
 
@@ -91,6 +98,56 @@ def _inline_false_refs(schema: dict[str, Any],
             resolve_pointer(schema, pointer(parts[:-1]))[parts[-1]] = False
         except (KeyError, IndexError, ValueError, TypeError):
             continue
+
+
+#: At most this many key orders of one ``const``/``enum`` value are offered.
+MAX_KEY_ORDERS = 24
+
+
+def _key_orders(value: Any, limit: int) -> list[Any] | None:
+    """Every key order of the objects in ``value`` (JSON; ``value`` itself first), or None
+    past ``limit`` variants."""
+    if isinstance(value, list):
+        out: list[Any] = [[]]
+        for item in value:
+            inner = _key_orders(item, limit)
+            if inner is None or len(out) * len(inner) > limit:
+                return None
+            out = [head + [v] for head in out for v in inner]
+        return out
+    if not isinstance(value, dict):
+        return [value]
+    if math.factorial(len(value)) > limit:
+        return None
+    variants: list[Any] = []
+    for keys in itertools.permutations(value):
+        parts: list[list[Any]] = [[]]
+        for key in keys:
+            inner = _key_orders(value[key], limit)
+            if inner is None or len(parts) * len(inner) * (len(variants) + 1) > limit:
+                return None
+            parts = [head + [(key, v)] for head in parts for v in inner]
+        variants.extend(dict(p) for p in parts)
+        if len(variants) > limit:
+            return None
+    return variants
+
+
+def _constants_in_any_key_order(sub: dict[str, Any]) -> None:
+    """``const``/``enum`` objects -> ``enum`` of their key orders (in place)."""
+    if "const" in sub and "enum" not in sub and isinstance(sub["const"], (dict, list)):
+        variants = _key_orders(sub["const"], MAX_KEY_ORDERS)
+        if variants is not None and len(variants) > 1:
+            del sub["const"]
+            sub["enum"] = variants
+            return
+    values = sub.get("enum")
+    if isinstance(values, list) and any(isinstance(v, (dict, list)) for v in values):
+        out: list[Any] = []
+        for v in values:
+            variants = _key_orders(v, MAX_KEY_ORDERS) if isinstance(v, (dict, list)) else None
+            out.extend(variants if variants is not None else [v])
+        sub["enum"] = out
 
 
 #: Keys beside a ``$ref`` that assert nothing.

@@ -1,13 +1,17 @@
-"""``normalize.py``'s reference rewrites for the backends, model-free: references to
-``false`` become ``false``, a ``$ref`` into a cycle beside other assertions becomes an
-``allOf`` member; both exact (checked against ``jsonschema``)."""
+"""``normalize.py``'s rewrites for the backends, model-free: references to ``false`` become
+``false``, a ``$ref`` into a cycle beside other assertions becomes an ``allOf`` member,
+``const``/``enum`` objects are offered in every key order; all exact (checked against
+``jsonschema``)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import jsonschema
 from check_helpers import passes, prepared
+
+from grammarserve.fsm.normalize import MAX_KEY_ORDERS, normalize
 
 
 def _same(schema: dict[str, Any], docs: list[Any]) -> None:
@@ -68,3 +72,23 @@ def test_an_all_of_member_into_a_cycle_becomes_its_copy() -> None:
     _same(schema, [{}, {"name": "a"}, {"name": 1}, {"n": 1}, {"n": "x"},
                    {"presets": {"p": {"name": "b"}}}, {"presets": {"p": {"name": 2}}},
                    {"presets": {"p": {"n": "x"}}}, 3])
+
+
+def test_constant_objects_in_every_key_order() -> None:
+    out = normalize({"const": {"a": 1, "b": {"c": [1, {"d": 2, "e": 3}]}}})
+    assert "const" not in out and len(out["enum"]) == 4
+    assert out["enum"][0] == {"a": 1, "b": {"c": [1, {"d": 2, "e": 3}]}}
+    texts = {json.dumps(v) for v in out["enum"]}
+    assert '{"b": {"c": [1, {"e": 3, "d": 2}]}, "a": 1}' in texts and len(texts) == 4
+    out = normalize({"enum": [1, {"x": 1, "y": 2}, [{"p": 1, "q": 2}]]})
+    assert [json.dumps(v) for v in out["enum"]] == [
+        "1", '{"x": 1, "y": 2}', '{"y": 2, "x": 1}', '[{"p": 1, "q": 2}]', '[{"q": 2, "p": 1}]']
+    _same({"const": {"a": 1, "b": 2}}, [{"a": 1, "b": 2}, {"b": 2, "a": 1}, {"a": 1}, 1])
+
+
+def test_too_many_key_orders_stay_as_written() -> None:
+    wide = {k: 1 for k in "abcde"}  # 120 orders
+    assert MAX_KEY_ORDERS < 120
+    assert normalize({"const": wide}) == {"const": wide}
+    both = {"const": {"a": 1, "b": 2}, "enum": [{"a": 1, "b": 2}, 3]}
+    assert normalize(json.loads(json.dumps(both)))["const"] == {"a": 1, "b": 2}
