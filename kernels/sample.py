@@ -7,7 +7,13 @@ from typing import Literal
 import torch
 from grammarserve_kernels.controls import SamplingControls
 from grammarserve_kernels.greedy import greedy_kernel, greedy_tokens_cpu
-from grammarserve_kernels.sample_ref import Sampled, all_greedy, check_inputs, sample_tokens_ref
+from grammarserve_kernels.sample_ref import (
+    Sampled,
+    all_greedy,
+    check_inputs,
+    greedy_tokens_ref,
+    sample_tokens_ref,
+)
 
 Backend = Literal["auto", "torch", "triton"]
 
@@ -68,12 +74,24 @@ def sample_tokens(logits: torch.Tensor, bitmask: torch.Tensor | None, temperatur
                                     num_top=num_top)
     if backend not in ("auto", "torch"):
         raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
-    if (backend == "auto" and logits.device.type == "cpu" and logits.dtype == torch.float32
-            and logits.stride(1) == 1 and all_greedy(temperature, controls, num_top)):
-        lib = greedy_kernel()
-        if lib is not None:
-            ids, logprobs = greedy_tokens_cpu(logits, bitmask, lib)
-            none = torch.empty(ids.shape[0], 0)
-            return Sampled(ids, logprobs, none.long(), none)
+    if backend == "auto" and logits.device.type == "cpu" and all_greedy(temperature, controls,
+                                                                       num_top):
+        return greedy_tokens(logits, bitmask)
     return sample_tokens_ref(logits, bitmask, temperature, keys, controls=controls,
                              num_top=num_top)
+
+
+def greedy_tokens(logits: torch.Tensor, bitmask: torch.Tensor | None) -> Sampled:
+    """Every row greedy, no controls, no top log-probabilities: each row's argmax under
+    ``bitmask`` (first index on ties) and its log-probability, as :func:`sample_tokens` gives
+    them; on CPU fp32 logits by the C++ kernel (``greedy.py``), else by the torch reference."""
+    b = logits.shape[0] if logits.dim() == 2 else 0
+    check_inputs(logits, bitmask, torch.zeros(b, device=logits.device),
+                 torch.zeros(b, 2, dtype=torch.int64, device=logits.device))
+    lib = greedy_kernel() if (logits.device.type == "cpu" and logits.dtype == torch.float32
+                              and logits.stride(1) == 1) else None
+    if lib is None:
+        return greedy_tokens_ref(logits, bitmask)
+    ids, logprobs = greedy_tokens_cpu(logits, bitmask, lib)
+    none = torch.empty(ids.shape[0], 0)
+    return Sampled(ids, logprobs, none.long(), none)

@@ -71,3 +71,17 @@ def test_kernel_refuses_what_it_cannot_read() -> None:
         pytest.skip("no AVX2 here")
     with pytest.raises(ValueError, match="fp32 on CPU with contiguous rows"):
         greedy_tokens_cpu(torch.zeros(2, 8, dtype=torch.float16), None, lib)
+
+
+def test_engine_sampler_greedy_fast_path_equals_the_general_path() -> None:
+    from grammarserve.engine.sampler import sample
+    from grammarserve.sampling_params import SamplingParams
+
+    logits, bitmask = _case(5, 3000, True, seed=11)
+    fast = sample(logits, [SamplingParams(temperature=0)] * 5, [None] * 5, bitmask)
+    general = sample(logits, [SamplingParams(temperature=0, top_logprobs=1)] * 5, [None] * 5,
+                     bitmask)  # top log-probabilities: the general path
+    assert fast.token_ids == general.token_ids and fast.no_allowed == general.no_allowed
+    assert fast.no_allowed[2] and fast.token_ids[2] == 0
+    assert torch.allclose(torch.tensor(fast.logprobs), torch.tensor(general.logprobs), atol=2e-5)
+    assert fast.top == [[]] * 5

@@ -20,6 +20,7 @@ from grammarserve_kernels import (
     SamplingControls,
     build_controls,
     filter_logits,
+    greedy_tokens,
     masked_scaled_logits,
     sample_tokens,
     stream_keys,
@@ -133,6 +134,13 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], rngs: list[RowRng
     if history is not None and len(history) != b:
         raise ValueError(f"need one History per row: {b} rows, {len(history)} histories")
     dev = logits.device
+    if dev.type == "cpu" and (bitmask is None or bitmask.device.type == "cpu") and all(
+            p.greedy and not p.uses_controls and not p.top_logprobs for p in params):
+        # NOTE: the common CPU case, without the keys, temperatures and controls it would skip
+        res = greedy_tokens(logits, bitmask)
+        ids, lps = res.ids.tolist(), res.logprobs.tolist()
+        return SampleOutput([max(t, 0) for t in ids], lps, [t < 0 for t in ids],
+                            [[] for _ in params])
     draws = []
     for p, rng in zip(params, rngs):
         if p.greedy:
