@@ -230,13 +230,13 @@ class CheckCollector:
     def _text(self, schema: Any, node_parts: Parts | None) -> str | None:
         """The JSON text of ``_document(schema, node_parts)`` (built once per take for a
         subschema of the root, ``node_parts`` given)."""
-        key = (id(schema), node_parts)
-        if node_parts is not None and key in self._docs:
+        key = (id(schema), node_parts) if node_parts is not None else None
+        if key is not None and key in self._docs:
             return self._docs[key]
         doc = self._document(schema, node_parts)
         text = None if doc is None else json.dumps(doc, separators=(",", ":"),
                                                    ensure_ascii=False)
-        if node_parts is not None:
+        if key is not None:
             self._docs[key] = text
         return text
 
