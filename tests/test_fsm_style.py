@@ -13,7 +13,7 @@ from walk_helpers import allowed_tokens, walk_jump_forward
 from grammarserve.errors import GrammarError
 from grammarserve.fsm import GrammarCompiler
 from grammarserve.fsm.conformance import walk
-from grammarserve.fsm.style import StyleLockMatcher
+from grammarserve.fsm.style import StyleLockMatcher, separator_free
 
 pytestmark = pytest.mark.model  # every test here uses the embedded model
 
@@ -156,3 +156,21 @@ def test_a_fixed_style_takes_only_its_own_form(tokenizer: Any, style: str) -> No
     expected = {"compact": {"compact"}, "spaced": {"spaced"}, "indented": {"indent2"},
                 "flexible": set(forms)}[style]
     assert {f for f, ok in accepted.items() if ok} == expected
+
+
+@pytest.mark.parametrize("schema,free", [
+    ({"type": "integer", "minimum": 1}, True), ({"type": ["string", "null"]}, True),
+    ({"enum": ["a", 1, None]}, True), ({"const": "x"}, True),
+    ({"type": ["string", "array"]}, False), ({"enum": ["a", [1]]}, False),
+    ({"const": {"a": 1}}, False), ({"minimum": 1}, False), (True, False), ({}, False),
+])
+def test_separator_free(schema: Any, free: bool) -> None:
+    assert separator_free(json.dumps(schema)) is free
+
+
+def test_a_scalar_schema_compiles_one_style(compiler: GrammarCompiler, tokenizer: Any) -> None:
+    grammar = compiler.compile_json_schema({"type": "string", "maxLength": 8})
+    matcher = grammar.matcher()
+    assert not isinstance(matcher, StyleLockMatcher)
+    ids = list(tokenizer.encode('"a, b: c"', add_special_tokens=False))
+    assert walk(matcher, ids, EOS, compiler.allocate_bitmask(1))[0]

@@ -31,7 +31,7 @@ from grammarserve.fsm.backends import create_backend
 from grammarserve.fsm.backends.base import GrammarBackend
 from grammarserve.fsm.config import AUTO_STYLES, GrammarConfig, GrammarSpec, SpecKind
 from grammarserve.fsm.matcher import CompiledGrammar
-from grammarserve.fsm.style import StyledGrammar
+from grammarserve.fsm.style import StyledGrammar, separator_free
 from grammarserve.fsm.vocab import VocabInfo
 
 AUTO_ORDER: dict[SpecKind, tuple[str, ...]] = {
@@ -150,6 +150,8 @@ class BackendPolicy:
     def _compile_styles(self, spec: GrammarSpec) -> CompiledGrammar:
         start = time.perf_counter()
         specs = [spec.with_option("json_style", style) for style in AUTO_STYLES]
+        if spec.kind == "json_schema" and separator_free(spec.source):
+            return self._compile_with_start(specs[0])  # NOTE: one language in every style
         others: list[Future[CompiledGrammar]] = [
             self._style_pool().submit(self._compile_with_start, s) for s in specs[1:]]
         outcomes: list[CompiledGrammar | GrammarError] = []

@@ -15,11 +15,13 @@ matchers side by side:
 - ``rollback`` brings back candidates dropped at the positions undone.
 
 The candidates part at the first key separator (``":"`` or ``": "``), so the extra masks cost
-only the first few steps of a reply.
+only the first few steps of a reply. A schema whose instances are never an object or an array
+(:func:`separator_free`) has no separator: its styles are one language, compiled once.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -29,6 +31,29 @@ import torch
 
 from grammarserve.fsm.matcher import CompiledGrammar, Matcher, SharedMasks
 from grammarserve.fsm.vocab import VocabInfo
+
+_SCALARS = frozenset({"string", "number", "integer", "boolean", "null"})
+#: Longer schema texts are not parsed for the test (scalar roots are small).
+_SCALAR_TEXT_MAX = 4096
+
+
+def separator_free(schema_text: str) -> bool:
+    """Whether no instance of the JSON schema ``schema_text`` is an object or an array (its root
+    ``type`` is scalar, or its ``enum``/``const`` values are): then no separator is ever
+    written, and every JSON style is the same language. False when unsure."""
+    if len(schema_text) > _SCALAR_TEXT_MAX:
+        return False
+    root = json.loads(schema_text)
+    if not isinstance(root, dict):
+        return False
+    types = root.get("type")
+    if isinstance(types, str):
+        types = [types]
+    if isinstance(types, list) and types and set(types) <= _SCALARS:
+        return True
+    values = root.get("enum", [root["const"]] if "const" in root else None)
+    return isinstance(values, list) and bool(values) and not any(
+        isinstance(v, (dict, list)) for v in values)
 
 
 class StyleLockMatcher(Matcher):
