@@ -66,8 +66,10 @@ class StyleLockMatcher(Matcher):
         self._alive = list(range(len(candidates)))
         self._candidates = candidates
         self._dropped: list[tuple[int, int]] = []  # (position it was dropped at, index)
-        self._scratch = torch.empty((1, vocab.bitmask_width), dtype=torch.int32)
-        self._masks: dict[int, np.ndarray] = {}  # candidate -> its mask at ``_masks_pos``
+        # NOTE: row i holds candidate i's mask at ``_masks_pos`` (filled in place, no copies)
+        self._rows = torch.empty((len(candidates), vocab.bitmask_width), dtype=torch.int32)
+        self._rows_np = self._rows.numpy()
+        self._masks: dict[int, np.ndarray] = {}  # candidate -> its row at ``_masks_pos``
         self._masks_pos = -1
         self._span: tuple[int, list[int]] = (-1, [])  # last common forced span and its start
 
@@ -85,8 +87,8 @@ class StyleLockMatcher(Matcher):
             self._alive = healthy or self._alive  # an errored style is gone for good
             self._masks = {}
             for i in self._alive:
-                self._candidates[i].fill_bitmask(self._scratch, 0)
-                self._masks[i] = self._scratch.numpy()[0].copy()
+                self._candidates[i].fill_bitmask(self._rows, i)
+                self._masks[i] = self._rows_np[i]
             self._masks_pos = self._pos
         return self._masks
 
@@ -116,11 +118,13 @@ class StyleLockMatcher(Matcher):
         if len(self._alive) == 1:
             self._candidates[self._alive[0]].fill_bitmask(bitmask, row)
             return
-        masks = self._candidate_masks()
-        union = np.zeros_like(next(iter(masks.values())))
-        for mask in masks.values():
-            np.bitwise_or(union, mask, out=union)
-        bitmask[row].copy_(torch.from_numpy(union))
+        masks = list(self._candidate_masks().values())
+        target = self._bitmask_np[row] if self._bitmask_np is not None else None
+        if target is None:  # pragma: no cover - the base class sets it before _fill
+            target = bitmask[row].numpy()
+        np.copyto(target, masks[0])
+        for mask in masks[1:]:
+            np.bitwise_or(target, mask, out=target)
 
     def _forced(self) -> list[int]:
         spans = [m.forced_tokens() for m in self._live()]
