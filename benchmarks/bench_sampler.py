@@ -7,6 +7,10 @@ and ``multinomial``. Every row is constrained (a random mask with ``--density`` 
 allowed) and sampled at temperature 0.8; logits are fp32. Both sides run interleaved, so machine
 noise hits them alike; prints one JSON line with the per-step milliseconds (median and min).
 Runs on CUDA when present (Triton kernel vs xgrammar's CUDA mask + torch), else on CPU.
+
+``--greedy``: temperature 0 instead (the engine's all-greedy path: on CPU the ``greedy_cpu.cpp``
+kernel); unfused is then the mask, ``argmax`` and the token's ``log_softmax``, as the sampler
+reports a log-probability for every token.
 """
 
 from __future__ import annotations
@@ -38,13 +42,13 @@ def _timed(fn: Callable[[], object], device: torch.device) -> float:
 
 
 def bench(batch: int, vocab: int, density: float, iters: int,
-          device: torch.device) -> dict[str, Any]:
+          device: torch.device, temperature: float) -> dict[str, Any]:
     g = torch.Generator().manual_seed(batch * 7 + vocab)
     logits = (torch.randn(batch, vocab, generator=g) * 3).to(device)
     allowed = torch.rand(batch, (vocab + 31) // 32 * 32, generator=g) < density
     bits = (allowed.view(batch, -1, 32).long() << torch.arange(32)).sum(-1)
     bitmask = torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32).to(device)
-    params = [SamplingParams(temperature=TEMPERATURE)] * batch
+    params = [SamplingParams(temperature=temperature)] * batch
     rngs: list[RowRng | None] = [RowRng(seed) for seed in range(batch)]
 
     def fused() -> object:
@@ -53,7 +57,11 @@ def bench(batch: int, vocab: int, density: float, iters: int,
     def unfused() -> object:
         masked = logits.clone()
         xgrammar.apply_token_bitmask_inplace(masked, bitmask)
-        probs = torch.softmax(masked / TEMPERATURE, dim=-1)
+        if temperature == 0:
+            ids = masked.argmax(dim=-1)
+            logprobs = torch.log_softmax(masked, dim=-1).gather(1, ids[:, None])
+            return ids.tolist(), logprobs.tolist()
+        probs = torch.softmax(masked / temperature, dim=-1)
         return torch.multinomial(probs, 1)[:, 0].tolist()
 
     fused(), unfused()  # warm-up (Triton compile on CUDA)
@@ -75,15 +83,17 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=15)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = default)")
+    ap.add_argument("--greedy", action="store_true", help="temperature 0 (see the docstring)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    results = [bench(b, v, args.density, args.iters, device)
+    temperature = 0.0 if args.greedy else TEMPERATURE
+    results = [bench(b, v, args.density, args.iters, device, temperature)
                for v in map(int, args.vocabs.split(",")) for b in map(int, args.batches.split(","))]
     print(json.dumps({"bench": "sampler", "device": str(device),
                       "threads": torch.get_num_threads(), "density": args.density,
-                      "temperature": TEMPERATURE, "iters": args.iters, "results": results}))
+                      "temperature": temperature, "iters": args.iters, "results": results}))
 
 
 if __name__ == "__main__":
