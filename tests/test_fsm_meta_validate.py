@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 
 from grammarserve.errors import SchemaValidationError
-from grammarserve.fsm import json_schema
-from grammarserve.fsm.json_schema import iter_subschemas, meta_validate, prepare_schema
+from grammarserve.fsm import metavalidate
+from grammarserve.fsm.json_schema import iter_subschemas, prepare_schema
+from grammarserve.fsm.metavalidate import meta_validate
 
 # NOTE: regexes are checked by Python's ``re`` on both paths, plus Unicode property escapes
 # (``\p{L}``, ECMA ``u`` mode; ``fsm/patterns.py``)
@@ -29,7 +30,7 @@ _CASES: list[tuple[Any, str | None]] = [
 
 @pytest.mark.parametrize("schema, path", _CASES)
 def test_fast_and_slow_paths_agree(schema: Any, path: str | None) -> None:
-    fast = json_schema._fast_meta_validator()
+    fast = metavalidate._fast_meta_validator()
     if fast is not None:
         assert fast(schema) is (path is None)
     for shallow in (True, False):  # False: jsonschema alone

@@ -8,7 +8,7 @@ import pytest
 from check_helpers import passes, prepared
 
 from grammarserve.errors import SchemaValidationError
-from grammarserve.fsm.json_schema import meta_validate
+from grammarserve.fsm.metavalidate import meta_validate
 from grammarserve.fsm.patterns import is_pattern
 from grammarserve.fsm.regex_complement import pattern_complement
 

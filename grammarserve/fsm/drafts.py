@@ -282,12 +282,12 @@ def _slow_validator(cls: Any) -> Any:
 @functools.lru_cache(maxsize=8)
 def _fast_validator(draft: int) -> Callable[[Any], bool] | None:
     """``jsonschema_rs``'s verdict against the draft's meta-schema, with the meta-schema's
-    formats checked exactly as ``jsonschema`` checks them (``json_schema.format_overrides``)."""
+    formats checked exactly as ``jsonschema`` checks them (``metavalidate.format_overrides``)."""
     try:
         import jsonschema_rs
     except ImportError:  # pragma: no cover - jsonschema_rs is optional at run time
         return None
-    from grammarserve.fsm.json_schema import format_overrides
+    from grammarserve.fsm.metavalidate import format_overrides
 
     name = {4: "Draft4", 6: "Draft6", 7: "Draft7", 2019: "Draft201909"}[draft] + "Validator"
     cls = getattr(jsonschema, name)
