@@ -168,3 +168,33 @@ def test_clear_caches_makes_the_next_compile_cold(tokenizer: Any) -> None:
     for _ in range(3):
         again.matcher()
     assert again.request_upgrade() is None and again.backend == first.backend == "llguidance"
+
+
+def _growing(size: list[int], calls: list[int]) -> CompiledGrammar:
+    def size_bytes() -> int:
+        calls.append(1)
+        return size[0]
+    return CompiledGrammar(backend="fake", kind="regex", make_matcher=lambda: None,  # type: ignore[arg-type, return-value]
+                           size_bytes=size_bytes, compile_s=0.0)
+
+
+def test_an_insert_does_not_size_every_cached_grammar_again() -> None:
+    cache = GrammarCache(max_bytes=10**9, timeout_s=5, threads=1)
+    calls: list[int] = []
+    for i in range(60):
+        cache.get_or_compile(f"k{i}", lambda: _growing([10], calls)).result()
+    assert len(calls) < 4 * 60  # all of them each time would be ~60 * 61 / 2
+
+
+def test_growth_after_insertion_counts_at_the_next_full_resize(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from grammarserve.fsm import cache as cache_module
+
+    monkeypatch.setattr(cache_module, "_RESIZE_S", 0.0)  # every insert recomputes in full
+    size, calls = [100], []
+    cache = GrammarCache(max_bytes=1_000, timeout_s=5, threads=1)
+    cache.get_or_compile("a", lambda: _growing(size, calls)).result()
+    size[0] = 950  # e.g. lazily built masks, a background upgrade
+    cache.get_or_compile("b", lambda: fake(100)).result()
+    stats = cache.stats()
+    assert stats.entries == 1 and stats.evictions == 1 and stats.bytes == 100
