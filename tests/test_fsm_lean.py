@@ -39,7 +39,7 @@ def test_cases_too_large_for_the_backend_become_checks(compiler: GrammarCompiler
                                                         byte_tok: Any) -> None:
     schema = _conditions(8)
     with pytest.raises(GrammarBackendError, match="too large"):
-        compiler.policy.compile(compiler._json_spec(schema))
+        compiler.policy.compile(compiler.front.json_spec(schema))
     grammar = compiler.compile_json_schema(schema)
     assert {c.keyword for c in grammar.value_checks} == {"if"}
     validator = jsonschema.Draft202012Validator(schema)

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import copy
-import functools
 import json
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -13,34 +11,20 @@ from typing import Any
 import torch
 
 from grammarserve.errors import GrammarBackendError, GrammarError
-from grammarserve.fsm import text_grammars
 from grammarserve.fsm.cache import CacheStats, GrammarCache
 from grammarserve.fsm.checked import CheckedGrammar, CheckSet
-from grammarserve.fsm.closed import close_schema, has_long_numbers
 from grammarserve.fsm.config import (
     DEFAULT_MAX_WHITESPACE,
     BackendName,
     GrammarConfig,
     GrammarSpec,
     JsonStyle,
-    SpecKind,
-    canonical_json,
 )
-from grammarserve.fsm.depth import check_schema_depth, check_text_depth
-from grammarserve.fsm.finite import check_finite
-from grammarserve.fsm.json_schema import prepare_schema
+from grammarserve.fsm.frontend import SpecBuilder
 from grammarserve.fsm.limits import GrammarLimits
 from grammarserve.fsm.lru import BoundedLRU
 from grammarserve.fsm.matcher import CompiledGrammar
-from grammarserve.fsm.normalize import normalize
 from grammarserve.fsm.policy import AUTO_ORDER, BackendPolicy
-from grammarserve.fsm.rewrite import rewrite_schema
-from grammarserve.fsm.runs import MAX_DIGITS
-from grammarserve.fsm.share import share_leaves
-from grammarserve.fsm.strict import check_strict
-from grammarserve.fsm.text_finite import check_grammar_productive
-from grammarserve.fsm.tools import normalize_tools
-from grammarserve.fsm.value_check import ValueCheck
 from grammarserve.fsm.vocab import VocabInfo
 
 #: Validated front-end results kept for repeated inputs.
@@ -115,6 +99,7 @@ class GrammarCompiler:
         self.vocab = VocabInfo.from_tokenizer(tokenizer, vocab_size=vocab_size,
                                               stop_token_ids=stop_token_ids)
         self.policy = BackendPolicy(self.vocab, self.config)
+        self.front = SpecBuilder(self.config)
         self.cache = GrammarCache(max_bytes=cache_bytes, timeout_s=compile_timeout_s,
                                   threads=compile_threads, limits=limits)
         # NOTE: front-end results by exact input, refusals included: a bad input sent again
@@ -225,7 +210,7 @@ class GrammarCompiler:
         try:
             grammar = self.policy.compile(spec)
         except GrammarBackendError:
-            lean = self._lean_spec(spec)
+            lean = self.front.lean(spec)
             if lean is None:
                 raise
             spec, grammar, checks = lean, self.policy.compile(lean), None
@@ -294,114 +279,14 @@ class GrammarCompiler:
                                "levels)", path="$") from None
 
     def _spec(self, kind: str, *args: Any, **kwargs: Any) -> GrammarSpec:
-        builders: dict[str, Callable[..., GrammarSpec]] = {
-            "json_schema": self._json_spec, "regex": self._regex_spec,
-            "grammar": self._grammar_spec, "choice": self._choice_spec,
-            "tool_calls": self._tools_spec,
-        }
-        if kind not in builders:
-            raise ValueError(f"unknown grammar kind {kind!r}; use one of {sorted(builders)}")
-        return builders[kind](*args, **kwargs)
-
-    def _json_options(self, source: str) -> tuple[tuple[str, Any], ...]:
-        c = self.config
-        digits = None if c.open_schemas or has_long_numbers(source) else MAX_DIGITS
-        return (("json_style", c.json_style), ("max_digits", digits),
-                ("max_whitespace", c.max_whitespace))
-
-    def _check_schema(self, schema: Any, strict: bool, path: str = "$",
-                      checks: list[ValueCheck] | None = None, lean: bool = False
-                      ) -> dict[str, Any]:
-        """The schema the grammar is compiled from; with ``checks`` (a list), what no grammar
-        can hold may be left to run-time checks, appended to it (``rewrite.py``; ``lean``:
-        conditions too)."""
-        rewrite: Callable[[dict[str, Any]], dict[str, Any]] | None = None
-        try:
-            check_schema_depth(schema, self.config.limits.max_depth)
-        except GrammarError as e:
-            if path != "$":
-                e.path = path + (e.path or "$")[1:]
-                e.args = (f"{path}: {e.args[0]}",)
-            raise
-        if not strict:
-            rewrite = rewrite_schema if checks is None else functools.partial(
-                rewrite_schema, checks=checks, lean=lean)
-        try:
-            # NOTE: strict mode refuses every keyword the rewrites remove: check it as written.
-            prepared = prepare_schema(schema, rewrite=rewrite, checked=checks is not None)
-            check_finite(prepared)
-            if strict:
-                check_strict(prepared)
-            prepared = normalize(prepared)
-            if not self.config.open_schemas:
-                prepared = close_schema(prepared)
-        except GrammarError as e:
-            if path != "$":
-                e.path = path + (e.path or "$")[1:]
-                e.args = (f"{path}: {e.args[0]}",)
-            raise
-        return prepared
-
-    def _json_spec(self, schema: Any, *, strict: bool = False, lean: bool = False
-                   ) -> GrammarSpec:
-        checks: list[ValueCheck] | None = [] if self.config.value_checks and not strict \
-            else None
-        prepared = self._check_schema(schema, strict, checks=checks, lean=lean)
-        source = canonical_json(share_leaves(prepared))  # NOTE: see share.py
-        return GrammarSpec("json_schema", source,
-                           self._json_options(source) + (("strict", strict),),
-                           tuple(checks or ()), origin=None if lean else schema)
-
-    def _lean_spec(self, spec: GrammarSpec) -> GrammarSpec | None:
-        """For a JSON schema the backends refused: the spec of its ``lean`` rewrite (conditions
-        as run-time checks instead of cases, ``rewrite.rewrite_schema``), if that differs."""
-        if spec.kind != "json_schema" or spec.origin is None or not self.config.value_checks \
-                or spec.option("strict"):
-            return None
-        try:
-            lean = self._json_spec(spec.origin, lean=True)
-        except GrammarError:
-            return None
-        return lean if lean.source != spec.source else None
-
-    def _regex_spec(self, pattern: str) -> GrammarSpec:
-        if isinstance(pattern, str):
-            check_text_depth(pattern, self.config.limits.max_depth, what="the regex",
-                             path="$.regex")
-        return GrammarSpec("regex", text_grammars.check_regex(pattern))
-
-    def _grammar_spec(self, text: str, *, syntax: str = "lark") -> GrammarSpec:
-        kind: SpecKind
-        if syntax == "lark":
-            kind = "lark"
-        elif syntax == "ebnf":
-            kind = "ebnf"
-        else:
-            raise GrammarError(f"grammar syntax must be 'lark' or 'ebnf', got {syntax!r}",
-                               path="$.syntax")
-        if isinstance(text, str):
-            check_text_depth(text, self.config.limits.max_depth, what="the grammar",
-                             path="$.grammar", quotes='"')
-        text = (text_grammars.check_lark(text) if syntax == "lark"
-                else text_grammars.check_ebnf(text))
-        check_grammar_productive(text, syntax)
-        return GrammarSpec(kind, text)
-
-    def _choice_spec(self, options: list[str]) -> GrammarSpec:
-        return GrammarSpec("choice", json.dumps(text_grammars.check_choice(options)))
-
-    def _tools_spec(self, tools: list[dict[str, Any]], mode: Any = "required", *,
-                    parallel: bool = True, call_format: str = "hermes") -> GrammarSpec:
-        spec = normalize_tools(tools, mode, parallel=parallel, check_schema=self._check_schema,
-                               fmt=call_format)
-        source = canonical_json(spec)
-        return GrammarSpec("tool_calls", source, self._json_options(source))
+        return self.front.spec(kind, *args, **kwargs)
 
     def with_backend(self, backend: BackendName) -> GrammarCompiler:
         """A compiler sharing this tokenizer but using ``backend`` (for benchmarks/tests)."""
         other = copy.copy(self)
         other.config = replace(self.config, backend=backend)
         other.policy = BackendPolicy(self.vocab, other.config)
+        other.front = SpecBuilder(other.config)
         other.cache = GrammarCache(max_bytes=other.config.cache_bytes,
                                    timeout_s=other.config.compile_timeout_s,
                                    threads=other.config.compile_threads,
