@@ -2,9 +2,10 @@
 it with ctypes.
 
 The cache folder is ``$GRAMMARSERVE_CACHE/kernels`` (else ``$XDG_CACHE_HOME/grammarserve/kernels``
-or ``~/.cache/grammarserve/kernels``); the file name carries a hash of the source and the flags, so
-an edited source or another instruction set is a new file. Concurrent builders each write a temp
-file and rename it into place.
+or ``~/.cache/grammarserve/kernels``); the file name carries a hash of the source, the local
+headers it includes (``avx_math.h``) and the flags, so an edited source or header or another
+instruction set is a new file. Concurrent builders each write a temp file and rename it into
+place.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import re
 import subprocess
 import tempfile
 from pathlib import Path
@@ -43,9 +45,17 @@ def open_cached(source: Path, flags: list[str], tag: str, libs: dict[str, ctypes
     return libs[tag]
 
 
+def _local_headers(source: Path) -> bytes:
+    """The bytes of the headers ``source`` includes from its own folder (``#include "x.h"``),
+    so an edited shared header is a new build too."""
+    names = re.findall(rb'^#include "([^"]+)"', source.read_bytes(), flags=re.MULTILINE)
+    return b"".join((source.parent / n.decode()).read_bytes() for n in names
+                    if (source.parent / n.decode()).is_file())
+
+
 def build_and_open(source: Path, flags: list[str], tag: str = "") -> ctypes.CDLL:
     """The shared library built from ``source`` with ``flags`` (``$CXX``, default ``c++``)."""
-    text = source.read_bytes()
+    text = source.read_bytes() + _local_headers(source)
     digest = hashlib.sha256(text + " ".join(flags).encode()).hexdigest()[:16]
     target = cache_dir() / f"{source.stem}{'-' + tag if tag else ''}-{digest}.so"
     if not target.is_file():

@@ -24,6 +24,8 @@
 #include <limits>
 #include <vector>
 
+#include "avx_math.h"
+
 namespace {
 
 #if defined(__AVX512F__)
@@ -89,21 +91,7 @@ inline VecF tail_neg_inf(VecF v, int n) {
   return _mm256_blendv_ps(bcast(-std::numeric_limits<float>::infinity()), v,
                           _mm256_castsi256_ps(lanes_below(n)));
 }
-inline VecF vexp(VecF x) {
-  x = _mm256_max_ps(x, bcast(-87.f));
-  const VecF k = _mm256_round_ps(mul(x, bcast(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  VecF r = fma(k, bcast(-0.693145752f), x);
-  r = fma(k, bcast(-1.42860677e-6f), r);
-  VecF p = bcast(1.f / 720);
-  p = fma(p, r, bcast(1.f / 120));
-  p = fma(p, r, bcast(1.f / 24));
-  p = fma(p, r, bcast(1.f / 6));
-  p = fma(p, r, bcast(0.5f));
-  p = fma(p, r, bcast(1.f));
-  p = fma(p, r, bcast(1.f));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-  return mul(p, _mm256_castsi256_ps(e));
-}
+inline VecF vexp(VecF x) { return gs::exp8(x); }
 #endif
 
 struct Dims {

@@ -19,6 +19,8 @@
 #include <cmath>
 #include <vector>
 
+#include "avx_math.h"
+
 extern "C" {
 typedef void (*GemmQ8_0)(const float*, int64_t, int64_t, const int8_t*, const float*, int64_t,
                          float*, int, int);
@@ -67,19 +69,6 @@ struct GsStep {
 }
 
 namespace {
-
-// exp(x) for 8 lanes, x <= 88: 2^k * p(r), |r| <= ln2 / 2, degree-6 polynomial.
-inline __m256 exp8(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
-  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fmadd_ps(k, _mm256_set1_ps(-0.693145752f), x);
-  r = _mm256_fmadd_ps(k, _mm256_set1_ps(-1.42860677e-6f), r);
-  __m256 p = _mm256_set1_ps(1.f / 720);
-  for (float c : {1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f}) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
 
 void linear(const GsStep& st, const GsLinear& w, const float* x, int64_t R, float* y) {
   if (w.q4) {
@@ -166,7 +155,7 @@ void silu_mul(const GsStep& st, const float* gu, float* act) {
     int64_t i = 0;
     for (; i + 8 <= I; i += 8) {
       const __m256 gv = _mm256_loadu_ps(g + i);
-      const __m256 den = _mm256_add_ps(_mm256_set1_ps(1.f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv)));
+      const __m256 den = _mm256_add_ps(_mm256_set1_ps(1.f), gs::exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv)));
       _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_div_ps(gv, den), _mm256_loadu_ps(g + I + i)));
     }
     for (; i < I; ++i) a[i] = g[i] / (1.f + std::exp(-g[i])) * g[I + i];

@@ -11,6 +11,8 @@
 #include <cmath>
 #include <limits>
 
+#include "avx_math.h"
+
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -20,22 +22,6 @@ inline __m256 lane_mask(uint32_t bits) {
   const __m256i sel = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
   const __m256i b = _mm256_and_si256(_mm256_set1_epi32(static_cast<int>(bits)), sel);
   return _mm256_castsi256_ps(_mm256_cmpeq_epi32(b, sel));
-}
-
-// exp(x) for x <= 0 (and -inf): 2^k * p(r), x = k ln2 + r, |r| <= ln2 / 2, degree-6 polynomial
-// (the same as decode_attn_cpu.cpp's).
-inline __m256 vexp(__m256 x) {
-  x = _mm256_max_ps(x, _mm256_set1_ps(-87.f));
-  const __m256 k = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fmadd_ps(k, _mm256_set1_ps(-0.693145752f), x);
-  r = _mm256_fmadd_ps(k, _mm256_set1_ps(-1.42860677e-6f), r);
-  static constexpr float kCoef[] = {1.f / 120, 1.f / 24, 1.f / 6, 0.5f, 1.f, 1.f};
-  __m256 p = _mm256_set1_ps(1.f / 720);
-  for (const float c : kCoef) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-  const __m256i e = _mm256_slli_epi32(
-      _mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
 inline float hmax(__m256 v) {
@@ -83,7 +69,7 @@ void greedy_row(const Row& row, int64_t* id, float* logprob) {
   for (int64_t i = body; i < V && first < 0; ++i)
     if (row.one(i) == mx) first = i;
   __m256 acc = _mm256_setzero_ps();
-  for (int64_t i = 0; i < body; i += 8) acc = _mm256_add_ps(acc, vexp(_mm256_sub_ps(row.at(i), target)));
+  for (int64_t i = 0; i < body; i += 8) acc = _mm256_add_ps(acc, gs::exp8(_mm256_sub_ps(row.at(i), target)));
   float sum = hsum(acc);
   for (int64_t i = body; i < V; ++i) sum += std::exp(row.one(i) - mx);
   *id = first, *logprob = -std::log(sum);
