@@ -4,7 +4,6 @@ through the in-process engine, with a progress bar; re-running the same command 
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 import time
@@ -86,14 +85,4 @@ def main(args: argparse.Namespace, config: EngineConfig) -> int:
     finally:
         if bar is not None:
             bar.close()
-    report = summary.as_dict()
-    if args.summary is not None:
-        args.summary.write_text(json.dumps(report) + "\n")
-    state = "interrupted (re-run the same command to resume)" if summary.interrupted else "done"
-    print(f"grammarserve batch: {state}: {summary.completed} completed, {summary.failed} "
-          f"failed, {summary.skipped} already done, of {summary.total_lines} lines in "
-          f"{summary.elapsed_s:.1f}s ({report['lines_per_s']} lines/s, "
-          f"{report['tokens_per_s']} tok/s, prefix-cache hit rate "
-          f"{report['prefix_cache_hit_rate']}); output {args.output}, errors {errors}",
-          file=sys.stderr)
-    return 130 if summary.interrupted else 0
+    return summary.report("grammarserve batch", args.output, errors, args.summary)

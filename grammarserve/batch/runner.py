@@ -8,6 +8,8 @@ are queued or running, enough to keep every batch row busy without loading the w
 
 from __future__ import annotations
 
+import json
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -62,6 +64,20 @@ class BatchSummary:
                 if self.elapsed_s else 0.0,
                 "prefix_cache_hit_rate": round(self.cache_hit_rate, 4),
                 "interrupted": self.interrupted}
+
+    def report(self, who: str, output: Path, errors: Path, summary: Path | None) -> int:
+        """End a CLI run: write :meth:`as_dict` to ``summary`` (if given), print one line on
+        stderr, return the exit code (130 when interrupted)."""
+        d = self.as_dict()
+        if summary is not None:
+            summary.write_text(json.dumps(d) + "\n")
+        state = "interrupted (re-run the same command to resume)" if self.interrupted else "done"
+        print(f"{who}: {state}: {self.completed} completed, {self.failed} failed, "
+              f"{self.skipped} already done, of {self.total_lines} lines in "
+              f"{self.elapsed_s:.1f}s ({d['lines_per_s']} lines/s, {d['tokens_per_s']} tok/s, "
+              f"prefix-cache hit rate {d['prefix_cache_hit_rate']}); output {output}, "
+              f"errors {errors}", file=sys.stderr)
+        return 130 if self.interrupted else 0
 
 
 @dataclass

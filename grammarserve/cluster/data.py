@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -257,12 +256,5 @@ def main(args: Any, config: EngineConfig) -> int:
             bar.close()
         if started:
             ray.shutdown()
-    report = summary.as_dict()
-    if args.summary is not None:
-        args.summary.write_text(json.dumps(report) + "\n")
-    state = "interrupted (re-run the same command to resume)" if summary.interrupted else "done"
-    print(f"grammarserve batch on Ray ({args.replicas} replicas): {state}: {summary.completed} "
-          f"completed, {summary.failed} failed, {summary.skipped} already done, of "
-          f"{summary.total_lines} lines in {summary.elapsed_s:.1f}s; output {args.output}, "
-          f"errors {errors}", file=sys.stderr)
-    return 130 if summary.interrupted else 0
+    return summary.report(f"grammarserve batch on Ray ({args.replicas} replicas)", args.output,
+                          errors, args.summary)
