@@ -228,10 +228,21 @@ inline VecI block_dot(const VecI* u, const VecI* w, const int8_t* xb, VecI init)
 }
 
 // VNNI: RT rows' products with one block (activations of row r at xb + r * stride), added to dot.
+#if defined(__AVX512VNNI__)
+// VPDPBUSD with its activation group read by an embedded broadcast ({1to16}): GCC otherwise emits
+// a separate VPBROADCASTD per product (128 a block at 8 rows, beside the 128 VPDPBUSD).
+inline VecI dpbusd_group(VecI acc, VecI u, const int8_t* p) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*reinterpret_cast<const int32_t*>(p)));
+  return acc;
+}
+#else
+inline VecI dpbusd_group(VecI acc, VecI u, const int8_t* p) { return dpbusd(acc, u, bcast_i(group4(p))); }
+#endif
+
 template <int RT>
 inline void rows_dot(const VecI* u, const int8_t* xb, int64_t stride, VecI* dot) {
   for (int g = 0; g < 8; ++g)
-    for (int r = 0; r < RT; ++r) dot[r] = dpbusd(dot[r], u[g], bcast_i(group4(xb + r * stride + 4 * g)));
+    for (int r = 0; r < RT; ++r) dot[r] = dpbusd_group(dot[r], u[g], xb + r * stride + 4 * g);
 }
 
 // Rows r0..r0+RT-1 against the kLanes weight rows of (tile, half). G = groups per block.
