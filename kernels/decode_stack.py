@@ -58,6 +58,15 @@ class StackLayer:
 
 
 @dataclass(frozen=True)
+class StackHead:
+    """The final RMSNorm's weight and the LM head (no bias), applied to the logit rows in the
+    same call as the layers."""
+
+    norm: torch.Tensor
+    lm_head: StackLinear
+
+
+@dataclass(frozen=True)
 class StackDims:
     hidden: int
     heads: int
@@ -92,6 +101,11 @@ class _Linear(ctypes.Structure):
                 ("q4", _i32), ("levels", _i32)]
 
 
+class _Head(ctypes.Structure):  # GsHead of decode_stack_cpu.cpp
+    _fields_ = [("norm", _ptr), ("lin", _Linear), ("rows", _ptr), ("n_rows", _i64),
+                ("logits", _ptr)]
+
+
 class _Layer(ctypes.Structure):
     _fields_ = [("norm1", _ptr), ("norm2", _ptr), ("qkv", _Linear), ("o", _Linear),
                 ("gate_up", _Linear), ("down", _Linear)]
@@ -117,27 +131,37 @@ class DecodeStack:
     """A model's decoder layers bound to the kernel (the weights' addresses are taken once; the
     tensors must stay alive and in place, which this object ensures by holding them)."""
 
-    def __init__(self, dims: StackDims, layers: list[StackLayer]) -> None:
+    def __init__(self, dims: StackDims, layers: list[StackLayer],
+                 head: StackHead | None = None) -> None:
         if dims.head_dim not in HEAD_DIMS or dims.heads % dims.kv_heads:
             raise ValueError(f"head_dim must be one of {HEAD_DIMS} and heads a multiple of kv heads")
         lib, isa = _open(), attention_isa()
         if lib is None or isa is None:
             raise RuntimeError(f"the decode stack kernel is unavailable: {_errors.get('avx2')}")
         self.dims, self.layers, self._lib = dims, layers, lib
+        if head is not None and head.lm_head.bias is not None:
+            raise ValueError("the LM head of the decode stack takes no bias")
+        self.head = head
         isas = {lin.packed.isa for layer in layers for lin in _linears(layer)}
+        if head is not None:
+            isas.add(head.lm_head.packed.isa)
         if len(isas) != 1:
             raise ValueError(f"every projection must be packed for one build, got {sorted(isas)}")
         self._cached_tables: tuple[tuple[object, ...], list[_Table]] | None = None
         self._seconds = (ctypes.c_double * len(PARTS))()
         self._gemms = gemm_addresses(isas.pop())
         self._attn = attention_address(isa)
+        self._head_linear = _linear(head.lm_head) if head is not None else None
         self._layers = (_Layer * len(layers))(*[_Layer(
             layer.norm1.data_ptr(), layer.norm2.data_ptr(),
             *[_linear(lin) for lin in _linears(layer)]) for layer in layers])
 
-    def run(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: StackKV) -> None:
+    def run(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: StackKV,
+            logit_rows: torch.Tensor | None = None) -> torch.Tensor | None:
         """Run every layer on the new tokens' hidden states ``h [T, hidden]`` (fp32, updated in
-        place) with rotary ``cos``/``sin [T, head_dim]``."""
+        place) with rotary ``cos``/``sin [T, head_dim]``. With ``logit_rows`` (int64 ``[L]``
+        rows of ``h``) and a :class:`StackHead`, returns their logits ``[L, vocab]`` (final
+        norm, LM head) from the same call; otherwise None."""
         d, n = self.dims, len(self.layers)
         qb, qpos = kv.qb.to(torch.int64).contiguous(), kv.qpos.to(torch.int64).contiguous()
         qlen = qpos + 1
@@ -153,9 +177,20 @@ class DecodeStack:
                      cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), qb.data_ptr(),
                      qpos.data_ptr(), qlen.data_ptr(), *[ctypes.addressof(t) for t in tables],
                      *self._gemms, self._attn, ctypes.addressof(self._seconds))
-        rc = self._lib.gs_decode_stack(ctypes.byref(step), self._layers, h.data_ptr())
+        logits: torch.Tensor | None = None
+        head: _Head | None = None
+        if logit_rows is not None and self.head is not None:
+            rows = logit_rows.to(torch.int64).contiguous()
+            logits = torch.empty(rows.numel(), self.head.lm_head.packed.n, dtype=torch.float32)
+            head = _Head(self.head.norm.data_ptr(), self._head_linear, rows.data_ptr(),
+                         rows.numel(), logits.data_ptr())
+        rc = self._lib.gs_decode_stack(ctypes.byref(step), self._layers, h.data_ptr(),
+                                       ctypes.byref(head) if head is not None else None)
+        if rc == -2:
+            raise ValueError(f"logit_rows must index the {h.shape[0]} rows of h")
         if rc:
             raise RuntimeError(f"decode stack kernel failed ({rc})")
+        return logits
 
     @property
     def seconds(self) -> dict[str, float]:
@@ -173,6 +208,13 @@ class DecodeStack:
         tables = [_addresses(t) for t in (kv.pool_k, kv.pool_v, kv.mirror_k, kv.mirror_v, kt, vs)]
         self._cached_tables = (kv.key, tables) if kv.key is not None else None
         return tables
+
+
+def decode_stack_head_ref(dims: StackDims, head: StackHead, h: torch.Tensor,
+                          rows: torch.Tensor) -> torch.Tensor:
+    """Reference for the logits :meth:`DecodeStack.run` returns: ``h`` is the new hidden state
+    (from :func:`decode_stack_ref`)."""
+    return _ref_linear(F.rms_norm(h[rows], (dims.hidden,), head.norm, dims.eps), head.lm_head)
 
 
 def decode_stack_ref(dims: StackDims, layers: list[StackLayer], h: torch.Tensor,
@@ -227,6 +269,6 @@ def _open() -> ctypes.CDLL | None:
         return _libs.get("avx2")
     lib = open_cached(_SOURCE, _COMMON, "avx2", _libs, _errors)
     if lib is not None:
-        lib.gs_decode_stack.argtypes = [_ptr, _ptr, _ptr]
+        lib.gs_decode_stack.argtypes = [_ptr, _ptr, _ptr, _ptr]
         lib.gs_decode_stack.restype = ctypes.c_int
     return lib

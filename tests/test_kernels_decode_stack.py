@@ -11,9 +11,11 @@ import torch
 from grammarserve_kernels.decode_stack import (
     DecodeStack,
     StackDims,
+    StackHead,
     StackKV,
     StackLayer,
     StackLinear,
+    decode_stack_head_ref,
     decode_stack_ref,
 )
 from grammarserve_kernels.quant import pack_gguf_blocks
@@ -92,11 +94,16 @@ def test_decode_stack_matches_reference(isa: str, case: tuple) -> None:
     kv = _kv(len(layers), qb, qpos, prefix)
     kv_ref = _clone(kv)
     want = decode_stack_ref(DIMS, layers, h.clone(), cos, sin, kv_ref)
+    head = StackHead(1 + 0.1 * torch.randn(DIMS.hidden, generator=gen),
+                     _linear(kind, 200, DIMS.hidden, 99, isa))
+    rows = torch.tensor([i for i in range(t) if i == t - 1 or qb[i] != qb[i + 1]])  # last of each
     got = h.clone()
-    DecodeStack(DIMS, layers).run(got, cos, sin, kv)
+    logits = DecodeStack(DIMS, layers, head).run(got, cos, sin, kv, rows)
     # int8 activations: a rounding flip of one quantized value moves a product by ~1e-4 of the
     # row's scale, so the bound is relative to the largest value
     _close(got, want)
+    assert logits is not None and logits.shape == (len(rows), 200)
+    _close(logits, decode_stack_head_ref(DIMS, head, want, rows))
     for name in ("pool_k", "pool_v", "mirror_k", "mirror_v"):
         for a, b in zip(getattr(kv, name), getattr(kv_ref, name)):
             _close(a, b)
@@ -111,3 +118,26 @@ def test_decode_stack_refuses_mixed_builds_and_odd_heads() -> None:
         DecodeStack(DIMS, layers)
     with pytest.raises(ValueError, match="head_dim"):
         DecodeStack(StackDims(128, 4, 2, 32, 96, 1e-5), layers[:1])
+
+
+def test_decode_stack_head_is_optional_and_checks_rows() -> None:
+    isa = supported_isas()[-1]
+    layers = _layers("Q8_0", isa, n=1)
+    gen = torch.Generator().manual_seed(5)
+    h = torch.randn(2, DIMS.hidden, generator=gen)
+    pos = torch.tensor([[3.0], [4.0]])
+    freqs = pos * (1.0 / 10000 ** (torch.arange(0, DIMS.head_dim, 2) / DIMS.head_dim))
+    cos, sin = torch.cat([freqs, freqs], -1).cos(), torch.cat([freqs, freqs], -1).sin()
+    kv = _kv(1, [0, 1], [3, 4], 0)
+    got = h.clone()
+    assert DecodeStack(DIMS, layers).run(got, cos, sin, kv, torch.tensor([0, 1])) is None
+    assert not torch.equal(got, h)  # the layers ran
+    head = StackHead(torch.ones(DIMS.hidden), _linear("Q8_0", 64, DIMS.hidden, 5, isa))
+    before = h.clone()
+    with pytest.raises(ValueError, match="logit_rows"):
+        DecodeStack(DIMS, layers, head).run(h, cos, sin, _kv(1, [0, 1], [3, 4], 0),
+                                            torch.tensor([0, 2]))
+    assert torch.equal(h, before)  # refused before any layer ran
+    with pytest.raises(ValueError, match="no bias"):
+        DecodeStack(DIMS, layers, StackHead(torch.ones(DIMS.hidden),
+                                            _linear("Q8_0", 64, DIMS.hidden, 5, isa, bias=True)))

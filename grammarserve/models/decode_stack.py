@@ -6,6 +6,7 @@ from __future__ import annotations
 from grammarserve_kernels.decode_stack import (
     DecodeStack,
     StackDims,
+    StackHead,
     StackLayer,
     StackLinear,
     stack_available,
@@ -16,7 +17,8 @@ from grammarserve.models.llama import DecoderLayer, LlamaModel
 
 
 def bind_decode_stack(model: LlamaModel) -> DecodeStack | None:
-    """The kernel bound to ``model``'s weights, or None where it cannot run them: a linear
+    """The kernel bound to ``model``'s weights (with the final norm and the LM head where the
+    head has int8-activation blocks), or None where it cannot run them: a linear
     without int8-activation blocks, q/k norms (Qwen3), a bias outside q/k/v, or no kernel here."""
     cfg = model.config
     if cfg.qk_norm or not stack_available():
@@ -37,8 +39,11 @@ def bind_decode_stack(model: LlamaModel) -> DecodeStack | None:
                                  qkv, o, gate_up, down))
     dims = StackDims(cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                      cfg.intermediate_size, cfg.rms_norm_eps)
+    head_linear = _bound(model.lm_head)
+    head = (StackHead(model.norm.weight.detach(), head_linear)
+            if head_linear is not None and head_linear.bias is None else None)
     try:
-        return DecodeStack(dims, layers)
+        return DecodeStack(dims, layers, head)
     except ValueError:  # a head size or grouping the kernel does not handle
         return None
 

@@ -120,7 +120,9 @@ class LlamaModel(nn.Module):
         kv = attn.stack_kv() if self.decode_stack is not None and h.dtype == torch.float32 \
             else None
         if kv is not None and self.decode_stack is not None:  # a decode step: one kernel call
-            self.decode_stack.run(h, cos, sin, kv)
+            logits = self.decode_stack.run(h, cos, sin, kv, batch.logit_rows)
+            if logits is not None:  # the final norm and the LM head ran in the same call
+                return logits
         else:
             for layer in self.layers:
                 h = layer(h, cos, sin, attn)
