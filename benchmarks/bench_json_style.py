@@ -25,6 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import extraction_workload as wl
 from bench_constrained import run
+from machine import cpu_name
 
 
 def main() -> None:
@@ -77,14 +78,7 @@ def main() -> None:
     if dump:
         dump.close()
     print(json.dumps({"bench": "json_style", "docs": args.docs, "max_tokens": args.max_tokens,
-                      "cpu": _cpu(), "results": results}))
-
-
-def _cpu() -> str:
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines()
-                 if ln.startswith("model name")), "unknown")
-    return name + (" (AVX-512)" if "avx512f" in info else " (AVX2)" if "avx2" in info else "")
+                      "cpu": cpu_name(), "results": results}))
 
 
 if __name__ == "__main__":

@@ -27,22 +27,15 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
-import platform
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import torch
+from machine import cpu_name
 
 HERE = Path(__file__).resolve().parent
-
-
-def _cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
 
 
 class _Peaks:
@@ -234,7 +227,7 @@ def main() -> None:
               kv_cache_tokens=tokens + 4096, decode_mirror_tokens=tokens)
     timers = _Timers()
     sh = _model_shapes(llm)
-    out: dict[str, Any] = {"bench": "roofline", "cpu": _cpu_name(), "isa": isa,
+    out: dict[str, Any] = {"bench": "roofline", "cpu": cpu_name(), "isa": isa,
                            "threads": args.threads, "context": args.context,
                            "activation_levels": sh["levels"], "steps": []}
     llm.generate([[5] * 32], SamplingParams(max_tokens=2, temperature=0))  # warm-up

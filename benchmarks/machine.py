@@ -1,0 +1,23 @@
+"""What machine a benchmark ran on, for its JSON line: every figure must say which CPU measured it
+(the CPU model varies between machines of this project's kind: AVX2 only, or AVX-512 with VNNI)."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+
+def cpu_name() -> str:
+    """``"<model name> (<N> cores, <widest vector ISA>)"`` from ``/proc/cpuinfo``."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.machine() or "unknown"
+    name = next((ln.split(":", 1)[1].strip() for ln in info.splitlines()
+                 if ln.startswith("model name")), platform.machine() or "unknown")
+    flags = set(next((ln.split(":", 1)[1].split() for ln in info.splitlines()
+                      if ln.startswith("flags")), []))
+    isa = ("AVX-512 VNNI" if {"avx512f", "avx512_vnni"} <= flags else
+           "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2")
+    return f"{name} ({os.cpu_count()} cores, {isa})"
