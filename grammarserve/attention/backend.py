@@ -161,6 +161,8 @@ class TorchSDPABackend(AttentionBackend):
         device = batch.input_ids.device
         starts, prefix, extend = batch.starts, batch.prefix_lens, batch.extend_lens
         lq = max(extend[i] for i in members)
+        if lq == 1 and rows is not None and mirrored:
+            return self._decode_group(batch, members, rows, base)
         s = max(prefix[i] + extend[i] for i in members)
         s_slots = self.mirror.capacity if mirrored and self.mirror is not None else s
         q_off = torch.arange(lq, device=device)
@@ -194,6 +196,19 @@ class TorchSDPABackend(AttentionBackend):
                     cap_mask &= k_cap[None, None, :] > q_pos[:, :, None] - self.sliding_window
         return _PaddedGroup(q_rows, kv_slots, mask, valid, q_rows.flatten()[valid],
                             m_b, m_pos, cap_mask, base=base)
+
+    @staticmethod
+    def _decode_group(batch: ForwardBatch, members: list[int], rows: list[int],
+                      base: int) -> _PaddedGroup:
+        """:meth:`_padded` of a :class:`RowMirror` group where every member brings one token
+        (a plain decode step): the same group from one small tensor instead of ~15 ops."""
+        device = batch.input_ids.device
+        t = torch.tensor([[batch.starts[i] for i in members],
+                          [batch.prefix_lens[i] - base for i in members], rows], device=device)
+        start_t, m_pos, m_b = t[0], t[1], t[2]
+        return _PaddedGroup(start_t[:, None], None, None,
+                            torch.arange(len(members), device=device), start_t, m_b, m_pos,
+                            None, base=base)
 
     def forward(
         self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor

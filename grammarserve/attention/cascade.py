@@ -50,7 +50,11 @@ class SharedPrefixKV:
         if p < MIN_SHARED:
             p = 0
         slots = rows[0, :p].clone() if p else None
-        if slots is None or self._slots is None or not torch.equal(slots, self._slots):
+        if slots is None:
+            if self._slots is not None:
+                self.invalidate()  # NOTE: not on every step without one: a new generation
+                # makes the decode stack rebuild its per-layer address tables
+        elif self._slots is None or not torch.equal(slots, self._slots):
             self.invalidate()  # another prefix (same length or not): gather it again
         self.length, self._slots = p, slots
         return p
