@@ -164,3 +164,16 @@ def test_tracker_open_values_siblings_and_truncate() -> None:
     assert item.path == ("tags", 1) and item.siblings == ((10, 13),)
     (arr,) = t.feed(b"]")
     assert arr.path == ("tags",) and arr.items == ((10, 13), (15, 18))
+
+
+@pytest.mark.parametrize("parts,prefix", [
+    ((), ()), (("a", 0, "b"), ()), (("a", 0, "b"), ("a", "0")), (("a", 0), ("a", 0)),
+    (("a", 0), ("a", "1")), (("a",), ("a", "0")), (("$defs", "x", "items"), ("$defs", "y")),
+])
+def test_text_prefixes_agree_with_starts_with(parts: tuple[Any, ...],
+                                              prefix: tuple[Any, ...]) -> None:
+    from grammarserve.fsm.check_paths import starts_with, text_prefixes
+
+    text = tuple(str(p) for p in prefix)
+    assert (text in text_prefixes(parts)) is starts_with(parts, prefix) is starts_with(
+        tuple(str(p) for p in parts), text)

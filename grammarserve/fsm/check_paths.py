@@ -83,8 +83,20 @@ def segments(parts: Parts) -> list[Parts]:
 
 
 def starts_with(parts: Parts, prefix: Parts) -> bool:
-    return len(parts) >= len(prefix) and all(
-        str(a) == str(b) for a, b in zip(parts, prefix))
+    """Whether ``prefix`` is a prefix of ``parts`` (steps compared as text: ``0`` == ``"0"``)."""
+    if len(parts) < len(prefix):
+        return False
+    for a, b in zip(parts, prefix):
+        if a != b and str(a) != str(b):
+            return False
+    return True
+
+
+def text_prefixes(parts: Parts) -> frozenset[tuple[str, ...]]:
+    """Every prefix of ``parts`` (the empty one included) with its steps as text: a path
+    whose steps are all text starts ``parts`` iff it is one of them (see :func:`starts_with`)."""
+    steps = tuple(str(p) for p in parts)
+    return frozenset(steps[:i] for i in range(len(steps) + 1))
 
 
 def node_at(root: Any, parts: Parts) -> Any:

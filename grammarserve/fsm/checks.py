@@ -36,6 +36,7 @@ from grammarserve.fsm.check_paths import (
     node_at,
     segments,
     starts_with,
+    text_prefixes,
     walk_to_location,
 )
 from grammarserve.fsm.json_schema import (
@@ -173,8 +174,11 @@ class CheckCollector:
         pointers = list(refs.items())
         if () not in refs:
             pointers.append(((), []))
+        # NOTE: the targets are text paths (``pointer_parts``), so a set lookup stands for
+        # ``starts_with(parts, target)`` (this loop runs for every referrer, recursively).
+        prefixes = text_prefixes(parts)
         for target, referrers in pointers:
-            if not starts_with(parts, target):
+            if target not in prefixes:
                 continue
             rest = segments(parts[len(target):])
             if any(s[0] not in _APPLIED for s in rest):

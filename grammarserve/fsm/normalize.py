@@ -24,7 +24,9 @@ equivalent schema:
   property both branches require — pydantic's discriminated unions —, a key one requires and
   the other forbids, numeric or length ranges that do not meet); other ``oneOf``s become the
   ``anyOf`` of their exclusive cases (``rewrite_oneof_cases.py``: branch i and not the others)
-  when every branch has an exact negation, else are left for the backend to refuse.
+  when every branch has an exact negation, else are left for the backend to refuse;
+- repeated ``allOf``/``anyOf`` members are dropped (``dedupe.py``: llguidance intersects them
+  as written).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import itertools
 import math
 from typing import Any
 
+from grammarserve.fsm.dedupe import dedupe_members
 from grammarserve.fsm.json_schema import iter_subschemas
 from grammarserve.fsm.rewrite_oneof import rewrite_oneof
 from grammarserve.fsm.rewrite_oneof_cases import rewrite_oneof_cases
@@ -78,7 +81,7 @@ def normalize(schema: dict[str, Any]) -> dict[str, Any]:
     _inline_cyclic_refs(schema, nodes)
     for sub, _ in nodes:
         _constants_in_any_key_order(sub)
-    return rewrite_oneof_cases(rewrite_oneof(schema))
+    return dedupe_members(rewrite_oneof_cases(rewrite_oneof(schema)))
 
 
 def _inline_false_refs(schema: dict[str, Any],
