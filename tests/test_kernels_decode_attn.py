@@ -28,6 +28,8 @@ CASES = [  # N queries, H heads, KV heads, head dim, shared P, rows B, mirror ca
     (1, 4, 4, 64, 1, 1, 1),  # one key of each kind, no grouping
     (6, 9, 3, 64, 0, 6, 130),  # own keys past a vector width, G not a multiple of the block
     (4, 16, 2, 128, 20, 4, 75),  # G = 8 query heads per KV head
+    (1, 9, 3, 64, 0, 1, 600),  # one row (a single stream), hundreds of its own keys
+    (3, 9, 3, 64, 200, 2, 400),  # long own keys merged with a shared prefix
 ]
 
 
@@ -54,6 +56,24 @@ def test_fused_decode_attention_matches_reference(isa: str, case: tuple[int, ...
         assert torch.equal(decode_attention(q, kt, vs, kmt, vm, qb, qlen, isa=isa), got)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_fused_decode_attention_of_a_query_does_not_depend_on_its_batch() -> None:
+    """Without a shared prefix, a query alone and among others (more tasks, another thread's
+    share) gives the same bits."""
+    isa = supported_isas()[-1][:6]
+    gen = torch.Generator().manual_seed(9)
+    n, h, kvh, d, b, s = 6, 9, 3, 64, 6, 528
+    q = torch.randn(n, h, d, generator=gen) * 3 / d ** 0.5
+    kt, vs = torch.empty(kvh, d, 0), torch.empty(kvh, 0, d)
+    kmt = tile_keys(torch.randn(b, kvh, s, d, generator=gen))
+    vm = torch.randn(b, kvh, s, d, generator=gen)
+    qb, qlen = torch.arange(n), torch.tensor([517, 3, 300, 128, 129, 400])
+    together = decode_attention(q, kt, vs, kmt, vm, qb, qlen, isa=isa)
+    for i in range(n):
+        alone = decode_attention(q[i:i + 1], kt, vs, kmt, vm, qb[i:i + 1], qlen[i:i + 1],
+                                 isa=isa)
+        assert torch.equal(alone[0], together[i])
 
 
 def test_fused_decode_attention_rejects_what_it_cannot_run() -> None:
