@@ -97,6 +97,7 @@ class CheckCollector:
         # NOTE: the documents of one take, by (subschema, its path): a subschema reached from
         # many locations (a $defs entry used in many places) is one document, built once.
         self._docs: dict[tuple[int, Parts], str | None] = {}
+        self._plain: dict[int, str | None] = {}  # subschema of the root -> plain document
 
     def take(self, parts: Parts, keyword: str) -> bool:
         """Turn ``keyword`` of the subschema at ``parts`` into checks and remove it from the
@@ -118,7 +119,7 @@ class CheckCollector:
         if anchors is None or len(self.checks) + len(anchors) > MAX_CHECKS:
             return False
         made = []
-        self._docs = {}
+        self._docs, self._plain = {}, {}
         for location, node_parts, exact in anchors:
             check = self._check(location, node_parts, exact and node_parts == parts, sub,
                                 keyword, json_path(target))
@@ -234,6 +235,17 @@ class CheckCollector:
     def _text(self, schema: Any, node_parts: Parts | None) -> str | None:
         """The JSON text of ``_document(schema, node_parts)`` (built once per take for a
         subschema of the root, ``node_parts`` given)."""
+        if node_parts:
+            # NOTE: a subschema of the root reached from many places (a $defs entry) has one
+            # plain document (it and the $defs entries it uses), whatever its path: built
+            # once per take; only a subschema whose $refs do not resolve there needs its path
+            if id(schema) not in self._plain:
+                doc = self._plain_document(schema)
+                self._plain[id(schema)] = None if doc is None else json.dumps(
+                    doc, separators=(",", ":"), ensure_ascii=False)
+            plain = self._plain[id(schema)]
+            if plain is not None:
+                return plain
         key = (id(schema), node_parts) if node_parts is not None else None
         if key is not None and key in self._docs:
             return self._docs[key]
@@ -253,19 +265,27 @@ class CheckCollector:
         if not node_parts and schema is self.root:
             doc = copy_json(self.root, depth=10_000)
             doc.pop("$schema", None)
+            if _resolves(doc):
+                return _without_annotations(doc)
         else:
-            doc = {"allOf": [copy_json(schema, depth=10_000)]}
-            for container, name in self._defs_used(schema) or ():
-                doc.setdefault(container, {})[name] = copy_json(self.root[container][name],
-                                                                 depth=10_000)
-        if _resolves(doc):
-            return _without_annotations(doc)
+            plain = self._plain_document(schema)
+            if plain is not None:
+                return plain
         if node_parts is None:
             return None
         whole = rebase_refs(self.root, "#/$defs/__root")
         whole.pop("$schema", None)
         whole.pop("$id", None)
         doc = {"$ref": "#/$defs/__root" + pointer(node_parts)[1:], "$defs": {"__root": whole}}
+        return _without_annotations(doc) if _resolves(doc) else None
+
+    def _plain_document(self, schema: Any) -> Any:
+        """``{"allOf": [schema]}`` with the root's ``$defs`` entries it uses, without
+        annotations; None if a ``$ref`` of it would not resolve there."""
+        doc: dict[str, Any] = {"allOf": [copy_json(schema, depth=10_000)]}
+        for container, name in self._defs_used(schema) or ():
+            doc.setdefault(container, {})[name] = copy_json(self.root[container][name],
+                                                             depth=10_000)
         return _without_annotations(doc) if _resolves(doc) else None
 
     def _defs_used(self, schema: Any) -> list[tuple[str, str]] | None:

@@ -50,10 +50,14 @@ def take_early(schema: dict[str, Any], collector: CheckCollector, *, lean: bool 
     """Offer ``unevaluated*``, then the ``oneOf``s without an exact rewrite, to ``collector``
     (in place; in one of its batches). ``lean``: no ``oneOf`` becomes cases (each case
     repeats the other branches negated); they are offered as they are."""
+    has_oneof = False
     for sub, parts in list(iter_subschemas(schema)):
+        has_oneof = has_oneof or "oneOf" in sub
         for key in ("unevaluatedProperties", "unevaluatedItems"):
             if key in sub:
                 collector.take(parts, key)
+    if not has_oneof:
+        return  # NOTE: the takes above only remove keywords: no oneOf appeared
     negator: Negator | None = None
     exact: set[int] = set()
     for _ in range(_ROUNDS):

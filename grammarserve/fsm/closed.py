@@ -43,8 +43,9 @@ _LONG_NUMBER = re.compile(rf"\d{{{MAX_DIGITS + 1},}}")
 
 def close_schema(schema: dict[str, Any]) -> dict[str, Any]:
     """Apply the rewrites above to ``schema`` in place (a private copy) and return it."""
-    shared = _shared_members(schema)
-    for sub, path in list(iter_subschemas(schema)):
+    nodes = list(iter_subschemas(schema))  # NOTE: the rewrites below add no subschema
+    shared = _shared_members(schema, nodes)
+    for sub, path in nodes:
         if (id(sub) in shared or any(k in sub for k in _COMPOSED)
                 or any(p in _CONDITIONS for p in path)):
             continue
@@ -95,13 +96,14 @@ def _bound_integer(sub: dict[str, Any]) -> None:
         sub["maximum"] = MAX_SAFE_INTEGER
 
 
-def _shared_members(schema: dict[str, Any]) -> set[int]:
+def _shared_members(schema: dict[str, Any],
+                    nodes: list[tuple[dict[str, Any], tuple[str | int, ...]]]) -> set[int]:
     """ids of the combinator members whose keys another schema may add (with the subschemas
     their ``$ref`` chains reach): every ``allOf`` member, the ``anyOf``/``oneOf`` members of
     a subschema that has constraints of its own beside them, and the branches of shared
     members."""
     out: set[int] = set()
-    for sub, _ in iter_subschemas(schema):
+    for sub, _ in nodes:
         members = list(sub.get("allOf", [])) if isinstance(sub.get("allOf"), list) else []
         if set(sub) - _BARE:
             for key in ("anyOf", "oneOf"):

@@ -53,6 +53,11 @@ _WALK = tuple((k, 0) for k in _ONE) + tuple((k, 1) for k in _MAP) + tuple((k, 2)
 _WALK_KEYS = frozenset(k for k, _ in _WALK)
 
 
+#: Each walked keyword's shape, and its place in the walk order.
+_SHAPE = dict(_WALK)
+_ORDER = {k: i for i, (k, _) in enumerate(_WALK)}
+
+
 def iter_subschemas(schema: Any, path: tuple[str | int, ...] = ()
                     ) -> Iterator[tuple[dict[str, Any], tuple[str | int, ...]]]:
     """Yield every object subschema with its path (depth-first, schema positions only, so
@@ -60,32 +65,38 @@ def iter_subschemas(schema: Any, path: tuple[str | int, ...] = ()
 
     NOTE: one explicit stack, not nested generators (a ``yield from`` chain costs every item
     one step per level above it), and nodes without schema keywords are skipped with one set
-    test: the front end walks each schema many times. A node's children are read after the
-    node is yielded, so a caller may still rewrite them first."""
+    test: the front end walks each schema many times. A node's children (its schema keywords
+    in ``_WALK`` order, each one's members in order) are pushed in reverse, so they come off
+    the stack in order; they are read after the node is yielded, so a caller may still
+    rewrite them first."""
     if not isinstance(schema, dict):
         return
     stack: list[tuple[dict[str, Any], tuple[str | int, ...]]] = [(schema, path)]
+    push, pop = stack.append, stack.pop
     while stack:
-        node, where = stack.pop()
+        node, where = pop()
         yield node, where
         if _WALK_KEYS.isdisjoint(node):
             continue
-        children: list[tuple[dict[str, Any], tuple[str | int, ...]]] = []
-        for key, shape in _WALK:
-            if key not in node:
-                continue
+        keys = [k for k in node if k in _SHAPE]
+        if len(keys) > 1:
+            keys.sort(key=_ORDER.__getitem__, reverse=True)
+        for key in keys:
             value = node[key]
+            shape = _SHAPE[key]
             if shape == 0:
                 if isinstance(value, dict):
-                    children.append((value, where + (key,)))
+                    push((value, where + (key,)))
             elif shape == 1:
                 if isinstance(value, dict):
-                    children.extend((sub, where + (key, name)) for name, sub in value.items()
-                                    if isinstance(sub, dict))
+                    for name, sub in reversed(value.items()):
+                        if isinstance(sub, dict):
+                            push((sub, where + (key, name)))
             elif isinstance(value, list):
-                children.extend((sub, where + (key, i)) for i, sub in enumerate(value)
-                                if isinstance(sub, dict))
-        stack.extend(reversed(children))
+                for i in range(len(value) - 1, -1, -1):
+                    sub = value[i]
+                    if isinstance(sub, dict):
+                        push((sub, where + (key, i)))
 
 
 def parse_schema(schema: dict[str, Any] | str | bool) -> dict[str, Any] | bool:

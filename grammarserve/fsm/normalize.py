@@ -78,10 +78,14 @@ def normalize(schema: dict[str, Any]) -> dict[str, Any]:
         if "format" in sub and sub["format"] not in KNOWN_FORMATS:
             del sub["format"]
     _inline_false_refs(schema, nodes)
-    _inline_cyclic_refs(schema, nodes)
+    copied = _inline_cyclic_refs(schema, nodes)
     for sub, _ in nodes:
         _constants_in_any_key_order(sub)
-    return dedupe_members(rewrite_oneof_cases(rewrite_oneof(schema)))
+    # NOTE: the oneOf rewrites walk the schema twice; without a oneOf (the copies made above
+    # may hold one) they have nothing to do
+    if copied or any("oneOf" in sub for sub, _ in nodes):
+        schema = rewrite_oneof_cases(rewrite_oneof(schema))
+    return dedupe_members(schema)
 
 
 def _inline_false_refs(schema: dict[str, Any],
@@ -160,10 +164,11 @@ _INERT = frozenset({"$ref", "$defs", "definitions", "$schema", "$id", "$comment"
 
 
 def _inline_cyclic_refs(schema: dict[str, Any],
-                        nodes: list[tuple[dict[str, Any], tuple[str | int, ...]]]) -> None:
+                        nodes: list[tuple[dict[str, Any], tuple[str | int, ...]]]) -> bool:
     """``{..., "$ref": X}`` -> ``{..., "allOf": [..., copy of X]}`` where X reaches itself
     through references and the subschema has other assertions (in place; one level: a copy
-    whose own root holds a ``$ref`` is not inlined)."""
+    whose own root holds a ``$ref`` is not inlined). Returns whether it copied anything."""
+    changed = False
     from grammarserve.fsm.json_schema import copy_json, resolve_pointer
     from grammarserve.fsm.localrefs import iter_refs
 
@@ -215,12 +220,15 @@ def _inline_cyclic_refs(schema: dict[str, Any],
                     copied = inlined(member["$ref"])
                     if copied is not None:
                         members[i] = copied
+                        changed = True
         if set(sub) <= _INERT:
             continue
         copied = inlined(sub.get("$ref"))
         if copied is not None:
             del sub["$ref"]
             sub["allOf"] = [*sub.get("allOf", []), copied]
+            changed = True
+    return changed
 
 
 def _referenced_keys(schema: dict[str, Any]) -> set[tuple[Any, str]]:
