@@ -3,7 +3,8 @@
 
 Per layer: RMSNorm, the fused QKV projection, rotary embedding, the new K/V written to the pool
 and to the decode mirror, decode attention (shared prefix plus each row's own keys), the output
-projection, RMSNorm, gate/up, SiLU-and-multiply, down, and both residual adds. The matmuls are the
+projection, RMSNorm, gate/up, SiLU-and-multiply, down, and both residual adds; then, with a
+:class:`StackHead`, the final RMSNorm and the LM head of the logit rows. The matmuls are the
 int8-activation kernels of :mod:`grammarserve_kernels.quant_q8` and the attention is
 :mod:`grammarserve_kernels.decode_attn`, called from C++ through their addresses, so each keeps
 its own per-instruction-set build; this glue is built once (AVX2).
