@@ -2,9 +2,9 @@
 1, 8, 32 and 64 rows (and a prefill chunk) comes to them, per component.
 
 Decode steps run all layers in one C++ call (``kernels/decode_stack_cpu.cpp``), which times its
-own parts (``DecodeStack.seconds``): the matmul and attention times of a step are those, plus the
-LM head timed from Python; ``rest`` is the step minus both (norms, rotary, K/V writes, sampling,
-the engine's Python).
+own parts (``DecodeStack.seconds``, the LM head included): the matmul and attention times of a
+step are those (plus any matmul timed from Python, on paths without the kernel); ``rest`` is the
+step minus both (norms, rotary, K/V writes, sampling, the engine's Python).
 
 Peaks, measured here (``_Peaks``: the best of measurements at the start and around each row
 count, since the shared host's speed moves): fp32 FMA GFLOP/s and int8 multiply-add GOP/s per
@@ -15,7 +15,8 @@ and each component's roofline estimate: max(bytes it must read / GB/s, operation
 the bytes and operations counted from the shapes (matmuls: the packed weights and
 2 * N * K * rows products per int8 level; attention: each row's K/V in fp32 and
 4 * context * heads * head_dim FLOPs per row and layer, at the window's mean context).
-``ratio`` = measured / estimate.
+``ratio`` = measured / estimate; ``tok_s_at_roofline`` = rows / (matmul + attention estimates),
+the most a step of that many rows could give.
 
     .venv/bin/python benchmarks/bench_roofline.py [--threads 2] [--context 512] [--rows 1,8,32,64]
 
@@ -248,6 +249,9 @@ def main() -> None:
                          "ratio": round(meas[part] / max(est[part], 1e-9), 2)}
         row["rest_ms"] = round(meas["rest"] * 1e3, 2)
         row["step_vs_roofline"] = round(meas["step"] / (est["matmul"] + est["attention"]), 2)
+        # NOTE: past a few rows the matmuls are compute-bound, so this is flat in the rows: no
+        # batch size can give more tokens/s than it, whatever the smaller ones give
+        row["tok_s_at_roofline"] = round(rows / (est["matmul"] + est["attention"]), 1)
         out["steps"].append(row)
     ids = torch.randint(100, 40000, (args.prefill,)).tolist()
     timers.acc.clear()
