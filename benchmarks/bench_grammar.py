@@ -34,6 +34,9 @@ from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_name  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SUITE = REPO / "tests" / "data" / "json-schema-test-suite" / "draft2020-12"
 #: Issue 16 item 3, for cold and steady state alike.
@@ -121,16 +124,6 @@ def _engines(tok: Any) -> dict[str, Callable[[Any], Any]]:
     return {"grammarserve_cold": grammarserve_cold, "grammarserve_steady": grammarserve_steady,
             "xgrammar": raw_xgrammar,
             "llguidance": raw_llguidance}
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
-    except OSError:
-        pass
-    return "unknown"
 
 
 class _Tally:
@@ -245,7 +238,7 @@ def main() -> None:
     stop = int(tok.eos_token_id)
     bitmask = torch.zeros((1, (len(tok) + 31) // 32), dtype=torch.int32)
     encoded: dict[str, list[int]] = {}  # text -> token ids, shared by all engines
-    result: dict[str, Any] = {"cpu": _cpu(), "targets": TARGETS, "corpora": {}}
+    result: dict[str, Any] = {"cpu": cpu_name(), "targets": TARGETS, "corpora": {}}
     totals: dict[str, _Tally] = {}
     for corpus, cases in corpora.items():
         block: dict[str, Any] = {"schemas": len(cases), "engines": {}}

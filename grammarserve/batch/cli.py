@@ -49,6 +49,7 @@ def main(args: argparse.Namespace, config: EngineConfig) -> int:
 
     from grammarserve.batch.runner import BatchRunner, BatchSummary
     from grammarserve.engine.engine import Engine
+    from grammarserve.engine.heap import freeze_startup_heap
     from grammarserve.errors import InvalidRequestError
     from grammarserve.openai.context import ModelContext, model_name
 
@@ -58,6 +59,7 @@ def main(args: argparse.Namespace, config: EngineConfig) -> int:
     signal.signal(signal.SIGTERM, _raise_interrupt)  # a plain kill ends like Ctrl-C
     t0 = time.perf_counter()
     engine = Engine(config)
+    freeze_startup_heap()
     ctx = ModelContext.create(engine.tokenizer, engine.grammar.compiler,
                               max_model_len=engine.max_model_len, max_n=args.max_n,
                               model_name=model_name(config, str(engine.loaded.folder)),

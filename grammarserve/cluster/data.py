@@ -82,9 +82,11 @@ class BatchActor:
 
     def __init__(self, config: EngineConfig, max_n: int) -> None:
         from grammarserve.engine.engine import Engine
+        from grammarserve.engine.heap import freeze_startup_heap
         from grammarserve.openai.context import ModelContext, model_name
 
         self.engine = Engine(config)
+        freeze_startup_heap()  # NOTE: the actor's process exists for this engine
         ctx = ModelContext.create(self.engine.tokenizer, self.engine.grammar.compiler,
                                   max_model_len=self.engine.max_model_len, max_n=max_n,
                                   model_name=model_name(config, str(self.engine.loaded.folder)),

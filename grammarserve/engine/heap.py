@@ -1,4 +1,13 @@
-"""Give the engine's freed heap memory back to the OS now and then.
+"""Keep the engine process's heap from stalling or growing: freeze what start-up built out of
+the garbage collector's reach, and give freed heap memory back to the OS now and then.
+
+After the engine is built (torch, transformers and the tokenizer: ~360,000 tracked objects), a
+full collection of CPython's oldest generation takes ~160 ms (AMD EPYC, the embedded model),
+a stall of every request in the batch whenever it runs; :func:`freeze_startup_heap` moves those
+objects to the permanent generation (``gc.freeze``), after which a full collection takes ~0 ms.
+vLLM does the same after its warm-up (``freeze_gc_heap``), SGLang offers it (``freeze_gc``).
+It is for processes that exist to run an engine (the server's engine process, ``grammarserve
+batch``, a Ray batch actor), not for the library API, which lives in the caller's process.
 
 Requests, grammar matchers and their masks allocate and free many small native and Python
 objects; glibc keeps freed chunks in its arenas, so the engine's resident memory only grows under
@@ -11,8 +20,17 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import time
 from collections.abc import Callable
+
+
+def freeze_startup_heap() -> int:
+    """Collect once, then exclude every object alive now from future collections; returns how
+    many objects were frozen. Call it once, when the engine is built and before traffic."""
+    gc.collect()
+    gc.freeze()
+    return gc.get_freeze_count()
 
 
 class HeapTrimmer:

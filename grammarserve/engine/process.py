@@ -336,7 +336,7 @@ class EngineProcess:
 def _engine_main(config: EngineConfig, conn: Connection) -> None:
     """Child process body: build the engine, then serve messages and step while there is work."""
     from grammarserve.engine.engine import Engine
-    from grammarserve.engine.heap import HeapTrimmer
+    from grammarserve.engine.heap import HeapTrimmer, freeze_startup_heap
     from grammarserve.engine.memory import process_rss_bytes
 
     try:
@@ -345,13 +345,14 @@ def _engine_main(config: EngineConfig, conn: Connection) -> None:
         conn.send(StartupFailed(f"{type(e).__name__}: {e}" if not isinstance(
             e, GrammarserveError) else str(e)))
         return
+    frozen = freeze_startup_heap()
     conn.send(Ready({"kv_capacity": engine.runner.pool.capacity,
                      "kv_bytes_per_token": engine.kv_bytes_per_token,
                      "rss_bytes": process_rss_bytes(), "model": config.model,
                      "model_folder": str(engine.loaded.folder),
                      "vocab_size": engine.loaded.config.vocab_size,
                      "stop_token_ids": sorted(engine.eos_ids),
-                     "max_model_len": engine.max_model_len}))
+                     "max_model_len": engine.max_model_len, "gc_frozen_objects": frozen}))
     heap = HeapTrimmer()
     while True:
         heap.maybe_trim()
