@@ -180,10 +180,9 @@ void add_into(float* h, const float* x, int64_t n) {
 extern "C" {
 
 // Returns 0, -2 (a logit row outside h: nothing is computed), or the attention kernel's error
-// (-1: a head size it does not handle). With `head`,
-// also the logits of head->rows (final norm, LM head), without a return to Python in between:
-// after the layers have streamed ~100 MB through the caches, each torch op there paid cache
-// misses (the final norm ~0.13 ms at 8 rows).
+// (-1: a head size it does not handle). With `head`, also the logits of head->rows (final norm,
+// LM head) without a return to Python in between: after the layers have streamed ~100 MB
+// through the caches, each torch op there paid cache misses.
 int gs_decode_stack(const GsStep* step, const GsLayer* layers, float* h, const GsHead* head) {
   const GsStep& st = *step;
   const int64_t T = st.tokens, E = st.hidden, HD = st.heads * st.head_dim;
