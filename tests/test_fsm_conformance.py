@@ -300,3 +300,23 @@ def test_auto_upgrades_exact_schemas_to_xgrammar(compilers: dict[str, GrammarCom
     assert not walk(grammar.matcher(), ids, 2, bitmask)[0]
     ids = tokenizer.encode('{"city": "Oslo", "days": 3}', add_special_tokens=False)
     assert walk(grammar.matcher(), ids, 2, bitmask)[0]
+
+
+def test_auto_keeps_llguidance_where_xgrammar_masks_are_slow(
+        compilers: dict[str, GrammarCompiler]) -> None:
+    from grammarserve.fsm.backends.xgrammar_subset import slow_masks_at
+
+    open_object = {"type": "object", "properties": {"name": {"type": "string"}},
+                   "additionalProperties": True}
+    assert slow_masks_at(open_object) == "$"
+    assert slow_masks_at({"type": "object", "properties": {"a": {"type": "object", "properties":
+                          {"b": {"type": "string"}}}}, "additionalProperties": False}) \
+        == "$.properties.a"
+    assert slow_masks_at({"type": "object", "additionalProperties": {"type": "string"}}) is None
+    assert slow_masks_at({**open_object, "additionalProperties": False}) is None
+    grammar = compilers["auto"].compile_json_schema(open_object)  # in xgrammar's exact subset
+    grammar.matcher()
+    grammar.matcher()  # reuse would start the upgrade
+    future = grammar.request_upgrade()
+    assert future is None or not future.result()
+    assert grammar.backend == "llguidance"

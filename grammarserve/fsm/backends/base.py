@@ -42,3 +42,8 @@ class GrammarBackend(ABC):
     def accepts(self, spec: GrammarSpec) -> bool:
         """Cheap pre-check: False if :meth:`compile` would certainly refuse ``spec``."""
         return True
+
+    def upgrade_pays(self, spec: GrammarSpec) -> bool:
+        """Whether this backend's masks for ``spec`` are expected to be faster than the first
+        backend's, so that ``auto`` upgrading to it pays (see ``policy.py``)."""
+        return True

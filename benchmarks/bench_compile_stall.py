@@ -1,0 +1,89 @@
+"""What new schemas cost the requests already decoding: the engine loop's iteration time (admit
+new requests, then one step) while unconstrained rows decode, quiet and with one constrained
+request of a not-yet-compiled schema arriving per iteration, side by side in one run.
+
+The front end runs on the loop's thread (``add_request``) and the backend compiles on worker
+threads, but both share two cores with the decode, and the GIL: llguidance holds it while it
+builds a grammar, so the loop cannot finish a step meanwhile. The schemas are those of ``schemas/realworld/`` (each compiled once, so every one is cold), in
+file order; the constrained requests have a 2-token prompt and ``max_tokens=1``, so their own
+prefill is negligible. Prints one JSON line::
+
+    .venv/bin/python benchmarks/bench_compile_stall.py [--rows 8] [--context 256] [--limit 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_name  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _pcts(ms: list[float]) -> dict[str, float]:
+    s = sorted(ms)
+    return {"p50_ms": round(s[len(s) // 2], 1), "p90_ms": round(s[int(0.9 * len(s))], 1),
+            "p99_ms": round(s[int(0.99 * len(s))], 1), "max_ms": round(s[-1], 1),
+            "iterations": len(s)}
+
+
+def _iterations(eng: Any, schemas: list[Any], count: int, tag: str) -> list[float]:
+    """Time ``count`` loop iterations; before each, add the next schema's request (if any)."""
+    from grammarserve import SamplingParams
+    from grammarserve.constraints import Constraint
+
+    times = []
+    for i in range(count):
+        start = time.perf_counter()
+        if i < len(schemas):
+            params = SamplingParams(max_tokens=1, temperature=0,
+                                    constraint=Constraint.json_schema(schemas[i]))
+            eng.add_request(f"{tag}-c{i}", [28, 29], params)
+        eng.step()
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rows", type=int, default=8)
+    ap.add_argument("--context", type=int, default=256)
+    ap.add_argument("--limit", type=int, default=0, help="schemas to send (0 = all)")
+    args = ap.parse_args()
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from grammarserve import LLM, SamplingParams
+    from grammarserve.fsm.conformance import load_corpus
+
+    schemas = [c.schema for c in load_corpus(REPO / "schemas" / "realworld")]
+    schemas = schemas[:args.limit] if args.limit else schemas
+    count = len(schemas)
+    llm = LLM("default", device="cpu", max_num_reqs=args.rows + 4, enable_prefix_cache=False)
+    eng = llm.engine
+    gen = torch.Generator().manual_seed(0)
+    for i in range(args.rows):
+        ids = torch.randint(100, 40000, (args.context,), generator=gen).tolist()
+        eng.add_request(f"row-{i}", ids, SamplingParams(max_tokens=4 * count + 64,
+                                                        temperature=0, ignore_eos=True))
+    while eng.scheduler.waiting or any(r.num_computed < len(r.prompt_ids)
+                                       for r in eng.scheduler.running):
+        eng.step()
+    out: dict[str, Any] = {"bench": "compile_stall", "cpu": cpu_name(), "rows": args.rows,
+                           "context": args.context, "schemas": count}
+    # NOTE: quiet, with compiles, quiet again: the host's drift shows in the two quiet runs
+    out["quiet"] = _pcts(_iterations(eng, [], count, "q1"))
+    out["with_compiles"] = _pcts(_iterations(eng, schemas, count, "c"))
+    out["quiet_after"] = _pcts(_iterations(eng, [], count, "q2"))
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
