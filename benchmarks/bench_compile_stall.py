@@ -3,8 +3,9 @@ new requests, then one step) while unconstrained rows decode, quiet and with one
 request of a not-yet-compiled schema arriving per iteration, side by side in one run.
 
 The front end runs on the loop's thread (``add_request``) and the backend compiles on worker
-threads, but both share two cores with the decode, and the GIL: llguidance holds it while it
-builds a grammar, so the loop cannot finish a step meanwhile. The schemas are those of ``schemas/realworld/`` (each compiled once, so every one is cold), in
+threads, which share the cores with the decode (a step runs on one thread fewer while a
+compile is in flight, see ``Engine.step``) and the GIL for their Python parts. The engine is
+warmed up and its heap frozen first, as the engine process does. The schemas are those of ``schemas/realworld/`` (each compiled once, so every one is cold), in
 file order; the constrained requests have a 2-token prompt and ``max_tokens=1``, so their own
 prefill is negligible. Prints one JSON line::
 
@@ -61,6 +62,7 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from grammarserve import LLM, SamplingParams
+    from grammarserve.engine.heap import freeze_startup_heap
     from grammarserve.fsm.conformance import load_corpus
 
     schemas = [c.schema for c in load_corpus(REPO / "schemas" / "realworld")]
@@ -68,6 +70,8 @@ def main() -> None:
     count = len(schemas)
     llm = LLM("default", device="cpu", max_num_reqs=args.rows + 4, enable_prefix_cache=False)
     eng = llm.engine
+    eng.warm_up()  # NOTE: as the engine process does before serving (then freezes its heap)
+    freeze_startup_heap()
     gen = torch.Generator().manual_seed(0)
     for i in range(args.rows):
         ids = torch.randint(100, 40000, (args.context,), generator=gen).tolist()

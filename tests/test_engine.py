@@ -120,3 +120,11 @@ def test_generate_with_one_bad_prompt_leaves_nothing_queued(llm: LLM) -> None:
         llm.generate(["Hello there", []], GREEDY)
     assert not llm.engine.has_unfinished()
     assert llm.generate("Hello there", SamplingParams(max_tokens=3, temperature=0))[0].finished
+
+
+def test_warm_up_builds_the_grammar_backends_before_serving(smollm) -> None:  # type: ignore[no-untyped-def]
+    engine = Engine(EngineConfig(model="default", device="cpu"), loaded=smollm)
+    policy = engine.grammar.compiler.policy
+    assert not policy._backends  # built on first use otherwise
+    engine.warm_up()
+    assert set(policy._backends) == {"llguidance", "xgrammar"}

@@ -113,3 +113,23 @@ def test_step_sets_torch_threads_only_when_enabled() -> None:
             assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_reserved_core_caps_the_step_without_trials_or_averages() -> None:
+    before = torch.get_num_threads()
+    try:
+        m = Machine()
+        t = ThreadTuner(max_threads=4, clock=m.clock, first_trial_s=0.0)
+        for _ in range(3):  # an average for the shape, and a trial due
+            with t.step(8, 8):
+                assert torch.get_num_threads() == 4
+        for _ in range(5):  # a grammar compiling: one core for it, no trial, no average
+            with t.step(8, 8, reserve=1):
+                assert torch.get_num_threads() == 3
+        assert t.trials == 0
+        with t.step(8, 8, reserve=8):
+            assert torch.get_num_threads() == 1  # at least one thread
+        with t.step(8, 8):  # the trial that was due runs once the core is free again
+            assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -59,6 +59,7 @@ def main(args: argparse.Namespace, config: EngineConfig) -> int:
     signal.signal(signal.SIGTERM, _raise_interrupt)  # a plain kill ends like Ctrl-C
     t0 = time.perf_counter()
     engine = Engine(config)
+    engine.warm_up()
     freeze_startup_heap()
     ctx = ModelContext.create(engine.tokenizer, engine.grammar.compiler,
                               max_model_len=engine.max_model_len, max_n=args.max_n,

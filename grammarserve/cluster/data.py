@@ -86,6 +86,7 @@ class BatchActor:
         from grammarserve.openai.context import ModelContext, model_name
 
         self.engine = Engine(config)
+        self.engine.warm_up()
         freeze_startup_heap()  # NOTE: the actor's process exists for this engine
         ctx = ModelContext.create(self.engine.tokenizer, self.engine.grammar.compiler,
                                   max_model_len=self.engine.max_model_len, max_n=max_n,

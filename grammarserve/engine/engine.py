@@ -176,6 +176,12 @@ class Engine:
             self.scheduler.finish(req)
             self._done_early.append(req)
 
+    def warm_up(self) -> None:
+        """Build what the first constrained request would otherwise build (the grammar
+        backends' tokenizer tables, ~1 s, much of it holding the GIL, so every running request
+        would wait). Call it before serving."""
+        self.grammar.compiler.warmup()
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work() or bool(self._done_early or self._compiling)
 
@@ -192,7 +198,10 @@ class Engine:
         reqs = [w.req for w in work if w.num_tokens == w.req.num_pending]  # will sample
         masks = self.grammar.fill_async(reqs)  # NOTE: overlaps the forward below
         tokens = sum(w.num_tokens for w in work)
-        with self.threads.step(len(work), tokens), self.sizer.step(len(work), tokens):
+        # NOTE: a grammar compiling on our threads takes a core; a forward split over all cores
+        # would then wait at each of its barriers for a descheduled thread.
+        busy = 1 if self.grammar.compiling(self._compiling) else 0
+        with self.threads.step(len(work), tokens, busy), self.sizer.step(len(work), tokens):
             logits = self.runner.forward([self._entry(w) for w in work])
             self._counters["forward_passes"] += 1
             for w in work:

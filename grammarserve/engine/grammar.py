@@ -56,6 +56,11 @@ class GrammarRunner:
         req.grammar_future = self.compiler.compile_async(kind, *args, **kwargs)
         self.counters.constrained_requests += 1
 
+    @staticmethod
+    def compiling(reqs: list[Req]) -> bool:
+        """Whether a compile of one of ``reqs`` is still running."""
+        return any(r.grammar_future is not None and not r.grammar_future.done() for r in reqs)
+
     def finish_compile(self, req: Req) -> bool:
         """If ``req``'s compile is done, give it a matcher (True) or an error (True, with
         ``req.error`` set); False while still compiling."""

@@ -345,6 +345,7 @@ def _engine_main(config: EngineConfig, conn: Connection) -> None:
         conn.send(StartupFailed(f"{type(e).__name__}: {e}" if not isinstance(
             e, GrammarserveError) else str(e)))
         return
+    engine.warm_up()
     frozen = freeze_startup_heap()
     conn.send(Ready({"kv_capacity": engine.runner.pool.capacity,
                      "kv_bytes_per_token": engine.kv_bytes_per_token,

@@ -109,15 +109,19 @@ class ThreadTuner:
         self._avg[shape] = (avg + self.alpha * (seconds - avg) if n >= 2 else seconds, n + 1)
 
     @contextmanager
-    def step(self, rows: int, tokens: int) -> Iterator[None]:
+    def step(self, rows: int, tokens: int, reserve: int = 0) -> Iterator[None]:
         """Run the body (one forward and its sampling) on the chosen number of torch threads (the
-        C++ kernels read ``torch.get_num_threads()``) and record its time. Disabled: the
-        thread count is left as it is."""
+        C++ kernels read ``torch.get_num_threads()``) and record its time. ``reserve`` cores
+        are busy with our own work meanwhile (a grammar compile): the step then runs on at
+        most ``max_threads - reserve`` threads (at least one), starts no trial, and its time
+        is not averaged unless that is the current choice. Disabled: the thread count is
+        left as it is."""
         if not self.enabled:
             yield
             return
         shape = step_shape(rows, tokens)
-        threads = self.choose(shape)
+        threads = (self.choose(shape) if reserve <= 0
+                   else max(1, min(self.current, self.max_threads - reserve)))
         if threads != torch.get_num_threads():
             torch.set_num_threads(threads)
         t0 = time.perf_counter()
