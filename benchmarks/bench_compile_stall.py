@@ -10,6 +10,7 @@ file order; the constrained requests have a 2-token prompt and ``max_tokens=1``,
 prefill is negligible. Prints one JSON line::
 
     .venv/bin/python benchmarks/bench_compile_stall.py [--rows 8] [--context 256] [--limit 0]
+        [--no-warm-up]
 """
 
 from __future__ import annotations
@@ -37,21 +38,24 @@ def _pcts(ms: list[float]) -> dict[str, float]:
             "iterations": len(s)}
 
 
-def _iterations(eng: Any, schemas: list[Any], count: int, tag: str) -> list[float]:
-    """Time ``count`` loop iterations; before each, add the next schema's request (if any)."""
+def _iterations(eng: Any, schemas: list[Any], count: int, tag: str
+                ) -> tuple[list[float], list[float]]:
+    """Time ``count`` loop iterations; before each, add the next schema's request (if any).
+    Returns the iterations' times and the ``add_request`` part of them (the front end)."""
     from grammarserve import SamplingParams
     from grammarserve.constraints import Constraint
 
-    times = []
+    times, adds = [], []
     for i in range(count):
         start = time.perf_counter()
         if i < len(schemas):
             params = SamplingParams(max_tokens=1, temperature=0,
                                     constraint=Constraint.json_schema(schemas[i]))
             eng.add_request(f"{tag}-c{i}", [28, 29], params)
+            adds.append((time.perf_counter() - start) * 1e3)
         eng.step()
         times.append((time.perf_counter() - start) * 1e3)
-    return times
+    return times, adds
 
 
 def main() -> None:
@@ -59,6 +63,8 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=8)
     ap.add_argument("--context", type=int, default=256)
     ap.add_argument("--limit", type=int, default=0, help="schemas to send (0 = all)")
+    ap.add_argument("--no-warm-up", action="store_true",
+                    help="leave the grammar backends to the first constrained request")
     args = ap.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from grammarserve import LLM, SamplingParams
@@ -70,7 +76,8 @@ def main() -> None:
     count = len(schemas)
     llm = LLM("default", device="cpu", max_num_reqs=args.rows + 4, enable_prefix_cache=False)
     eng = llm.engine
-    eng.warm_up()  # NOTE: as the engine process does before serving (then freezes its heap)
+    if not args.no_warm_up:
+        eng.warm_up()  # NOTE: as the engine process does before serving (then freezes its heap)
     freeze_startup_heap()
     gen = torch.Generator().manual_seed(0)
     for i in range(args.rows):
@@ -81,11 +88,14 @@ def main() -> None:
                                        for r in eng.scheduler.running):
         eng.step()
     out: dict[str, Any] = {"bench": "compile_stall", "cpu": cpu_name(), "rows": args.rows,
-                           "context": args.context, "schemas": count}
+                           "context": args.context, "schemas": count,
+                           "warmed_up": not args.no_warm_up}
     # NOTE: quiet, with compiles, quiet again: the host's drift shows in the two quiet runs
-    out["quiet"] = _pcts(_iterations(eng, [], count, "q1"))
-    out["with_compiles"] = _pcts(_iterations(eng, schemas, count, "c"))
-    out["quiet_after"] = _pcts(_iterations(eng, [], count, "q2"))
+    out["quiet"] = _pcts(_iterations(eng, [], count, "q1")[0])
+    times, adds = _iterations(eng, schemas, count, "c")
+    out["with_compiles"] = _pcts(times)
+    out["add_request"] = _pcts(adds)  # the part of those iterations spent in the front end
+    out["quiet_after"] = _pcts(_iterations(eng, [], count, "q2")[0])
     print(json.dumps(out))
 
 

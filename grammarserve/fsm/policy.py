@@ -14,9 +14,8 @@ priority; it releases the GIL) and upgrades the cached grammar: compile latency 
 steady-state masks of xgrammar, coverage of both.
 
 A JSON style of ``auto`` compiles one grammar per candidate style (``style.py``). They compile
-side by side, each on its own thread with its start mask. llguidance computes a mask without
-the GIL but builds a grammar with it held, so the two builds take turns and only the rest
-overlaps (all three corpora: p50 2.4 ms side by side, 3.2 ms one after the other).
+side by side, each on its own thread with its start mask (llguidance builds a grammar and
+computes a mask mostly without the GIL, ``benchmarks/bench_gil.py``).
 """
 
 from __future__ import annotations
