@@ -5,12 +5,16 @@ request of a not-yet-compiled schema arriving per iteration, side by side in one
 The front end runs on the loop's thread (``add_request``) and the backend compiles on worker
 threads, which share the cores with the decode (a step runs on one thread fewer while a
 compile is in flight, see ``Engine.step``) and the GIL for their Python parts. The engine is
-warmed up and its heap frozen first, as the engine process does. The schemas are those of ``schemas/realworld/`` (each compiled once, so every one is cold), in
-file order; the constrained requests have a 2-token prompt and ``max_tokens=1``, so their own
-prefill is negligible. Prints one JSON line::
+warmed up and its heap frozen first, as the engine process does. With ``--prepared`` the
+constraints carry their front end's result, made beforehand by another compiler: what the
+engine process receives from the server, which ran the front end to answer a bad schema
+with a 400 (only the backend compile is then left to the engine). The schemas are those of
+``schemas/realworld/`` (each compiled once, so every one is cold), in file order; the
+constrained requests have a 2-token prompt and ``max_tokens=1``, so their own prefill is
+negligible. Prints one JSON line::
 
     .venv/bin/python benchmarks/bench_compile_stall.py [--rows 8] [--context 256] [--limit 0]
-        [--no-warm-up]
+        [--no-warm-up] [--prepared]
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,24 +43,33 @@ def _pcts(ms: list[float]) -> dict[str, float]:
             "iterations": len(s)}
 
 
-def _iterations(eng: Any, schemas: list[Any], count: int, tag: str
+def _iterations(eng: Any, constraints: list[Any], count: int, tag: str
                 ) -> tuple[list[float], list[float]]:
-    """Time ``count`` loop iterations; before each, add the next schema's request (if any).
+    """Time ``count`` loop iterations; before each, add the next constrained request (if any).
     Returns the iterations' times and the ``add_request`` part of them (the front end)."""
     from grammarserve import SamplingParams
-    from grammarserve.constraints import Constraint
 
     times, adds = [], []
     for i in range(count):
         start = time.perf_counter()
-        if i < len(schemas):
-            params = SamplingParams(max_tokens=1, temperature=0,
-                                    constraint=Constraint.json_schema(schemas[i]))
+        if i < len(constraints):
+            params = SamplingParams(max_tokens=1, temperature=0, constraint=constraints[i])
             eng.add_request(f"{tag}-c{i}", [28, 29], params)
             adds.append((time.perf_counter() - start) * 1e3)
         eng.step()
         times.append((time.perf_counter() - start) * 1e3)
     return times, adds
+
+
+def _prepared(server: Any, constraint: Any) -> Any:
+    """``constraint`` with its spec from ``server`` (unchanged if the front end refuses it)."""
+    from grammarserve.errors import GrammarError
+
+    kind, args, kwargs = constraint.compile_args()
+    try:
+        return replace(constraint, prepared=server.spec(kind, *args, **kwargs))
+    except GrammarError:
+        return constraint
 
 
 def main() -> None:
@@ -65,17 +79,27 @@ def main() -> None:
     ap.add_argument("--limit", type=int, default=0, help="schemas to send (0 = all)")
     ap.add_argument("--no-warm-up", action="store_true",
                     help="leave the grammar backends to the first constrained request")
+    ap.add_argument("--prepared", action="store_true",
+                    help="constraints carry their front end's result, made beforehand by "
+                         "another compiler, as the server process does for the engine's")
     args = ap.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from grammarserve import LLM, SamplingParams
+    from grammarserve.constraints import Constraint
     from grammarserve.engine.heap import freeze_startup_heap
+    from grammarserve.fsm import GrammarCompiler
     from grammarserve.fsm.conformance import load_corpus
 
     schemas = [c.schema for c in load_corpus(REPO / "schemas" / "realworld")]
     schemas = schemas[:args.limit] if args.limit else schemas
+    constraints = [Constraint.json_schema(x) for x in schemas]
     count = len(schemas)
     llm = LLM("default", device="cpu", max_num_reqs=args.rows + 4, enable_prefix_cache=False)
     eng = llm.engine
+    if args.prepared:  # NOTE: the server's compiler, with the engine's options
+        server = GrammarCompiler(eng.tokenizer, **eng.config.grammar_options,
+                                 vocab_size=eng.grammar.compiler.vocab_size)
+        constraints = [_prepared(server, c) for c in constraints]
     if not args.no_warm_up:
         eng.warm_up()  # NOTE: as the engine process does before serving (then freezes its heap)
     freeze_startup_heap()
@@ -89,10 +113,10 @@ def main() -> None:
         eng.step()
     out: dict[str, Any] = {"bench": "compile_stall", "cpu": cpu_name(), "rows": args.rows,
                            "context": args.context, "schemas": count,
-                           "warmed_up": not args.no_warm_up}
+                           "warmed_up": not args.no_warm_up, "prepared": args.prepared}
     # NOTE: quiet, with compiles, quiet again: the host's drift shows in the two quiet runs
     out["quiet"] = _pcts(_iterations(eng, [], count, "q1")[0])
-    times, adds = _iterations(eng, schemas, count, "c")
+    times, adds = _iterations(eng, constraints, count, "c")
     out["with_compiles"] = _pcts(times)
     out["add_request"] = _pcts(adds)  # the part of those iterations spent in the front end
     out["quiet_after"] = _pcts(_iterations(eng, [], count, "q2")[0])

@@ -8,7 +8,7 @@ by token.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 ConstraintKind = Literal["json_schema", "regex", "grammar", "choice", "tool_calls"]
@@ -32,6 +32,10 @@ class Constraint:
     tool_choice: Any = "required"  # tool_calls: "auto" | "required" | {"type": "function", ...}
     parallel_tool_calls: bool = True
     tool_format: str = "hermes"  # tool_calls: "hermes" | "json_array" (grammarserve.fsm.tools)
+    #: The grammar layer's validated form of this constraint (a ``GrammarSpec``), when the
+    #: caller already made it with a compiler of the same options (the server's, for the
+    #: engine process): the engine compiles it without running the front end again.
+    prepared: Any = field(default=None, compare=False, repr=False)
 
     @classmethod
     def json_schema(cls, schema: dict[str, Any] | str, *, strict: bool = False) -> Constraint:

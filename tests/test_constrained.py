@@ -3,6 +3,7 @@ jump-forward on/off equality, batched vs alone, mixed batches, per-request failu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from concurrent.futures import Future
@@ -271,3 +272,25 @@ def test_seeded_sampling_under_a_constraint_is_reproducible(
         jsonschema.validate(json.loads(a.text), item["schema"])
     else:
         assert a.finish_reason == "length"
+
+
+def test_a_prepared_constraint_skips_the_engines_front_end(cllm: LLM, tokenizer: Any,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    from grammarserve.fsm import GrammarCompiler
+
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+              "required": ["city"], "additionalProperties": False}
+    server = GrammarCompiler(tokenizer, vocab_size=cllm.engine.grammar.compiler.vocab_size)
+    constraint = Constraint.json_schema(schema)
+    prepared = dataclasses.replace(constraint, prepared=server.spec("json_schema", schema))
+    assert prepared == constraint  # the spec is not part of the constraint's identity
+
+    def no_front_end(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the engine ran the front end of a prepared constraint")
+
+    monkeypatch.setattr(cllm.engine.grammar.compiler.front, "spec", no_front_end)
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0, constraint=prepared)
+    out = cllm.generate(["The capital of France as JSON: "], params)[0]
+    assert out.finish_reason == "stop", out
+    assert set(json.loads(out.text)) == {"city"}

@@ -111,6 +111,22 @@ def test_async_delivers_front_end_errors(compiler: GrammarCompiler) -> None:
         future.result()
 
 
+def test_a_spec_made_by_one_compiler_compiles_in_another(compiler: GrammarCompiler,
+                                                        tokenizer: Any) -> None:
+    import pickle
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    spec = compiler.spec("json_schema", schema)
+    assert compiler.compile_spec_async(spec).result() is compiler.compile_json_schema(schema)
+    other = GrammarCompiler(tokenizer)  # e.g. the engine process's, same options
+    other.front.spec = None  # type: ignore[assignment, method-assign]  # no front end there
+    grammar = other.compile_spec_async(pickle.loads(pickle.dumps(spec))).result()
+    ids = tokenizer.encode('{"n":7}', add_special_tokens=False)
+    assert walk(grammar.matcher(), ids, EOS, other.allocate_bitmask(1))[0]
+    with pytest.raises(SchemaValidationError):
+        compiler.spec("json_schema", "{nope")
+
+
 # -- strict mode -------------------------------------------------------------------------------
 @pytest.mark.parametrize("schema, needle", [
     ({"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]},

@@ -52,8 +52,11 @@ class GrammarRunner:
         """Begin compiling ``req``'s constraint (cache hits complete at once)."""
         constraint = req.params.constraint
         assert constraint is not None
-        kind, args, kwargs = constraint.compile_args()
-        req.grammar_future = self.compiler.compile_async(kind, *args, **kwargs)
+        if constraint.prepared is not None:  # NOTE: the front end ran in the caller's process
+            req.grammar_future = self.compiler.compile_spec_async(constraint.prepared)
+        else:
+            kind, args, kwargs = constraint.compile_args()
+            req.grammar_future = self.compiler.compile_async(kind, *args, **kwargs)
         self.counters.constrained_requests += 1
 
     @staticmethod

@@ -201,6 +201,16 @@ class GrammarCompiler:
             failed: Future[CompiledGrammar] = Future()
             failed.set_exception(e)
             return failed
+        return self.compile_spec_async(spec)
+
+    def spec(self, kind: str, *args: Any, **kwargs: Any) -> GrammarSpec:
+        """The front end alone: the validated :class:`GrammarSpec` of ``compile_async``'s
+        arguments (remembered like a compile's); raises ``GrammarError`` naming the problem."""
+        return self._memo_spec(kind, args, kwargs)
+
+    def compile_spec_async(self, spec: GrammarSpec) -> Future[CompiledGrammar]:
+        """Compile a spec made by :meth:`spec` of a compiler with the same options (in this
+        process or another), without the front end."""
         key = spec.key(self.vocab.fingerprint, self.config.backend)
         return self.cache.get_or_compile(key, lambda: self._compile(spec))
 

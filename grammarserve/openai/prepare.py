@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from grammarserve.engine.request import RequestOutput
 from grammarserve.errors import ErrorKind, GrammarError, InvalidRequestError, RequestFailedError
@@ -114,11 +114,21 @@ class Prepared:
         raise RequestFailedError(out.error or "generation failed", kind=kind, param=param)
 
 
-def _compile(ctx: ModelContext, plan: ConstraintPlan | None) -> Future[CompiledGrammar] | None:
+def _compile(ctx: ModelContext, plan: ConstraintPlan | None
+             ) -> tuple[ConstraintPlan | None, Future[CompiledGrammar] | None]:
+    """The plan with its constraint's validated spec attached (so the engine, maybe in another
+    process, does not run the front end again), and the compile that validates it."""
     if plan is None or ctx.compiler is None:
-        return None
+        return plan, None
     kind, args, kwargs = plan.constraint.compile_args()
-    return ctx.compiler.compile_async(kind, *args, **kwargs)
+    try:
+        spec = ctx.compiler.spec(kind, *args, **kwargs)
+    except GrammarError as e:
+        failed: Future[CompiledGrammar] = Future()
+        failed.set_exception(e)
+        return plan, failed
+    plan = replace(plan, constraint=replace(plan.constraint, prepared=spec))
+    return plan, ctx.compiler.compile_spec_async(spec)
 
 
 def chat_prompt(ctx: ModelContext, req: ChatCompletionRequest, tools: ToolsPlan | None
@@ -140,7 +150,7 @@ def prepare_chat(ctx: ModelContext, req: ChatCompletionRequest) -> Prepared:
                        "messages")
     check_chat_logprobs(req)
     tools = tools_plan(req, ctx.tool_call_format)
-    plan = constraint_plan(req, tools)
+    plan, compiled = _compile(ctx, constraint_plan(req, tools))
     prompt = chat_prompt(ctx, req, tools)
     check_json_mode(req, [content_text(m.content, f"messages[{i}]")
                           for i, m in enumerate(req.messages)])
@@ -149,8 +159,7 @@ def prepare_chat(ctx: ModelContext, req: ChatCompletionRequest) -> Prepared:
     n = req.n or 1
     params = sampling_params(req, max_tokens=max_tokens, plan=plan, n=n,
                              vocab_size=ctx.vocab_size)
-    return Prepared(new_id("chatcmpl"), req, [prompt] * n, params, plan, tools, [],
-                    _compile(ctx, plan))
+    return Prepared(new_id("chatcmpl"), req, [prompt] * n, params, plan, tools, [], compiled)
 
 
 def prepare_completion(ctx: ModelContext, req: CompletionRequest) -> Prepared:
@@ -163,7 +172,7 @@ def prepare_completion(ctx: ModelContext, req: CompletionRequest) -> Prepared:
     check_completion(req)
     if req.echo and req.logprobs is not None:
         raise InvalidRequestError("echo together with logprobs is not supported", param="echo")
-    plan = constraint_plan(req, None)
+    plan, compiled = _compile(ctx, constraint_plan(req, None))
     prompts = completion_prompts(req, ctx.tokenizer)
     n = req.n or 1
     all_prompts: list[list[int]] = []
@@ -174,6 +183,5 @@ def prepare_completion(ctx: ModelContext, req: CompletionRequest) -> Prepared:
                                   vocab_size=ctx.vocab_size)
         all_prompts += [ids] * n
     echo = [ctx.tokenizer.decode(ids) for ids in prompts] if req.echo else []
-    return Prepared(new_id("cmpl"), req, all_prompts, params, plan, None, echo,
-                    _compile(ctx, plan))
+    return Prepared(new_id("cmpl"), req, all_prompts, params, plan, None, echo, compiled)
 
