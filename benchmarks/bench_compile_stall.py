@@ -11,7 +11,9 @@ engine process receives from the server, which ran the front end to answer a bad
 with a 400 (only the backend compile is then left to the engine). The schemas are those of
 ``schemas/realworld/`` (each compiled once, so every one is cold), in file order; the
 constrained requests have a 2-token prompt and ``max_tokens=1``, so their own prefill is
-negligible. Prints one JSON line::
+negligible. The quiet iterations come first; the rows' contexts grow by a token an
+iteration, so the compiles' iterations attend over up to ``schemas`` more tokens (a few ms
+of the difference at 8 rows). Prints one JSON line::
 
     .venv/bin/python benchmarks/bench_compile_stall.py [--rows 8] [--context 256] [--limit 0]
         [--no-warm-up] [--prepared]
@@ -114,12 +116,12 @@ def main() -> None:
     out: dict[str, Any] = {"bench": "compile_stall", "cpu": cpu_name(), "rows": args.rows,
                            "context": args.context, "schemas": count,
                            "warmed_up": not args.no_warm_up, "prepared": args.prepared}
-    # NOTE: quiet, with compiles, quiet again: the host's drift shows in the two quiet runs
+    # NOTE: quiet first: the rows' contexts grow by one token an iteration, so a quiet run
+    # after the compiles would be slower for that alone
     out["quiet"] = _pcts(_iterations(eng, [], count, "q1")[0])
     times, adds = _iterations(eng, constraints, count, "c")
     out["with_compiles"] = _pcts(times)
     out["add_request"] = _pcts(adds)  # the part of those iterations spent in the front end
-    out["quiet_after"] = _pcts(_iterations(eng, [], count, "q2")[0])
     print(json.dumps(out))
 
 
