@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import cpu_name  # noqa: E402
+from machine import cpu_name
 
 
 def _full_collection_ms(repeat: int) -> float:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import cpu_name  # noqa: E402
+from machine import cpu_name
 
 REPO = Path(__file__).resolve().parents[1]
 
