@@ -125,6 +125,9 @@ def test_bad_constraint_is_the_same_400_streamed_or_not(url: str, name: str,
             replies.append(reply["error"])
     assert all(e == replies[0] for e in replies), replies
     assert replies[0]["param"] == param and words in replies[0]["message"], replies[0]
+    # NOTE: the engine starts compiling while the server's compile checks the constraint; a
+    # refused one leaves nothing submitted behind
+    assert _metric(url, "grammarserve_requests_in_flight") == 0
 
 
 @pytest.mark.parametrize("params, shown", [({"type": "string"}, "string"),
