@@ -125,8 +125,8 @@ def test_bad_constraint_is_the_same_400_streamed_or_not(url: str, name: str,
             replies.append(reply["error"])
     assert all(e == replies[0] for e in replies), replies
     assert replies[0]["param"] == param and words in replies[0]["message"], replies[0]
-    # NOTE: the engine starts compiling while the server's compile checks the constraint; a
-    # refused one leaves nothing submitted behind
+    # NOTE: what only the engine's compile refuses (the server runs the front end alone)
+    # leaves nothing in flight behind its 400
     assert _metric(url, "grammarserve_requests_in_flight") == 0
 
 

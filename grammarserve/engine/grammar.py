@@ -74,7 +74,7 @@ class GrammarRunner:
         try:
             req.matcher = fut.result().matcher()
         except GrammarError as e:
-            req.fail(ErrorKind.CONSTRAINT_INVALID, f"invalid constraint: {e}")
+            req.fail(ErrorKind.CONSTRAINT_INVALID, f"invalid constraint: {e}", (str(e), e.path))
             self.counters.grammar_errors += 1
         except Exception as e:  # noqa: BLE001 - a backend bug must only fail this request
             req.fail(ErrorKind.ENGINE_FAILURE, f"the constraint could not be compiled: {e}")

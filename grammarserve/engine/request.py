@@ -37,6 +37,8 @@ class RequestOutput:
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     error: str | None = None
     error_kind: ErrorKind | None = None  # set with ``error`` (the API maps it to a status)
+    #: A constraint the grammar layer refused: its message and JSON path, for the API's 400
+    constraint_error: tuple[str, str | None] | None = None
     logprobs: list[float] = field(default_factory=list)
     num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache
     # per output token, when params.top_logprobs > 0: the most likely allowed tokens, best first
@@ -73,6 +75,7 @@ class Req:
     finish_reason: str | None = None
     error: str | None = None
     error_kind: ErrorKind | None = None
+    constraint_error: tuple[str, str | None] | None = None
     rng: RowRng | None = None
     grammar_future: Future[CompiledGrammar] | None = None  # set while the constraint compiles
     matcher: Matcher | None = None
@@ -98,9 +101,13 @@ class Req:
     def finished(self) -> bool:
         return self.status is ReqStatus.FINISHED
 
-    def fail(self, kind: ErrorKind, message: str) -> None:
-        """Record the request's error (it finishes with ``finish_reason`` ``"error"``)."""
+    def fail(self, kind: ErrorKind, message: str,
+             constraint_error: tuple[str, str | None] | None = None) -> None:
+        """Record the request's error (it finishes with ``finish_reason`` ``"error"``);
+        ``constraint_error``: the grammar layer's message and JSON path, when it refused the
+        constraint."""
         self.error, self.error_kind = message, kind
+        self.constraint_error = constraint_error
 
     def snapshot(self) -> RequestOutput:
         delta, self.pending_text = self.pending_text, ""
@@ -108,6 +115,7 @@ class Req:
             request_id=self.request_id, prompt_token_ids=self.prompt_ids,
             token_ids=self.output_ids, text=self.text, delta_text=delta,
             finished=self.finished, finish_reason=self.finish_reason, error=self.error,
-            error_kind=self.error_kind, logprobs=list(self.logprobs), num_cached_tokens=self.num_cached_prompt or 0,
+            error_kind=self.error_kind, constraint_error=self.constraint_error,
+            logprobs=list(self.logprobs), num_cached_tokens=self.num_cached_prompt or 0,
             top_logprobs=list(self.top_logprobs),
         )

@@ -21,9 +21,11 @@ class ModelContext:
     tokenizer:
         The model's Hugging Face tokenizer (chat template, prompt encoding).
     compiler:
-        Validates constraints up front, so a bad one is a 400 before it is queued (the engine's
-        own compiler in-process, so the engine's compile is then a cache hit; the server's own
-        in the server). ``None`` skips the up-front check (the engine still refuses it).
+        Runs the front end of each constraint up front (a schema it refuses is a 400 before
+        anything is queued) and hands the engine the result (``Constraint.prepared``); what
+        the backends refuse comes back from the engine's compile as the same 400. The
+        engine's own compiler in-process, the server's own (front end only) in the server.
+        ``None`` skips the up-front check (the engine still refuses a bad constraint).
     max_model_len, max_n:
         The context limit and the largest ``n``.
     model_name:

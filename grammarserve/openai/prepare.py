@@ -56,7 +56,9 @@ class Prepared:
     plan: ConstraintPlan | None
     tools: ToolsPlan | None
     echo: list[str]  # completions with echo: the text of each prompt
-    compiled: Future[CompiledGrammar] | None  # the constraint compiling (validation)
+    #: The front end's refusal of the constraint (a failed future), else None: the engine
+    #: compiles it, and what the backends refuse comes back through ``check_output``
+    compiled: Future[CompiledGrammar] | None
     #: Renames the params errors name (the Responses API names ``text.format``, not
     #: ``response_format``); None: the request's own names.
     rename: Callable[[str | None], str | None] | None = None
@@ -107,6 +109,13 @@ class Prepared:
         with an error; the one output check of every path."""
         if out.finish_reason != "error":
             return
+        if out.constraint_error is not None and self.plan is not None:
+            # NOTE: the engine's compile refused it: the same 400 as the front end's refusals
+            message, path = out.constraint_error
+            err = grammar_error(GrammarError(message, path=path), self.plan)
+            if self.rename is not None:
+                err.param = self.rename(err.param)
+            raise err
         kind = out.error_kind or ErrorKind.ENGINE_FAILURE
         param = self.constraint_param if kind in _CONSTRAINT_KINDS else None
         if self.rename is not None:
@@ -117,7 +126,10 @@ class Prepared:
 def _compile(ctx: ModelContext, plan: ConstraintPlan | None
              ) -> tuple[ConstraintPlan | None, Future[CompiledGrammar] | None]:
     """The plan with its constraint's validated spec attached (so the engine, maybe in another
-    process, does not run the front end again), and the compile that validates it."""
+    process, does not run the front end again), and, if the front end refused it, the failed
+    future :meth:`Prepared.check_compiled` raises the 400 from. The backend compile is the
+    engine's alone: what it refuses comes back as the same 400 through
+    :meth:`Prepared.check_output`, before any output (a stream's status line waits for it)."""
     if plan is None or ctx.compiler is None:
         return plan, None
     kind, args, kwargs = plan.constraint.compile_args()
@@ -127,8 +139,7 @@ def _compile(ctx: ModelContext, plan: ConstraintPlan | None
         failed: Future[CompiledGrammar] = Future()
         failed.set_exception(e)
         return plan, failed
-    plan = replace(plan, constraint=replace(plan.constraint, prepared=spec))
-    return plan, ctx.compiler.compile_spec_async(spec)
+    return replace(plan, constraint=replace(plan.constraint, prepared=spec)), None
 
 
 def chat_prompt(ctx: ModelContext, req: ChatCompletionRequest, tools: ToolsPlan | None

@@ -48,13 +48,6 @@ def router(state: ServerState) -> APIRouter:
             return overloaded()
         try:
             gen.start()
-            # NOTE: the engine compiles the constraint while the server's compile checks it
-            # (a bad one is still a 400 before any output: the engine request is aborted)
-            try:
-                await gen.prep.wait_compiled()
-            except BaseException:
-                gen.abort()
-                raise
             if events is not None:
                 # NOTE: the status line waits for every choice's first output, so what fails
                 # before its first token is the same 400 streamed or not (issue 20)
@@ -78,8 +71,9 @@ def router(state: ServerState) -> APIRouter:
     async def prepare(fn: Callable[..., Prepared], req: Any) -> Prepared:
         ctx = state.require_context()
         prep = await asyncio.to_thread(fn, ctx, req)
-        if prep.compiled is not None and prep.compiled.done():
-            prep.check_compiled()  # NOTE: a front-end refusal: a 400 before anything is queued
+        # NOTE: what the front end refuses is a 400 before anything is queued; what the
+        # engine's compile refuses, the same 400 before any output (see Prepared.check_output)
+        prep.check_compiled()
         return prep
 
     def generation(prep: Prepared, request: Request) -> Generation:

@@ -81,14 +81,6 @@ class _Snapshot(Collector):
         g = self.grammar
         if g is not None:
             p = f"{PREFIX}_server_grammar"
-            yield CounterMetricFamily(f"{p}_cache_hits", "Server-side grammar cache hits "
-                                      "(up-front validation)", value=g.hits)
-            yield CounterMetricFamily(f"{p}_cache_misses", "Server-side grammar cache misses",
-                                      value=g.misses)
-            yield CounterMetricFamily(f"{p}_compile_seconds", "Server-side grammar compile time",
-                                      value=g.compile_s_total)
-            yield GaugeMetricFamily(f"{p}_cache_bytes", "Server-side grammar cache size",
-                                    value=g.bytes)
             yield CounterMetricFamily(f"{p}_refused", "Constraints refused from memory (refused "
                                       "before), without validating or compiling them again",
                                       value=g.refused)

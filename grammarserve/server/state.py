@@ -130,7 +130,8 @@ class ServerState:
             box.append(e)
 
     def _load_grammar(self) -> tuple[Any, GrammarCompiler]:
-        """The tokenizer and a warmed-up compiler used to validate constraints up front."""
+        """The tokenizer and the compiler whose front end checks constraints up front (the
+        engine process compiles them; no backend is built here)."""
         from transformers import AutoTokenizer
 
         from grammarserve.models.config import ModelConfig
@@ -141,7 +142,6 @@ class ServerState:
         tokenizer = AutoTokenizer.from_pretrained(str(folder))
         compiler = GrammarCompiler(tokenizer, **e.grammar_options,
                                    vocab_size=ModelConfig.from_folder(folder).vocab_size)
-        compiler.warmup()
         return tokenizer, compiler
 
     def shutdown(self) -> None:
