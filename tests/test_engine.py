@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+import torch
 
 from grammarserve.config import EngineConfig
 from grammarserve.engine.detokenizer import IncrementalDetokenizer
@@ -128,3 +131,38 @@ def test_warm_up_builds_the_grammar_backends_before_serving(smollm) -> None:  # 
     assert not policy._backends  # built on first use otherwise
     engine.warm_up()
     assert set(policy._backends) == {"llguidance", "xgrammar"}
+
+
+def test_a_step_leaves_a_core_to_a_grammar_compiling(smollm,  # type: ignore[no-untyped-def]
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from concurrent.futures import Future
+
+    from grammarserve.constraints import Constraint
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        engine = Engine(EngineConfig(model="default", device="cpu", adaptive_threads=True),
+                        loaded=smollm)
+        threads: list[int] = []
+        forward = engine.runner.forward
+
+        def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+            threads.append(torch.get_num_threads())
+            return forward(*args, **kwargs)
+
+        monkeypatch.setattr(engine.runner, "forward", counting)
+        engine.add_request("plain", "Hello there", SamplingParams(max_tokens=4, temperature=0))
+        engine.step()
+        compiling: Future[Any] = Future()  # a compile that has not finished
+        monkeypatch.setattr(engine.grammar.compiler, "compile_async",
+                            lambda *a, **k: compiling)
+        engine.add_request("json", "Hi", SamplingParams(
+            max_tokens=4, temperature=0, constraint=Constraint.json_schema({"type": "object"})))
+        engine.step()
+        assert threads == [2, 1]  # the second step ran beside the compile, on one thread
+        engine.abort("json")
+        while engine.has_unfinished():
+            engine.step()
+    finally:
+        torch.set_num_threads(before)
