@@ -13,7 +13,6 @@ import sys
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,37 +144,31 @@ class BatchRunner:
               err: ResultFile, summary: BatchSummary,
               progress: Callable[[int, BatchSummary], None] | None) -> None:
         engine = self.engine
-        staged: deque[_Job] = deque()  # prepared, constraint still compiling
         jobs: dict[str, _Job] = {}  # engine request id -> job
-        queued = 0  # engine requests of staged and running jobs
+        queued = 0  # engine requests of running jobs
         serial = 0
-        while todo or staged or jobs:
+        while todo or jobs:
             failures: list[dict[str, Any]] = []
             while todo and queued < self.max_in_flight:  # keep the engine fed
                 line = todo.popleft()
+                job = None
                 try:
                     prep = prepare_body(self.ctx, line.url, reader.body(line))
-                except Exception as e:  # noqa: BLE001 - the line fails, the job goes on
-                    failures.append(failure_line(line.custom_id, e, line.line))
-                    continue
-                staged.append(_Job(line, prep))
-                queued += len(prep.prompts)
-            for job in [j for j in staged if j.prep.compiled is None or j.prep.compiled.done()]:
-                staged.remove(job)
-                try:
-                    job.prep.check_compiled()
-                    for prompt, params in zip(job.prep.prompts, job.prep.params):
+                    prep.check_constraint()
+                    job = _Job(line, prep)
+                    for prompt, params in zip(prep.prompts, prep.params):
                         rid = f"b{serial}"
                         serial += 1
-                        engine.add_request(rid, prompt, params, namespace=job.prep.namespace)
+                        engine.add_request(rid, prompt, params, namespace=prep.namespace)
                         job.ids.append(rid)
                         jobs[rid] = job
                 except Exception as e:  # noqa: BLE001 - the line fails, the job goes on
-                    for rid in job.ids:
+                    for rid in job.ids if job is not None else ():
                         engine.abort(rid)
                         del jobs[rid]
-                    queued -= len(job.prep.prompts)
-                    failures.append(failure_line(job.line.custom_id, e, job.line.line))
+                    failures.append(failure_line(line.custom_id, e, line.line))
+                    continue
+                queued += len(prep.prompts)
             err.write(failures)
             summary.failed += len(failures)
             written = len(failures)
@@ -183,9 +176,6 @@ class BatchRunner:
                 finished, lines = self._step(jobs, out, err, summary)
                 queued -= finished
                 written += lines
-            elif staged:
-                futures = [j.prep.compiled for j in staged if j.prep.compiled is not None]
-                wait(futures, timeout=0.05, return_when=FIRST_COMPLETED)
             if progress is not None and written:
                 progress(written, summary)
 

@@ -292,7 +292,7 @@ class _BatchRun:
         engine = self.worker.engine
         try:
             prep = prepare_body(self.ctx, line.url, self.reader.body(line))
-            await prep.wait_compiled()
+            prep.check_constraint()
             gen = Generation(self.client, prep, base_id=new_id("batchreq"),
                              timings=engine.timings)
             gen.start()

@@ -3,7 +3,7 @@ worker and the offline ``grammarserve batch`` runner.
 
 :func:`prepare_chat` / :func:`prepare_completion` validate and translate a request into a
 :class:`Prepared` (prompts, one :class:`SamplingParams` per choice, the constraint compiling);
-:meth:`Prepared.check_compiled` and :meth:`Prepared.check_output` turn a bad constraint and an
+:meth:`Prepared.check_constraint` and :meth:`Prepared.check_output` turn a bad constraint and an
 engine-side failure into typed errors, which :func:`grammarserve.openai.errors.error_response`
 maps to a status and a body. Every client mistake raises :class:`InvalidRequestError` naming the
 param.
@@ -11,14 +11,11 @@ param.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
 from grammarserve.engine.request import RequestOutput
 from grammarserve.errors import ErrorKind, GrammarError, InvalidRequestError, RequestFailedError
-from grammarserve.fsm import CompiledGrammar
 from grammarserve.openai.bodies import new_id
 from grammarserve.openai.context import ModelContext
 from grammarserve.openai.limits import check_choices, check_prompt_chars, prompt_texts, text_chars
@@ -56,9 +53,9 @@ class Prepared:
     plan: ConstraintPlan | None
     tools: ToolsPlan | None
     echo: list[str]  # completions with echo: the text of each prompt
-    #: The front end's refusal of the constraint (a failed future), else None: the engine
-    #: compiles it, and what the backends refuse comes back through ``check_output``
-    compiled: Future[CompiledGrammar] | None
+    #: The front end's refusal of the constraint, else None: the engine compiles it, and what
+    #: the backends refuse comes back through ``check_output``
+    refusal: GrammarError | None
     #: Renames the params errors name (the Responses API names ``text.format``, not
     #: ``response_format``); None: the request's own names.
     rename: Callable[[str | None], str | None] | None = None
@@ -82,27 +79,18 @@ class Prepared:
     def constraint_param(self) -> str | None:
         return self.plan.param if self.plan is not None else None
 
-    def check_compiled(self) -> None:
-        """Raise the 400 of a constraint that did not compile; call once ``compiled`` is
-        done."""
-        if self.compiled is None or self.plan is None:
-            return
-        try:
-            self.compiled.result()
-        except GrammarError as e:
-            err = grammar_error(e, self.plan)
-            if self.rename is not None:
-                err.param = self.rename(err.param)
-            raise err from None
+    def check_constraint(self) -> None:
+        """Raise the 400 of a constraint the front end refused (before anything is queued)."""
+        if self.refusal is not None and self.plan is not None:
+            raise self._invalid(self.refusal)
 
-    async def wait_compiled(self) -> None:
-        """:meth:`check_compiled` once the constraint has compiled, without blocking the loop."""
-        if self.compiled is not None:
-            try:
-                await asyncio.wrap_future(self.compiled)
-            except Exception:  # noqa: BLE001, S110 - check_compiled reports it
-                pass
-        self.check_compiled()
+    def _invalid(self, e: GrammarError) -> InvalidRequestError:
+        """A grammar-layer refusal as the 400 naming the constraint's param."""
+        assert self.plan is not None
+        err = grammar_error(e, self.plan)
+        if self.rename is not None:
+            err.param = self.rename(err.param)
+        return err
 
     def check_output(self, out: RequestOutput) -> None:
         """Raise :class:`RequestFailedError` (with the engine's error kind) if a choice ended
@@ -112,10 +100,7 @@ class Prepared:
         if out.constraint_error is not None and self.plan is not None:
             # NOTE: the engine's compile refused it: the same 400 as the front end's refusals
             message, path = out.constraint_error
-            err = grammar_error(GrammarError(message, path=path), self.plan)
-            if self.rename is not None:
-                err.param = self.rename(err.param)
-            raise err
+            raise self._invalid(GrammarError(message, path=path))
         kind = out.error_kind or ErrorKind.ENGINE_FAILURE
         param = self.constraint_param if kind in _CONSTRAINT_KINDS else None
         if self.rename is not None:
@@ -123,12 +108,11 @@ class Prepared:
         raise RequestFailedError(out.error or "generation failed", kind=kind, param=param)
 
 
-def _compile(ctx: ModelContext, plan: ConstraintPlan | None
-             ) -> tuple[ConstraintPlan | None, Future[CompiledGrammar] | None]:
+def _front_end(ctx: ModelContext, plan: ConstraintPlan | None
+               ) -> tuple[ConstraintPlan | None, GrammarError | None]:
     """The plan with its constraint's validated spec attached (so the engine, maybe in another
-    process, does not run the front end again), and, if the front end refused it, the failed
-    future :meth:`Prepared.check_compiled` raises the 400 from. The backend compile is the
-    engine's alone: what it refuses comes back as the same 400 through
+    process, does not run the front end again), or the front end's refusal. The backend
+    compile is the engine's alone: what it refuses comes back as the same 400 through
     :meth:`Prepared.check_output`, before any output (a stream's status line waits for it)."""
     if plan is None or ctx.compiler is None:
         return plan, None
@@ -136,9 +120,7 @@ def _compile(ctx: ModelContext, plan: ConstraintPlan | None
     try:
         spec = ctx.compiler.spec(kind, *args, **kwargs)
     except GrammarError as e:
-        failed: Future[CompiledGrammar] = Future()
-        failed.set_exception(e)
-        return plan, failed
+        return plan, e
     return replace(plan, constraint=replace(plan.constraint, prepared=spec)), None
 
 
@@ -161,7 +143,7 @@ def prepare_chat(ctx: ModelContext, req: ChatCompletionRequest) -> Prepared:
                        "messages")
     check_chat_logprobs(req)
     tools = tools_plan(req, ctx.tool_call_format)
-    plan, compiled = _compile(ctx, constraint_plan(req, tools))
+    plan, refusal = _front_end(ctx, constraint_plan(req, tools))
     prompt = chat_prompt(ctx, req, tools)
     check_json_mode(req, [content_text(m.content, f"messages[{i}]")
                           for i, m in enumerate(req.messages)])
@@ -170,7 +152,7 @@ def prepare_chat(ctx: ModelContext, req: ChatCompletionRequest) -> Prepared:
     n = req.n or 1
     params = sampling_params(req, max_tokens=max_tokens, plan=plan, n=n,
                              vocab_size=ctx.vocab_size)
-    return Prepared(new_id("chatcmpl"), req, [prompt] * n, params, plan, tools, [], compiled)
+    return Prepared(new_id("chatcmpl"), req, [prompt] * n, params, plan, tools, [], refusal)
 
 
 def prepare_completion(ctx: ModelContext, req: CompletionRequest) -> Prepared:
@@ -183,7 +165,7 @@ def prepare_completion(ctx: ModelContext, req: CompletionRequest) -> Prepared:
     check_completion(req)
     if req.echo and req.logprobs is not None:
         raise InvalidRequestError("echo together with logprobs is not supported", param="echo")
-    plan, compiled = _compile(ctx, constraint_plan(req, None))
+    plan, refusal = _front_end(ctx, constraint_plan(req, None))
     prompts = completion_prompts(req, ctx.tokenizer)
     n = req.n or 1
     all_prompts: list[list[int]] = []
@@ -194,5 +176,5 @@ def prepare_completion(ctx: ModelContext, req: CompletionRequest) -> Prepared:
                                   vocab_size=ctx.vocab_size)
         all_prompts += [ids] * n
     echo = [ctx.tokenizer.decode(ids) for ids in prompts] if req.echo else []
-    return Prepared(new_id("cmpl"), req, all_prompts, params, plan, None, echo, compiled)
+    return Prepared(new_id("cmpl"), req, all_prompts, params, plan, None, echo, refusal)
 

@@ -73,7 +73,7 @@ def router(state: ServerState) -> APIRouter:
         prep = await asyncio.to_thread(fn, ctx, req)
         # NOTE: what the front end refuses is a 400 before anything is queued; what the
         # engine's compile refuses, the same 400 before any output (see Prepared.check_output)
-        prep.check_compiled()
+        prep.check_constraint()
         return prep
 
     def generation(prep: Prepared, request: Request) -> Generation:
