@@ -1,5 +1,7 @@
 """JSON in the model's own style (``json_style="auto"``, ``style.py``): the candidate styles run
-in lock-step until the output shows one, which is then locked, on both backends."""
+in lock-step until the output shows one, which is then locked, on both backends; a schema's
+first requests (llguidance: one grammar of both styles and a style tracker) take exactly the
+same forms."""
 
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ from walk_helpers import allowed_tokens, walk_jump_forward
 
 from grammarserve.errors import GrammarError
 from grammarserve.fsm import GrammarCompiler
+from grammarserve.fsm.matcher import CompiledGrammar
 from grammarserve.fsm.conformance import walk
-from grammarserve.fsm.style import StyleLockMatcher, separator_free
+from grammarserve.fsm.style import StagedGrammar, StyledGrammar, StyleLockMatcher, separator_free
 
 pytestmark = pytest.mark.model  # every test here uses the embedded model
 
@@ -50,38 +53,71 @@ def _ids(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
+def _grammar(compiler: GrammarCompiler, schema: Any, stage: str) -> CompiledGrammar:
+    """The schema's grammar as its first requests see it (cold; ``probe`` matchers do not
+    count as uses, so no upgrade starts), or once reused (every upgrade done)."""
+    if stage == "first":
+        compiler.clear_caches()
+        return compiler.compile_json_schema(schema)
+    upgrade = compiler.compile_json_schema(schema).request_upgrade()
+    if upgrade is not None:
+        upgrade.result()
+    return compiler.compile_json_schema(schema)
+
+
+@pytest.mark.parametrize("stage", ["first", "reused"])
 def test_every_style_of_every_corpus_instance_is_accepted(compiler: GrammarCompiler,
-                                                          backend: str, tokenizer: Any) -> None:
+                                                          backend: str, tokenizer: Any,
+                                                          stage: str) -> None:
     bitmask = compiler.allocate_bitmask(1)
     compiled = 0
     for path in SCHEMAS:
         item = json.loads(path.read_text())
         try:
-            grammar = compiler.compile_json_schema(item["schema"])
+            grammar = _grammar(compiler, item["schema"], stage)
         except GrammarError:  # refusals are covered by the conformance tests
             continue
         compiled += 1
         for inst in item["valid"]:
             for form, kwargs in FORMS.items():
                 text = json.dumps(inst, ensure_ascii=False, **kwargs)
-                ok, why = walk(grammar.matcher(), _ids(tokenizer, text), EOS, bitmask)
+                ok, why = walk(grammar.probe(), _ids(tokenizer, text), EOS, bitmask)
                 assert ok, (path.name, form, text, why)
     assert compiled >= 40
 
 
+@pytest.mark.parametrize("stage", ["first", "reused"])
 @pytest.mark.parametrize("text", MIXED)
 def test_a_style_once_shown_is_locked(compiler: GrammarCompiler, tokenizer: Any,
-                                      text: str) -> None:
+                                      text: str, stage: str) -> None:
     bitmask = compiler.allocate_bitmask(1)
-    grammar = compiler.compile_json_schema(PERSON)
-    ok, _ = walk(grammar.matcher(), _ids(tokenizer, text), EOS, bitmask)
+    grammar = _grammar(compiler, PERSON, stage)
+    ok, _ = walk(grammar.probe(), _ids(tokenizer, text), EOS, bitmask)
     assert not ok, text
+
+
+def test_first_requests_share_one_build_until_reuse(compiler: GrammarCompiler, backend: str,
+                                                    tokenizer: Any) -> None:
+    grammar = _grammar(compiler, PERSON, "first")
+    if backend != "llguidance":  # xgrammar compiles the styles side by side from the start
+        assert isinstance(grammar.probe(), StyleLockMatcher)
+        return
+    assert isinstance(grammar, StagedGrammar) and grammar.styled is None
+    assert not isinstance(grammar.matcher(), StyleLockMatcher)
+    grammar.matcher()  # reused: the per-style grammars compile in the background
+    assert grammar.upgrade_future is not None
+    grammar.upgrade_future.result()  # True if the styles went on to xgrammar
+    assert isinstance(grammar.styled, StyledGrammar)
+    assert isinstance(grammar.matcher(), StyleLockMatcher)
+    assert grammar.backend == grammar.styled.backend  # the styles' own upgrades included
+    off = GrammarCompiler(tokenizer, backend=backend, background_upgrade=False)
+    assert isinstance(off.compile_json_schema(PERSON), StyledGrammar)  # nothing to upgrade
 
 
 def test_lock_point_and_rollback_revive_the_other_styles(compiler: GrammarCompiler,
                                                          tokenizer: Any) -> None:
     bitmask = compiler.allocate_bitmask(1)
-    matcher = compiler.compile_json_schema(PERSON).matcher()
+    matcher = _grammar(compiler, PERSON, "reused").matcher()
     assert isinstance(matcher, StyleLockMatcher)
     start = matcher.styles_alive
     assert start >= 2
@@ -109,13 +145,15 @@ def test_jump_forward_after_the_lock_forces_keys(compiler: GrammarCompiler, back
     text = json.dumps(INSTANCE, **FORMS[form])
     fixed = GrammarCompiler(tokenizer, backend=backend, json_style=form)
     counts = []
-    for c in (compiler, fixed):
-        ok, why, forced = walk_jump_forward(c.compile_json_schema(PERSON).matcher(), text,
-                                            tokenizer, bitmask, EOS, token_bytes)
+    for grammar in (_grammar(compiler, PERSON, "reused"), fixed.compile_json_schema(PERSON),
+                    _grammar(compiler, PERSON, "first")):
+        ok, why, forced = walk_jump_forward(grammar.probe(), text, tokenizer, bitmask, EOS,
+                                            token_bytes)
         assert ok, why
         counts.append(forced)
-    # only the tokens before the lock (the first key) are not forced under ``auto``
-    assert counts[0] >= counts[1] - 3 and counts[0] >= 5, counts
+    # only the tokens before the lock (the first key) are not forced under ``auto``; a first
+    # request (one grammar of both styles) still has the rest of each key forced
+    assert counts[0] >= counts[1] - 3 and counts[0] >= 5 and counts[2] >= 3, counts
 
 
 def test_indented_jump_forward_forces_the_indentation(tokenizer: Any) -> None:

@@ -16,7 +16,7 @@ from concurrent.futures import Future
 import numpy as np
 import torch
 
-from grammarserve.fsm.runs import RunTracker
+from grammarserve.fsm.runs import LexTracker
 from grammarserve.fsm.value_check import ValueCheck
 from grammarserve.fsm.vocab import VocabInfo
 
@@ -56,12 +56,12 @@ class Matcher(ABC):
     Contract for backend subclasses: implement the ``_``-prefixed hooks; they may raise any
     exception, which the public methods turn into the sticky error state. The public methods
     track termination (a stop token was accepted) and errors themselves, so both backends behave
-    the same. ``runs`` are lexical bounds (whitespace, digits; see ``runs.py``) applied on top of
-    the backend's masks.
+    the same. ``runs`` are lexical bounds (whitespace, digits: ``runs.py``; the JSON style:
+    ``style_track.py``) applied on top of the backend's masks and its forced tokens.
     """
 
     def __init__(self, vocab: VocabInfo, shared: SharedMasks | None = None,
-                 runs: tuple[RunTracker, ...] = ()) -> None:
+                 runs: tuple[LexTracker, ...] = ()) -> None:
         self._vocab = vocab
         self._runs = runs
         self._stops = frozenset(vocab.stop_token_ids)
@@ -199,6 +199,8 @@ class Matcher(ABC):
             return []
         try:
             forced = [t for t in self._forced() if t not in self._stops]
+            for tracker in self._runs:
+                forced = forced[:tracker.permits(forced)]
         except Exception:  # noqa: BLE001 - jump-forward is an optimization; never fail on it
             return []
         # NOTE: a backend that hit a limit here (llguidance's items) stays in error; say so now

@@ -15,7 +15,10 @@ steady-state masks of xgrammar, coverage of both.
 
 A JSON style of ``auto`` compiles one grammar per candidate style (``style.py``). They compile
 side by side, each on its own thread with its start mask (llguidance builds a grammar and
-computes a mask mostly without the GIL, ``benchmarks/bench_gil.py``).
+computes a mask mostly without the GIL, ``benchmarks/bench_gil.py``). A JSON schema that
+llguidance compiles first gets one build of both styles at once for its first requests
+(``StagedGrammar``); its per-style grammars come on reuse, on the upgrade thread, and then
+their own xgrammar upgrades.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from grammarserve.fsm.backends import create_backend
 from grammarserve.fsm.backends.base import GrammarBackend
 from grammarserve.fsm.config import AUTO_STYLES, GrammarConfig, GrammarSpec, SpecKind
 from grammarserve.fsm.matcher import CompiledGrammar
-from grammarserve.fsm.style import StyledGrammar, separator_free
+from grammarserve.fsm.style import StagedGrammar, StyledGrammar, separator_free, then_settled
 from grammarserve.fsm.vocab import VocabInfo
 
 AUTO_ORDER: dict[SpecKind, tuple[str, ...]] = {
@@ -149,28 +152,63 @@ class BackendPolicy:
         raise first
 
     def _compile_styles(self, spec: GrammarSpec) -> CompiledGrammar:
-        start = time.perf_counter()
         specs = [spec.with_option("json_style", style) for style in AUTO_STYLES]
         if spec.kind == "json_schema" and separator_free(spec.source):
             return self._compile_with_start(specs[0])  # NOTE: one language in every style
+        if (spec.kind == "json_schema" and self.config.background_upgrade
+                and self.order(spec.kind)[0] == "llguidance"):
+            try:
+                return self._compile_staged(specs)
+            except GrammarError:
+                pass  # NOTE: compiled style by style, each refusal is reported as before
+        return self._styled(specs, parallel=True)
+
+    def _compile_staged(self, specs: list[GrammarSpec]) -> CompiledGrammar:
+        """One llguidance build of both styles at once (``StagedGrammar``); the per-style
+        grammars are compiled on the upgrade thread when the grammar is reused."""
+        either = self.backend("llguidance").compile(specs[0].with_option("json_style", "either"))
+        self._start_mask(either)
+        grammar = StagedGrammar(either)
+
+        def styled() -> CompiledGrammar | None:
+            try:
+                return self._styled(specs, parallel=False)
+            except Exception:  # noqa: BLE001 - an upgrade is optional
+                return None
+
+        def take_over(better: CompiledGrammar) -> Future[bool] | None:
+            grammar.upgrade(better)
+            return better.request_upgrade()  # NOTE: reused already, so xgrammar's may pay
+
+        grammar.set_upgrader(lambda: then_settled(self._upgrades.submit(styled), take_over))
+        return grammar
+
+    def _styled(self, specs: list[GrammarSpec], parallel: bool) -> CompiledGrammar:
+        """A :class:`StyledGrammar` of ``specs`` (one per style), compiled side by side if
+        ``parallel``, else one after the other on this thread."""
+        start = time.perf_counter()
         others: list[Future[CompiledGrammar]] = [
-            self._style_pool().submit(self._compile_with_start, s) for s in specs[1:]]
+            self._style_pool().submit(self._compile_with_start, s) for s in specs[1:]
+        ] if parallel else []
         outcomes: list[CompiledGrammar | GrammarError] = []
         for i, style_spec in enumerate(specs):
             try:
-                outcomes.append(self._compile_with_start(style_spec) if i == 0
+                outcomes.append(self._compile_with_start(style_spec) if i == 0 or not parallel
                                 else others[i - 1].result())
             except GrammarError as e:  # e.g. a backend that has no such style
                 outcomes.append(e)
         styles = [g for g in outcomes if isinstance(g, CompiledGrammar)]
         if not styles:
             raise next(e for e in outcomes if isinstance(e, GrammarError))
-        return StyledGrammar(spec.kind, styles, self.vocab, time.perf_counter() - start)
+        return StyledGrammar(specs[0].kind, styles, self.vocab, time.perf_counter() - start)
 
     def _compile_with_start(self, spec: GrammarSpec) -> CompiledGrammar:
         """``compile(spec)`` plus the grammar's start mask (kept for its matchers, see
         ``SharedMasks``), so that it is computed on this thread too."""
         grammar = self.compile(spec)
+        self._start_mask(grammar)
+        return grammar
+
+    def _start_mask(self, grammar: CompiledGrammar) -> None:
         bitmask = torch.empty((1, self.vocab.bitmask_width), dtype=torch.int32)
         grammar.probe().fill_bitmask(bitmask, 0)
-        return grammar

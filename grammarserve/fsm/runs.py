@@ -20,6 +20,8 @@ current run) is tracked from the accepted tokens' bytes.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 
 WHITESPACE = frozenset(b" \t\r\n")
@@ -50,10 +52,10 @@ class RunBudget:
             inner[2, t] = self._scan(text, True, True)[1]
         width = (vocab_size + 31) // 32
         ok = inner <= limit
-        self.inside = _pack(ok[1], width)
-        self.escaped = _pack(ok[2], width)
+        self.inside = pack_mask(ok[1], width)
+        self.escaped = pack_mask(ok[2], width)
         self.inside_all = bool(ok[1].all() and ok[2].all())
-        self.outside = np.stack([_pack(ok[0] & (lead <= b), width) for b in range(limit + 1)])
+        self.outside = np.stack([pack_mask(ok[0] & (lead <= b), width) for b in range(limit + 1)])
         self.outside_all = bool(ok[0].all())
         self.max_lead = int(lead.max(initial=0))
 
@@ -115,10 +117,28 @@ def digit_budget(token_bytes: list[bytes], vocab_size: int, limit: int = MAX_DIG
     return RunBudget(token_bytes, vocab_size, limit, DIGITS, frozenset(b"."))
 
 
-def _pack(allowed: np.ndarray, width: int) -> np.ndarray:
+def pack_mask(allowed: np.ndarray, width: int) -> np.ndarray:
+    """``allowed`` (bool per token) as a bitmask row of ``width`` int32 words."""
     padded = np.zeros(width * 32, dtype=bool)
     padded[:allowed.shape[0]] = allowed
     return np.packbits(padded, bitorder="little").view(np.int32).copy()
+
+
+class LexTracker(Protocol):
+    """A lexical bound applied on top of a backend's masks (``RunTracker``,
+    ``style_track.StyleTracker``), following the accepted tokens."""
+
+    def apply(self, row: np.ndarray) -> None:
+        """AND the tokens allowed now into ``row`` (a numpy int32 bitmask row)."""
+
+    def advance(self, token_id: int) -> None:
+        """Follow an accepted token."""
+
+    def rollback(self, n: int) -> None:
+        """Undo the last ``n`` tokens."""
+
+    def permits(self, tokens: list[int]) -> int:
+        """How many of ``tokens``, accepted in order from now, the bound allows."""
 
 
 class RunTracker:
@@ -143,3 +163,15 @@ class RunTracker:
         """Undo the last ``n`` tokens."""
         for _ in range(min(n, len(self.history))):
             self.state = self.history.pop()
+
+    def permits(self, tokens: list[int]) -> int:
+        """How many of ``tokens``, accepted in order from now, keep the runs bounded."""
+        state = self.state
+        for i, t in enumerate(tokens):
+            row = np.full(self.budget.outside.shape[1], -1, dtype=np.int32)
+            self.budget.apply(row, *state)
+            word, bit = divmod(t, 32)
+            if not (int(row[word]) >> bit) & 1:
+                return i
+            state = self.budget.advance(state, self.budget.token_bytes[t])
+        return len(tokens)

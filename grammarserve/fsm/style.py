@@ -17,6 +17,12 @@ matchers side by side:
 The candidates part at the first key separator (``":"`` or ``": "``), so the extra masks cost
 only the first few steps of a reply. A schema whose instances are never an object or an array
 (:func:`separator_free`) has no separator: its styles are one language, compiled once.
+
+A JSON schema's first requests need not wait for two builds: a :class:`StagedGrammar` serves
+them from one llguidance grammar of both styles at once, narrowed token by token by a
+``style_track.StyleTracker`` (the same language as the lock-step pair; what it gives up is
+jump-forward across separators, where its grammar allows an optional space). When the schema
+is reused, the per-style grammars are compiled in the background and take over.
 """
 
 from __future__ import annotations
@@ -207,4 +213,49 @@ def _all_settled(futures: list[Future[bool]]) -> Future[bool]:
 
     for f in futures:
         f.add_done_callback(settle)
+    return done
+
+
+class StagedGrammar(CompiledGrammar):
+    """A JSON schema's grammar of both styles at once (one build, for its first requests),
+    replaced by its :class:`StyledGrammar` once that is compiled (on reuse, in the
+    background; ``policy.py``)."""
+
+    def __init__(self, either: CompiledGrammar) -> None:
+        self.styled: StyledGrammar | None = None
+        super().__init__(backend=either.backend, kind=either.kind,
+                         make_matcher=either._make_matcher,
+                         size_bytes=lambda: either.size_bytes, compile_s=either.compile_s)
+
+    @property
+    def backend(self) -> str:
+        """The backend new matchers use (the styled grammar's, once it took over)."""
+        return self.styled.backend if self.styled is not None else self._backend
+
+    def upgrade(self, other: CompiledGrammar) -> None:
+        if isinstance(other, StyledGrammar):
+            self.styled = other
+        super().upgrade(other)
+
+
+def then_settled(first: Future[CompiledGrammar | None],
+                 after: Callable[[CompiledGrammar], Future[bool] | None]) -> Future[bool]:
+    """A future that settles once ``first`` gave a grammar and the future ``after(grammar)``
+    returns settled, to that future's result (a backend upgrade happened); False if ``first``
+    failed or gave None, or ``after`` returned None."""
+    done: Future[bool] = Future()
+
+    def step(f: Future[CompiledGrammar | None]) -> None:
+        grammar = f.result() if f.exception() is None else None
+        if grammar is None:
+            done.set_result(False)
+            return
+        nxt = after(grammar)
+        if nxt is None:
+            done.set_result(False)
+        else:
+            nxt.add_done_callback(
+                lambda f: done.set_result(f.exception() is None and bool(f.result())))
+
+    first.add_done_callback(step)
     return done

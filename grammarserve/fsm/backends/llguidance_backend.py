@@ -19,7 +19,8 @@ from grammarserve.fsm.backends.base import GrammarBackend
 from grammarserve.fsm.config import GrammarConfig, GrammarSpec
 from grammarserve.fsm.freetext import FreeTextMasks, TextState
 from grammarserve.fsm.matcher import CompiledGrammar, Matcher, SharedMasks
-from grammarserve.fsm.runs import MAX_DIGITS, RunBudget, RunTracker, digit_budget
+from grammarserve.fsm.runs import MAX_DIGITS, LexTracker, RunBudget, RunTracker, digit_budget
+from grammarserve.fsm.style_track import StyleTable, StyleTracker
 from grammarserve.fsm.tools import TRIGGER, tool_calls_lark
 from grammarserve.fsm.vocab import VocabInfo
 
@@ -36,7 +37,7 @@ class LLGuidanceMatcher(Matcher):
     of the free text before the trigger come from that shared table."""
 
     def __init__(self, vocab: VocabInfo, inner: Any, shared: SharedMasks | None = None,
-                 free: FreeTextMasks | None = None, runs: tuple[RunTracker, ...] = ()) -> None:
+                 free: FreeTextMasks | None = None, runs: tuple[LexTracker, ...] = ()) -> None:
         super().__init__(vocab, shared, runs)
         self._m = inner
         self._nbytes = vocab.bitmask_width * 4
@@ -101,6 +102,7 @@ class LLGuidanceBackend(GrammarBackend):
         self._lock = threading.Lock()
         self._token_bytes: list[bytes] | None = None
         self._digits: dict[int, RunBudget] = {}
+        self._styles: StyleTable | None = None
         lim = config.limits
         # NOTE: explicit, so a grammar over them fails (its matcher's error state, a 400)
         # instead of depending on the library's defaults.
@@ -113,6 +115,16 @@ class LLGuidanceBackend(GrammarBackend):
         self.token_bytes()
         if not self.config.open_schemas:
             self.digit_budget(MAX_DIGITS)
+        if self.config.json_style == "auto":
+            self.style_table()
+
+    def style_table(self) -> StyleTable:
+        """The JSON style tracker's tables (``style_track.py``; built once, ~0.2 s)."""
+        tokens = self.token_bytes()
+        with self._lock:
+            if self._styles is None:
+                self._styles = StyleTable(tokens, self.vocab.vocab_size)
+            return self._styles
 
     def digit_budget(self, limit: int) -> RunBudget:
         """The digit-run bound's tables (built once per limit, ~0.3 s)."""
@@ -135,9 +147,13 @@ class LLGuidanceBackend(GrammarBackend):
         """llguidance JSON options of a concrete JSON ``style`` (see ``GrammarConfig``):
         fixed separators (``compact``, ``spaced``), newline-led whitespace of at most
         ``max_ws`` characters with ``": "`` (``indented``: tool calls only; an indented JSON
-        schema is compiled by xgrammar, exactly), or any whitespace up to ``max_ws``
-        (``flexible``)."""
+        schema is compiled by xgrammar, exactly), any whitespace up to ``max_ws``
+        (``flexible``), or one optional space between lexemes (``either``: compact or spaced,
+        internal to ``auto``, with a ``StyleTracker``)."""
         base = {"lenient": False, "coerce_one_of": False}
+        if style == "either":  # compact or spaced: a StyleTracker narrows it to one of them
+            return {**base, "whitespace_flexible": True, "whitespace_pattern": r"\x20",
+                    "item_separator": ",", "key_separator": ":"}
         if style in _SEPARATORS:
             item, key = _SEPARATORS[style]
             return {**base, "whitespace_flexible": False, "item_separator": item,
@@ -177,6 +193,9 @@ class LLGuidanceBackend(GrammarBackend):
             alts = " | ".join(json.dumps(o) for o in options)
             return str(llguidance.LLMatcher.grammar_from_lark(f"start: {alts}\n"))
         if spec.kind == "tool_calls":
+            if style == "either":  # NOTE: the tracker would read free text as JSON
+                raise GrammarBackendError("tool calls take a fixed JSON style",
+                                          backend=self.name)
             # NOTE: between calls, the fixed styles allow at most one newline (``max_ws`` 0).
             between = 0 if style in _SEPARATORS else max_ws
             lark = tool_calls_lark(json.loads(spec.source), self.json_options(style, max_ws),
@@ -206,10 +225,14 @@ class LLGuidanceBackend(GrammarBackend):
         budget = (self.digit_budget(digits) if digits is not None and not auto_tools
                   and spec.kind in ("json_schema", "tool_calls") else None)
 
+        styles = self.style_table() if spec.option("json_style") == "either" else None
+
         def make() -> Matcher:
             with self._lock:  # deep_copy of a shared prototype
                 inner = proto.deep_copy()
-            runs = (RunTracker(budget),) if budget is not None else ()
+            runs: tuple[LexTracker, ...] = (
+                (RunTracker(budget),) if budget is not None else ()) + (
+                (StyleTracker(styles),) if styles is not None else ())
             return LLGuidanceMatcher(vocab, inner, shared, free, runs)
 
         nbytes = _BASE_BYTES + 8 * len(grammar)
