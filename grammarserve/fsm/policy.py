@@ -17,8 +17,8 @@ A JSON style of ``auto`` compiles one grammar per candidate style (``style.py``)
 side by side, each on its own thread with its start mask (llguidance builds a grammar and
 computes a mask mostly without the GIL, ``benchmarks/bench_gil.py``). A JSON schema that
 llguidance compiles first gets one build of both styles at once for its first requests
-(``StagedGrammar``); its per-style grammars come on reuse, on the upgrade thread, and then
-their own xgrammar upgrades.
+(``StagedGrammar``); its per-style grammars come on reuse, on the upgrade thread: xgrammar's
+straight away where the upgrade would go there anyway, else llguidance's.
 """
 
 from __future__ import annotations
@@ -172,28 +172,33 @@ class BackendPolicy:
 
         def styled() -> CompiledGrammar | None:
             try:
-                return self._styled(specs, parallel=False)
+                return self._styled(specs, parallel=False, upgraded=True)
             except Exception:  # noqa: BLE001 - an upgrade is optional
                 return None
 
-        def take_over(better: CompiledGrammar) -> Future[bool] | None:
+        def take_over(better: CompiledGrammar) -> Future[bool] | bool:
             grammar.upgrade(better)
-            return better.request_upgrade()  # NOTE: reused already, so xgrammar's may pay
+            # NOTE: the styles llguidance compiled may still go to xgrammar (reused already)
+            later = better.request_upgrade()
+            return later if later is not None else better.backend != either.backend
 
         grammar.set_upgrader(lambda: then_settled(self._upgrades.submit(styled), take_over))
         return grammar
 
-    def _styled(self, specs: list[GrammarSpec], parallel: bool) -> CompiledGrammar:
+    def _styled(self, specs: list[GrammarSpec], parallel: bool, upgraded: bool = False
+                ) -> CompiledGrammar:
         """A :class:`StyledGrammar` of ``specs`` (one per style), compiled side by side if
-        ``parallel``, else one after the other on this thread."""
+        ``parallel``, else one after the other on this thread; ``upgraded``: straight to the
+        upgrade backend where it would be upgraded to anyway."""
         start = time.perf_counter()
         others: list[Future[CompiledGrammar]] = [
             self._style_pool().submit(self._compile_with_start, s) for s in specs[1:]
         ] if parallel else []
+        one = self._upgraded_with_start if upgraded else self._compile_with_start
         outcomes: list[CompiledGrammar | GrammarError] = []
         for i, style_spec in enumerate(specs):
             try:
-                outcomes.append(self._compile_with_start(style_spec) if i == 0 or not parallel
+                outcomes.append(one(style_spec) if i == 0 or not parallel
                                 else others[i - 1].result())
             except GrammarError as e:  # e.g. a backend that has no such style
                 outcomes.append(e)
@@ -208,6 +213,22 @@ class BackendPolicy:
         grammar = self.compile(spec)
         self._start_mask(grammar)
         return grammar
+
+    def _upgraded_with_start(self, spec: GrammarSpec) -> CompiledGrammar:
+        """``_compile_with_start(spec)``, but by the backend ``auto`` would upgrade it to when
+        that one takes it and pays (no first grammar to build and then replace)."""
+        name = UPGRADES.get(spec.kind)
+        if self.config.backend == "auto" and name is not None:
+            backend = self.backend(name)
+            if backend.accepts(spec) and backend.upgrade_pays(spec):
+                try:
+                    grammar = backend.compile(spec, background=True)
+                except GrammarError:
+                    pass
+                else:
+                    self._start_mask(grammar)
+                    return grammar
+        return self._compile_with_start(spec)
 
     def _start_mask(self, grammar: CompiledGrammar) -> None:
         bitmask = torch.empty((1, self.vocab.bitmask_width), dtype=torch.int32)

@@ -239,10 +239,9 @@ class StagedGrammar(CompiledGrammar):
 
 
 def then_settled(first: Future[CompiledGrammar | None],
-                 after: Callable[[CompiledGrammar], Future[bool] | None]) -> Future[bool]:
-    """A future that settles once ``first`` gave a grammar and the future ``after(grammar)``
-    returns settled, to that future's result (a backend upgrade happened); False if ``first``
-    failed or gave None, or ``after`` returned None."""
+                 after: Callable[[CompiledGrammar], Future[bool] | bool]) -> Future[bool]:
+    """A future that settles once ``first`` gave a grammar and ``after(grammar)`` did (it
+    returns a result, or a future of one); False if ``first`` failed or gave None."""
     done: Future[bool] = Future()
 
     def step(f: Future[CompiledGrammar | None]) -> None:
@@ -251,8 +250,8 @@ def then_settled(first: Future[CompiledGrammar | None],
             done.set_result(False)
             return
         nxt = after(grammar)
-        if nxt is None:
-            done.set_result(False)
+        if isinstance(nxt, bool):
+            done.set_result(nxt)
         else:
             nxt.add_done_callback(
                 lambda f: done.set_result(f.exception() is None and bool(f.result())))
