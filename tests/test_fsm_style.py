@@ -6,6 +6,7 @@ same forms."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,8 @@ from grammarserve.errors import GrammarError
 from grammarserve.fsm import GrammarCompiler
 from grammarserve.fsm.matcher import CompiledGrammar
 from grammarserve.fsm.conformance import walk
-from grammarserve.fsm.style import StagedGrammar, StyledGrammar, StyleLockMatcher, separator_free
+from grammarserve.fsm.style import (StagedGrammar, StyledGrammar, StyleLockMatcher,
+                                    separator_free, then_settled)
 
 pytestmark = pytest.mark.model  # every test here uses the embedded model
 
@@ -212,3 +214,25 @@ def test_a_scalar_schema_compiles_one_style(compiler: GrammarCompiler, tokenizer
     assert not isinstance(matcher, StyleLockMatcher)
     ids = list(tokenizer.encode('"a, b: c"', add_special_tokens=False))
     assert walk(matcher, ids, EOS, compiler.allocate_bitmask(1))[0]
+
+
+def test_an_upgrade_done_before_its_callback_is_set_does_not_deadlock() -> None:
+    # the staged grammar's upgrader chains a callback to the compile of its styles; when that
+    # compile is already done, the callback (which upgrades the grammar) runs at once, on the
+    # thread that is starting the upgrade under the grammar's lock
+    def grammar(backend: str) -> CompiledGrammar:
+        return CompiledGrammar(backend=backend, kind="json_schema", make_matcher=list,
+                               size_bytes=0, compile_s=0.0)  # type: ignore[arg-type]
+
+    first, other = grammar("llguidance"), grammar("xgrammar")
+    done: Future[CompiledGrammar | None] = Future()
+    done.set_result(other)
+
+    def take_over(better: CompiledGrammar) -> bool:
+        first.upgrade(better)
+        return True
+
+    first.set_upgrader(lambda: then_settled(done, take_over))
+    future = first.request_upgrade()
+    assert future is not None and future.result() is True
+    assert first.backend == "xgrammar"

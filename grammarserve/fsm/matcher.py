@@ -282,7 +282,9 @@ class CompiledGrammar:
         self._backend = backend
         self._make_matcher = make_matcher
         self._sizes: list[int | Callable[[], int]] = [size_bytes]
-        self._lock = threading.Lock()
+        # NOTE: reentrant: an upgrader whose work is already done may upgrade at once, on the
+        # thread that holds the lock in request_upgrade
+        self._lock = threading.RLock()
 
     @property
     def backend(self) -> str:
