@@ -23,6 +23,7 @@ straight away where the upgrade would go there anyway, else llguidance's.
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 import time
@@ -129,14 +130,20 @@ class BackendPolicy:
             return AUTO_ORDER[kind]
         return (self.config.backend,)
 
-    def compile(self, spec: GrammarSpec) -> CompiledGrammar:
+    def compile(self, spec: GrammarSpec, refused: tuple[str, GrammarError] | None = None
+                ) -> CompiledGrammar:
         """Compile with the first backend that accepts ``spec``; if all refuse, raise the first
         refusal with every backend's reason appended. A JSON style of ``auto`` compiles every
-        candidate style the backends take (see ``style.py``)."""
+        candidate style the backends take (see ``style.py``). ``refused``: a backend known to
+        refuse ``spec`` already (not tried again) and its refusal."""
         if spec.option("json_style") == "auto":
             return self._compile_styles(spec)
         errors: list[tuple[str, GrammarError]] = []
+        if refused is not None:
+            errors.append((refused[0], copy.copy(refused[1])))
         for name in self.order(spec.kind):
+            if refused is not None and name == refused[0]:
+                continue
             try:
                 grammar = self.backend(name).compile(spec)
             except GrammarError as e:
@@ -159,8 +166,10 @@ class BackendPolicy:
                 and self.order(spec.kind)[0] == "llguidance"):
             try:
                 return self._compile_staged(specs)
-            except GrammarError:
-                pass  # NOTE: compiled style by style, each refusal is reported as before
+            except GrammarError as e:
+                # NOTE: the styles differ from it only in whitespace: llguidance refuses
+                # them too, so only the other backends are tried, style by style
+                return self._styled(specs, parallel=True, refused=("llguidance", e))
         return self._styled(specs, parallel=True)
 
     def _compile_staged(self, specs: list[GrammarSpec]) -> CompiledGrammar:
@@ -185,16 +194,20 @@ class BackendPolicy:
         grammar.set_upgrader(lambda: then_settled(self._upgrades.submit(styled), take_over))
         return grammar
 
-    def _styled(self, specs: list[GrammarSpec], parallel: bool, upgraded: bool = False
-                ) -> CompiledGrammar:
+    def _styled(self, specs: list[GrammarSpec], parallel: bool, upgraded: bool = False,
+                refused: tuple[str, GrammarError] | None = None) -> CompiledGrammar:
         """A :class:`StyledGrammar` of ``specs`` (one per style), compiled side by side if
         ``parallel``, else one after the other on this thread; ``upgraded``: straight to the
-        upgrade backend where it would be upgraded to anyway."""
+        upgrade backend where it would be upgraded to anyway; ``refused``: see ``compile``."""
         start = time.perf_counter()
+
+        def one(style_spec: GrammarSpec) -> CompiledGrammar:
+            if upgraded:
+                return self._upgraded_with_start(style_spec)
+            return self._compile_with_start(style_spec, refused)
+
         others: list[Future[CompiledGrammar]] = [
-            self._style_pool().submit(self._compile_with_start, s) for s in specs[1:]
-        ] if parallel else []
-        one = self._upgraded_with_start if upgraded else self._compile_with_start
+            self._style_pool().submit(one, s) for s in specs[1:]] if parallel else []
         outcomes: list[CompiledGrammar | GrammarError] = []
         for i, style_spec in enumerate(specs):
             try:
@@ -207,10 +220,11 @@ class BackendPolicy:
             raise next(e for e in outcomes if isinstance(e, GrammarError))
         return StyledGrammar(specs[0].kind, styles, self.vocab, time.perf_counter() - start)
 
-    def _compile_with_start(self, spec: GrammarSpec) -> CompiledGrammar:
+    def _compile_with_start(self, spec: GrammarSpec,
+                            refused: tuple[str, GrammarError] | None = None) -> CompiledGrammar:
         """``compile(spec)`` plus the grammar's start mask (kept for its matchers, see
         ``SharedMasks``), so that it is computed on this thread too."""
-        grammar = self.compile(spec)
+        grammar = self.compile(spec, refused)
         self._start_mask(grammar)
         return grammar
 
