@@ -15,10 +15,15 @@ from walk_helpers import allowed_tokens, walk_jump_forward
 
 from grammarserve.errors import GrammarError
 from grammarserve.fsm import GrammarCompiler
-from grammarserve.fsm.matcher import CompiledGrammar
 from grammarserve.fsm.conformance import walk
-from grammarserve.fsm.style import (StagedGrammar, StyledGrammar, StyleLockMatcher,
-                                    separator_free, then_settled)
+from grammarserve.fsm.matcher import CompiledGrammar
+from grammarserve.fsm.style import (
+    StagedGrammar,
+    StyledGrammar,
+    StyleLockMatcher,
+    separator_free,
+    then_settled,
+)
 
 pytestmark = pytest.mark.model  # every test here uses the embedded model
 

@@ -119,7 +119,7 @@ class LLGuidanceBackend(GrammarBackend):
             self.style_table()
 
     def style_table(self) -> StyleTable:
-        """The JSON style tracker's tables (``style_track.py``; built once, ~0.2 s)."""
+        """The JSON style tracker's tables (``style_track.py``; built once, ~0.1 s)."""
         tokens = self.token_bytes()
         with self._lock:
             if self._styles is None:
