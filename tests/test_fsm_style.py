@@ -19,6 +19,7 @@ from grammarserve.fsm.conformance import walk
 from grammarserve.fsm.matcher import CompiledGrammar
 from grammarserve.fsm.style import (
     StagedGrammar,
+    StagedMatcher,
     StyledGrammar,
     StyleLockMatcher,
     separator_free,
@@ -241,3 +242,32 @@ def test_an_upgrade_done_before_its_callback_is_set_does_not_deadlock() -> None:
     future = first.request_upgrade()
     assert future is not None and future.result() is True
     assert first.backend == "xgrammar"
+
+
+def test_a_running_first_request_moves_to_the_styles_once_ready(
+        compiler: GrammarCompiler, backend: str, tokenizer: Any) -> None:
+    if backend != "llguidance":
+        pytest.skip("xgrammar compiles the styles from the start")
+    token_bytes = [tokenizer.decode([t]).encode() for t in range(len(tokenizer))]
+    bitmask = compiler.allocate_bitmask(1)
+    text = json.dumps(INSTANCE)
+    ids = _ids(tokenizer, text)
+    grammar = _grammar(compiler, PERSON, "first")
+    running, idle = grammar.matcher(), grammar.matcher()  # the second use starts the upgrade
+    assert isinstance(running, StagedMatcher) and isinstance(idle, StagedMatcher)
+    half = len(ids) // 2
+    for tok in ids[:half]:  # NOTE: may move already if the upgrade is quick; both are fine
+        running.fill_bitmask(bitmask, 0)
+        assert tok in allowed_tokens(bitmask)
+        assert running.accept_token(tok)
+    assert grammar.upgrade_future is not None
+    grammar.upgrade_future.result()
+    ok, why = walk(running, ids[half:], EOS, bitmask)
+    assert ok and running.moved, why
+    running.rollback(len(ids) + 1)  # back to the start, across the move
+    compact = _ids(tokenizer, json.dumps(INSTANCE, separators=(",", ":")))
+    assert walk(running, compact, EOS, bitmask)[0]
+    # a request that had not started gets the styles' jump-forward in full
+    ok, why, forced = walk_jump_forward(idle, text, tokenizer, bitmask, EOS, token_bytes)
+    reused = walk_jump_forward(grammar.matcher(), text, tokenizer, bitmask, EOS, token_bytes)
+    assert ok and idle.moved and forced == reused[2], (why, forced, reused)

@@ -177,7 +177,7 @@ class BackendPolicy:
         grammars are compiled on the upgrade thread when the grammar is reused."""
         either = self.backend("llguidance").compile(specs[0].with_option("json_style", "either"))
         self._start_mask(either)
-        grammar = StagedGrammar(either)
+        grammar = StagedGrammar(either, self.vocab)
 
         def styled() -> CompiledGrammar | None:
             try:

@@ -22,7 +22,8 @@ A JSON schema's first requests need not wait for two builds: a :class:`StagedGra
 them from one llguidance grammar of both styles at once, narrowed token by token by a
 ``style_track.StyleTracker`` (the same language as the lock-step pair; what it gives up is
 jump-forward across separators, where its grammar allows an optional space). When the schema
-is reused, the per-style grammars are compiled in the background and take over.
+is reused, the per-style grammars are compiled in the background and take over, also in the
+requests already running (:class:`StagedMatcher` replays their tokens).
 """
 
 from __future__ import annotations
@@ -216,16 +217,71 @@ def _all_settled(futures: list[Future[bool]]) -> Future[bool]:
     return done
 
 
+class StagedMatcher(Matcher):
+    """A matcher of a :class:`StagedGrammar`: its grammar of both styles until the per-style
+    grammars are ready, then theirs (the tokens so far replayed into it, which their shared
+    language always takes), so a request that outlives the upgrade gets their jump-forward."""
+
+    def __init__(self, vocab: VocabInfo, inner: Matcher, grammar: StagedGrammar,
+                 shared: SharedMasks) -> None:
+        super().__init__(vocab, shared)
+        self._inner = inner
+        self._grammar = grammar
+        self._tokens: list[int] = []
+        self._moved = False
+
+    @property
+    def moved(self) -> bool:
+        """Whether the per-style grammars took over."""
+        return isinstance(self._inner, StyleLockMatcher)
+
+    def _move(self) -> None:
+        styled = self._grammar.styled
+        if self._moved or styled is None or self._inner.is_error() \
+                or self._inner.is_terminated():
+            return
+        self._moved = True  # NOTE: tried once; a failed replay keeps the matcher it has
+        other = styled.probe()
+        for t in self._tokens:
+            if not other.accept_token(t):
+                return
+        self._inner = other
+
+    def _accept(self, token_id: int) -> bool:
+        ok = self._inner.accept_token(token_id)
+        if ok:
+            self._tokens.append(token_id)
+        return ok
+
+    def _fill(self, bitmask: torch.Tensor, row: int) -> None:
+        self._move()
+        self._inner.fill_bitmask(bitmask, row)
+
+    def _forced(self) -> list[int]:
+        self._move()
+        return self._inner.forced_tokens()
+
+    def _rollback(self, n: int) -> None:
+        self._inner.rollback(n)
+        del self._tokens[max(0, len(self._tokens) - n):]
+
+    def _backend_error(self) -> str | None:
+        return self._inner.error() if self._inner.is_error() else None
+
+
 class StagedGrammar(CompiledGrammar):
     """A JSON schema's grammar of both styles at once (one build, for its first requests),
     replaced by its :class:`StyledGrammar` once that is compiled (on reuse, in the
-    background; ``policy.py``)."""
+    background; ``policy.py``); the matchers made before move over too."""
 
-    def __init__(self, either: CompiledGrammar) -> None:
+    def __init__(self, either: CompiledGrammar, vocab: VocabInfo) -> None:
         self.styled: StyledGrammar | None = None
+        shared = SharedMasks()
         super().__init__(backend=either.backend, kind=either.kind,
-                         make_matcher=either._make_matcher,
-                         size_bytes=lambda: either.size_bytes, compile_s=either.compile_s)
+                         make_matcher=lambda: StagedMatcher(vocab, either.probe(), self,
+                                                            shared),
+                         size_bytes=lambda: either.size_bytes + shared.nbytes,
+                         compile_s=either.compile_s)
 
     @property
     def backend(self) -> str:
