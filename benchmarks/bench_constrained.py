@@ -14,7 +14,8 @@ mask-fill time as a share of the step time (and the part the step waited for), t
 ``valid_pct`` (valid JSON among all replies, cut or not) and field accuracy.
 
 ``--few-shot-style spaced|compact|indented|none`` picks how the prompt's worked examples are
-written (``extraction_workload.py``); ``--dump-replies PATH`` writes every reply as JSONL.
+written (``extraction_workload.py``); ``--dump-replies PATH`` writes every reply as JSONL;
+``--cold-schema`` makes (c) the schema's first batch (compile cache emptied before it).
 """
 
 from __future__ import annotations
@@ -104,6 +105,9 @@ def main() -> None:
     ap.add_argument("--few-shot-style", choices=wl.FEW_SHOT_STYLES, default="spaced",
                     help="the few-shot answers as json.dumps defaults (spaced), compact, "
                          "indent=2, or no examples")
+    ap.add_argument("--cold-schema", action="store_true",
+                    help="run (c) as the schema's first batch: its compile cache is emptied "
+                         "first, so the compile and the first requests' grammar are timed")
     ap.add_argument("--dump-replies", metavar="PATH", default=None,
                     help="write each reply (run, text, finish_reason, valid) as JSONL")
     args = ap.parse_args()
@@ -130,8 +134,11 @@ def main() -> None:
                                           constraint=schema)] * args.docs,
     }
     engine.grammar.compiler.compile_json_schema(wl.SCHEMA)  # compile outside the timed runs
-    res = {name: run(engine, prompts, p, expected, name != "a_unconstrained")
-           for name, p in runs.items()}
+    res = {}
+    for name, p in runs.items():
+        if args.cold_schema and name.startswith("c_"):
+            engine.grammar.compiler.clear_caches()
+        res[name] = run(engine, prompts, p, expected, name != "a_unconstrained")
     if args.dump_replies:
         with open(args.dump_replies, "w") as f:
             for name, r in res.items():
