@@ -20,12 +20,13 @@ current run) is tracked from the accepted tokens' bytes.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
 WHITESPACE = frozenset(b" \t\r\n")
 DIGITS = frozenset(b"0123456789")
+S = TypeVar("S")
 #: Longest run of digits outside strings (17 significant digits of a double + leading zeros).
 MAX_DIGITS = 20
 
@@ -59,17 +60,28 @@ class RunBudget:
         self.outside_all = bool(ok[0].all())
         self.max_lead = int(lead.max(initial=0))
 
+    def _mask(self, in_string: bool, escape: bool, run: int) -> np.ndarray | None:
+        """The packed bitmask of the tokens allowed in this state (None: all of them)."""
+        if in_string:
+            if self.inside_all:
+                return None
+            return self.escaped if escape else self.inside
+        budget = self.limit - run
+        if budget >= self.max_lead and self.outside_all:
+            return None
+        return self.outside[max(budget, 0)]  # type: ignore[no-any-return]
+
     def apply(self, row: np.ndarray, in_string: bool, escape: bool, run: int) -> None:
         """AND the allowed tokens for this state into ``row`` (one bitmask row, as a numpy
         int32 view: ~1 us, where a torch op costs ~7 us of dispatch)."""
-        if in_string:
-            if not self.inside_all:
-                np.bitwise_and(row, self.escaped if escape else self.inside, out=row)
-            return
-        budget = self.limit - run
-        if budget >= self.max_lead and self.outside_all:
-            return
-        np.bitwise_and(row, self.outside[max(budget, 0)], out=row)
+        mask = self._mask(in_string, escape, run)
+        if mask is not None:
+            np.bitwise_and(row, mask, out=row)
+
+    def allows(self, token_id: int, in_string: bool, escape: bool, run: int) -> bool:
+        """Whether this state allows ``token_id`` (one bit read, no row built)."""
+        mask = self._mask(in_string, escape, run)
+        return mask is None or bool((int(mask[token_id >> 5]) >> (token_id & 31)) & 1)
 
     def advance(self, state: tuple[bool, bool, int], text: bytes) -> tuple[bool, bool, int]:
         """The lexer state after ``text``."""
@@ -141,14 +153,30 @@ class LexTracker(Protocol):
         """How many of ``tokens``, accepted in order from now, the bound allows."""
 
 
-class RunTracker:
+class HistoryTracker(Generic[S]):
+    """A tracker's state with its history, for rollback (shared by the lexical trackers)."""
+
+    def __init__(self, state: S) -> None:
+        self.state = state
+        self.history: list[S] = []
+
+    def _push(self, state: S) -> None:
+        self.history.append(self.state)
+        self.state = state
+
+    def rollback(self, n: int) -> None:
+        """Undo the last ``n`` tokens."""
+        for _ in range(min(n, len(self.history))):
+            self.state = self.history.pop()
+
+
+class RunTracker(HistoryTracker[tuple[bool, bool, int]]):
     """Per-matcher JSON lexical state for one :class:`RunBudget` (in string, escape, current
     run), with history for rollback."""
 
     def __init__(self, budget: RunBudget) -> None:
+        super().__init__((False, False, 0))
         self.budget = budget
-        self.state = (False, False, 0)
-        self.history: list[tuple[bool, bool, int]] = []
 
     def apply(self, row: np.ndarray) -> None:
         """Restrict ``row`` (numpy int32 view) to the tokens that keep the runs bounded."""
@@ -156,22 +184,13 @@ class RunTracker:
 
     def advance(self, token_id: int) -> None:
         """Update the state with an accepted token."""
-        self.history.append(self.state)
-        self.state = self.budget.advance(self.state, self.budget.token_bytes[token_id])
-
-    def rollback(self, n: int) -> None:
-        """Undo the last ``n`` tokens."""
-        for _ in range(min(n, len(self.history))):
-            self.state = self.history.pop()
+        self._push(self.budget.advance(self.state, self.budget.token_bytes[token_id]))
 
     def permits(self, tokens: list[int]) -> int:
         """How many of ``tokens``, accepted in order from now, keep the runs bounded."""
         state = self.state
         for i, t in enumerate(tokens):
-            row = np.full(self.budget.outside.shape[1], -1, dtype=np.int32)
-            self.budget.apply(row, *state)
-            word, bit = divmod(t, 32)
-            if not (int(row[word]) >> bit) & 1:
+            if not self.budget.allows(t, *state):
                 return i
             state = self.budget.advance(state, self.budget.token_bytes[t])
         return len(tokens)

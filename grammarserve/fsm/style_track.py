@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from grammarserve.fsm.runs import pack_mask
+from grammarserve.fsm.runs import HistoryTracker, pack_mask
 
 # Lexical states, and the styles the output may still be in.
 _OUT, _AFTER_SEP, _IN, _ESCAPE = range(4)
@@ -83,14 +83,13 @@ class StyleTable:
                                  for s in range(STATES)])
 
 
-class StyleTracker:
+class StyleTracker(HistoryTracker[int]):
     """One output's style state over a :class:`StyleTable`, with history for rollback (the
     interface of ``runs.RunTracker``)."""
 
     def __init__(self, table: StyleTable) -> None:
+        super().__init__(_UNDECIDED * 4 + _OUT)
         self.table = table
-        self.state = _UNDECIDED * 4 + _OUT
-        self.history: list[int] = []
 
     @property
     def style(self) -> str:
@@ -103,16 +102,10 @@ class StyleTracker:
 
     def advance(self, token_id: int) -> None:
         """Update the state with an accepted token."""
-        self.history.append(self.state)
         nxt = int(self.table.after[self.state, token_id])
         # NOTE: the grammar accepted a token this tracker refuses only if the caller skipped
         # the mask (forced tokens are cut by ``permits``); keep the state rather than sink.
-        self.state = self.state if nxt == _REJECT else nxt
-
-    def rollback(self, n: int) -> None:
-        """Undo the last ``n`` tokens."""
-        for _ in range(min(n, len(self.history))):
-            self.state = self.history.pop()
+        self._push(self.state if nxt == _REJECT else nxt)
 
     def permits(self, tokens: list[int]) -> int:
         """How many of ``tokens``, accepted in order from now, keep one style."""
