@@ -267,7 +267,38 @@ def test_a_running_first_request_moves_to_the_styles_once_ready(
     running.rollback(len(ids) + 1)  # back to the start, across the move
     compact = _ids(tokenizer, json.dumps(INSTANCE, separators=(",", ":")))
     assert walk(running, compact, EOS, bitmask)[0]
-    # a request that had not started gets the styles' jump-forward in full
-    ok, why, forced = walk_jump_forward(idle, text, tokenizer, bitmask, EOS, token_bytes)
-    reused = walk_jump_forward(grammar.matcher(), text, tokenizer, bitmask, EOS, token_bytes)
-    assert ok and idle.moved and forced == reused[2], (why, forced, reused)
+    # a request that had not started moves at its first mask past the shared first ones
+    ok, why, _ = walk_jump_forward(idle, text, tokenizer, bitmask, EOS, token_bytes)
+    assert ok and idle.moved, why
+
+
+@pytest.mark.parametrize("landing", range(1, 9))
+def test_a_move_never_splits_a_mask_from_its_forced_tokens(
+        compiler: GrammarCompiler, backend: str, tokenizer: Any, landing: int) -> None:
+    """The per-style grammars take over between a mask and the forced tokens asked for at
+    the same position (the upgrade lands there): the forced tokens still agree with the mask,
+    and every forced token is accepted (the grammars differ in which tokenizations of a forced
+    span they allow; the case json_value's `{"key": ` hit once in CI)."""
+    if backend != "llguidance":
+        pytest.skip("xgrammar compiles the styles from the start")
+    token_bytes = [tokenizer.decode([t]).encode() for t in range(len(tokenizer))]
+    schema = json.loads((SCHEMAS[0].parent / "json_value.json").read_text())["schema"]
+    text = '{"key": "features.beta", "value": [{"name": "search", "enabled": false}, null]}'
+    grammar = _grammar(compiler, schema, "first")
+    matcher = grammar.matcher()
+    calls = 0
+    forced_tokens = matcher.forced_tokens
+
+    def land_then_force() -> list[int]:
+        nonlocal calls
+        calls += 1
+        if calls == landing:
+            upgrade = grammar.request_upgrade()
+            assert upgrade is not None
+            upgrade.result()  # False here: llguidance upgraded to llguidance
+        return forced_tokens()
+
+    matcher.forced_tokens = land_then_force  # type: ignore[method-assign]
+    bitmask = compiler.allocate_bitmask(1)
+    ok, why, _ = walk_jump_forward(matcher, text, tokenizer, bitmask, EOS, token_bytes)
+    assert ok and matcher.moved, why

@@ -229,6 +229,7 @@ class StagedMatcher(Matcher):
         self._grammar = grammar
         self._tokens: list[int] = []
         self._moved = False
+        self._pending = 0  # forced tokens handed out and not yet accepted
 
     @property
     def moved(self) -> bool:
@@ -236,8 +237,12 @@ class StagedMatcher(Matcher):
         return isinstance(self._inner, StyleLockMatcher)
 
     def _move(self) -> None:
+        # NOTE: only where a mask is computed, and never with forced tokens outstanding: the
+        # grammars differ in which tokenizations of a forced span they allow (llguidance allows
+        # the canonical one of the bytes it sees forced), so a mask, or forced tokens, from one
+        # must be followed by the tokens that same matcher accepts.
         styled = self._grammar.styled
-        if self._moved or styled is None or self._inner.is_error() \
+        if self._moved or styled is None or self._pending or self._inner.is_error() \
                 or self._inner.is_terminated():
             return
         self._moved = True  # NOTE: tried once; a failed replay keeps the matcher it has
@@ -246,11 +251,14 @@ class StagedMatcher(Matcher):
             if not other.accept_token(t):
                 return
         self._inner = other
+        # NOTE: the staged grammar's masks of the first tokens are the other grammar's
+        self._shared = SharedMasks()
 
     def _accept(self, token_id: int) -> bool:
         ok = self._inner.accept_token(token_id)
         if ok:
             self._tokens.append(token_id)
+            self._pending = max(0, self._pending - 1)
         return ok
 
     def _fill(self, bitmask: torch.Tensor, row: int) -> None:
@@ -258,12 +266,14 @@ class StagedMatcher(Matcher):
         self._inner.fill_bitmask(bitmask, row)
 
     def _forced(self) -> list[int]:
-        self._move()
-        return self._inner.forced_tokens()
+        forced = self._inner.forced_tokens()
+        self._pending = len(forced)
+        return forced
 
     def _rollback(self, n: int) -> None:
         self._inner.rollback(n)
         del self._tokens[max(0, len(self._tokens) - n):]
+        self._pending = 0
 
     def _backend_error(self) -> str | None:
         return self._inner.error() if self._inner.is_error() else None

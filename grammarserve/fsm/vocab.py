@@ -21,12 +21,16 @@ class VocabInfo:
         Tokens that end generation; the mask allows them exactly where the grammar may end.
     fingerprint : str
         Hash of the vocabulary, the stop tokens and ``vocab_size`` (part of every cache key).
+    special_token_ids : tuple[int, ...]
+        The tokenizer's special (control) tokens, stop tokens included: no text, so no grammar
+        may allow one inside the output (the detokenizer drops them).
     """
 
     tokenizer: Any = field(repr=False, compare=False)
     vocab_size: int
     stop_token_ids: tuple[int, ...]
     fingerprint: str
+    special_token_ids: tuple[int, ...] = ()
 
     @property
     def bitmask_width(self) -> int:
@@ -64,6 +68,10 @@ class VocabInfo:
         digest = hashlib.sha256()
         for token, idx in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1]):
             digest.update(f"{idx}\x00{token}\x01".encode("utf-8", "surrogatepass"))
-        digest.update(f"|{size}|{stops}".encode())
+        special = {int(i) for i in getattr(tokenizer, "all_special_ids", ())} | {
+            int(i) for i, added in getattr(tokenizer, "added_tokens_decoder", {}).items()
+            if getattr(added, "special", False)}
+        specials = tuple(sorted(i for i in special if 0 <= i < size))
+        digest.update(f"|{size}|{stops}|{specials}".encode())
         return cls(tokenizer=tokenizer, vocab_size=size, stop_token_ids=stops,
-                   fingerprint=digest.hexdigest()[:32])
+                   fingerprint=digest.hexdigest()[:32], special_token_ids=specials)

@@ -58,8 +58,7 @@ class XGrammarBackend(GrammarBackend):
 
     def __init__(self, vocab: VocabInfo, config: GrammarConfig) -> None:
         super().__init__(vocab, config)
-        info = xgr.TokenizerInfo.from_huggingface(vocab.tokenizer, vocab_size=vocab.vocab_size,
-                                                  stop_token_ids=list(vocab.stop_token_ids))
+        info = _tokenizer_info(vocab)
         # NOTE: a foreground compile builds token masks lazily (~1.5 ms instead of 8-50 ms at
         # p50, up to ~1 s); a background one (auto's upgrade) builds them all ahead of time.
         self._compilers = {
@@ -188,3 +187,23 @@ class XGrammarBackend(GrammarBackend):
                                size_bytes=lambda: (int(compiled.memory_size_bytes) + 4096
                                                    + shared.nbytes),
                                compile_s=time.perf_counter() - start)
+
+
+def _tokenizer_info(vocab: VocabInfo) -> Any:
+    """xgrammar's view of the vocabulary, with the special tokens as empty strings: xgrammar
+    then never allows one inside the output (its own detection finds none in byte-level
+    vocabularies such as SmolLM2's, so ``<|im_start|>`` was allowed inside a JSON string as
+    literal text the detokenizer then drops). Stop tokens stay stop tokens (by id)."""
+    info = xgr.TokenizerInfo.from_huggingface(vocab.tokenizer, vocab_size=vocab.vocab_size,
+                                              stop_token_ids=list(vocab.stop_token_ids))
+    if not vocab.special_token_ids:
+        return info
+    encoded = [""] * vocab.vocab_size
+    for token, idx in vocab.tokenizer.get_vocab().items():
+        if idx < vocab.vocab_size:
+            encoded[idx] = token
+    for idx in vocab.special_token_ids:
+        encoded[idx] = ""
+    return xgr.TokenizerInfo(encoded, vocab_type=info.vocab_type, vocab_size=vocab.vocab_size,
+                             stop_token_ids=list(vocab.stop_token_ids),
+                             add_prefix_space=info.add_prefix_space)
