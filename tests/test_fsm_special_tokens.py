@@ -19,7 +19,7 @@ CASES: list[tuple[str, tuple[Any, ...], str, str]] = [
     ("json_schema", ({"type": "object", "properties": {"s": {"type": "string"}},
                       "required": ["s"], "additionalProperties": False},),
      '{"s": "ab', '{"s": "ab"}'),
-    ("json_schema", ({"type": "string", "minLength": 3},), '"a', '"abc"'),
+    ("json_schema", ({"type": "string", "pattern": "^[a-z ]{3,}$"},), '"a', '"abc"'),
     ("regex", (r"[^\n]{1,40}\.",), "hello ", "hello there."),
 ]
 

@@ -23,6 +23,7 @@ them only narrows what is generated. Draft-03 is refused.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -56,6 +57,8 @@ _LIST = ("items", "prefixItems", "allOf", "anyOf", "oneOf")
 _MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
         "dependencies")
 _KEYS = frozenset(_ONE + _LIST + _MAP)
+#: 2020-12's meta-schema URI and the "latest" alias (read as 2020-12), as SchemaStore writes them.
+_LATEST = re.compile(r"^https?://json-schema\.org/(draft/2020-12/)?schema#?$")
 
 
 def declared_draft(schema: Any) -> int:
@@ -103,8 +106,10 @@ def children(node: dict[str, Any], where: Parts) -> list[tuple[dict[str, Any], P
 
 
 def to_draft_2020(schema: Any) -> Any:
-    """``schema`` in Draft 2020-12 terms: unchanged (the same object) if it declares 2020-12 or
-    nothing, else meta-validated against its draft and translated (a new object).
+    """``schema`` in Draft 2020-12 terms: unchanged (the same object) if it declares nothing or
+    an unknown URI, a copy of its top level without ``$schema`` if it declares 2020-12 or the
+    "latest" alias ``http://json-schema.org/schema``, else meta-validated against its draft and
+    translated (a new object).
 
     Raises
     ------
@@ -115,6 +120,10 @@ def to_draft_2020(schema: Any) -> Any:
     """
     draft = declared_draft(schema)
     if draft == 2020:
+        if isinstance(schema, dict) and _LATEST.match(str(schema.get("$schema", ""))):
+            # NOTE: dropped as for the other drafts, or llguidance tries to fetch the "latest"
+            # alias; any other URI may name a custom meta-schema (vocabularies): kept, refused
+            return {k: v for k, v in schema.items() if k != "$schema"}
         return schema
     _meta_validate(schema, draft)
     from grammarserve.fsm.json_schema import copy_json  # NOTE: json_schema imports us

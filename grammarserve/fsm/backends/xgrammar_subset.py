@@ -188,9 +188,40 @@ def check_xgrammar_exact(schema: dict[str, Any]) -> None:
             _refuse(parts, "format", "xgrammar does not know this format")
         if "pattern" in keys and ({"minLength", "maxLength", "format"} & keys):
             _refuse(parts, "pattern", "xgrammar ignores minLength/maxLength next to 'pattern'")
+        bounds = sorted({"minLength", "maxLength"} & keys)
+        if bounds:
+            _refuse(parts, bounds[0], "xgrammar's length-bounded strings take raw control "
+                                      "characters (invalid JSON) and no escapes")
+        if isinstance(pattern, str) and may_need_escape(pattern):
+            _refuse(parts, "pattern", "xgrammar writes pattern strings without escapes, so a "
+                                      "value with '\"', '\\' or a control character could "
+                                      "not be written")
         if sub.get("additionalProperties") not in (None, False, True) and "properties" in keys:
             _refuse(parts, "additionalProperties", "xgrammar handles only boolean "
                                                    "additionalProperties next to properties")
+
+
+def may_need_escape(pattern: str) -> bool:
+    """Whether a string ``pattern`` matches may hold a character JSON writes escaped (``"``,
+    ``\\`` or U+0000-U+001F). Conservative: a negated class, ``.``, a class escape that takes
+    whitespace (``\\s``, ``\\S``, ``\\W``, ``\\D``, ``\\P``), a control or code escape, or the two
+    characters themselves say yes."""
+    i, in_class = 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            if pattern[i + 1:i + 2] in ("", *'"\\sSWDPtnrfvx0cu'):
+                return True
+            i += 2
+            continue
+        if c == '"' or (c == "." and not in_class) or (c == "[" and pattern[i + 1:i + 2] == "^"):
+            return True
+        if c == "[":
+            in_class = True
+        elif c == "]":
+            in_class = False
+        i += 1
+    return False
 
 
 def slow_masks_at(schema: dict[str, Any]) -> str | None:
