@@ -75,6 +75,26 @@ def test_first_and_reused_grammars_take_the_same_strings(tokenizer: Any) -> None
             json.loads(text)
 
 
+#: A valid value and one xgrammar's format takes although it is not valid.
+FORMATS = {"date": ["2025-02-28", "2025-02-30"], "ipv4": ["1.2.3.4", "01.2.3.4"]}
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_formats_mean_the_same_first_and_reused(tokenizer: Any, fmt: str) -> None:
+    compiler = GrammarCompiler(tokenizer, upgrade_niceness=0)
+    schema = {"type": "object", "properties": {"v": {"type": "string", "format": fmt}},
+              "required": ["v"], "additionalProperties": False}
+    texts = [json.dumps({"v": v}) for v in FORMATS[fmt]]
+    first = compiler.compile_json_schema(schema)
+    firsts = [_accepts(compiler, first, tokenizer, t) for t in texts]
+    upgrade = first.request_upgrade()
+    if upgrade is not None:
+        upgrade.result()
+    reused = compiler.compile_json_schema(schema)
+    assert firsts == [True, False]
+    assert [_accepts(compiler, reused, tokenizer, t) for t in texts] == firsts
+
+
 def test_an_unknown_schema_uri_is_read_as_2020_12(tokenizer: Any) -> None:
     compiler = GrammarCompiler(tokenizer, background_upgrade=False)
     schema = {"$schema": "http://json-schema.org/schema", "type": "object",
