@@ -51,7 +51,7 @@ def test_compact_instances_accepted_and_spaced_ones_refused(compiler: GrammarCom
                 if spaced != text:
                     ids = tokenizer.encode(spaced, add_special_tokens=False)
                     assert not walk(grammar.matcher(), ids, EOS, bitmask)[0], item["name"]
-    assert compiled >= 40
+    assert compiled >= 36  # xgrammar alone: 38 of schemas/ (benchmarks/upgrade_coverage.py)
 
 
 def test_compact_jump_forward_forces_keys(tokenizer: Any) -> None:
