@@ -18,6 +18,7 @@ invalid ones in compact form.
 
     .venv/bin/python benchmarks/bench_grammar.py [--corpora schemas,realworld,suite]
         [--engines grammarserve_cold,grammarserve_steady,xgrammar,llguidance] [--limit N]
+        [--compile-only]
 """
 
 from __future__ import annotations
@@ -156,7 +157,7 @@ class _Tally:
 
 
 def _run(compile_fn: Callable[[Any], Any], cases: list[Any], tok: Any, stop: int,
-         bitmask: torch.Tensor, encoded: dict[str, list[int]]) -> _Tally:
+         bitmask: torch.Tensor, encoded: dict[str, list[int]], walks: bool = True) -> _Tally:
     from grammarserve.fsm.conformance import instance_texts, walk
 
     t = _Tally()
@@ -173,7 +174,7 @@ def _run(compile_fn: Callable[[Any], Any], cases: list[Any], tok: Any, stop: int
         except Exception:  # noqa: BLE001 - a refusal counts as refused
             make = None
             t.c["refused"] += 1
-        for _, instance, valid in case.tests:
+        for _, instance, valid in case.tests if walks else []:
             texts = instance_texts(instance) if valid else instance_texts(instance)[:1]
             for text in texts:
                 ok = False
@@ -215,6 +216,8 @@ def main() -> None:
     parser.add_argument("--engines",
                         default="grammarserve_cold,grammarserve_steady,xgrammar,llguidance")
     parser.add_argument("--limit", type=int, default=0, help="max schemas per corpus (0 = all)")
+    parser.add_argument("--compile-only", action="store_true",
+                        help="no walks between compiles (compile times alone; no masks)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -243,7 +246,8 @@ def main() -> None:
     for corpus, cases in corpora.items():
         block: dict[str, Any] = {"schemas": len(cases), "engines": {}}
         for name in args.engines.split(","):
-            tally = _run(engines[name], cases, tok, stop, bitmask, encoded)
+            tally = _run(engines[name], cases, tok, stop, bitmask, encoded,
+                         walks=not args.compile_only)
             totals.setdefault(name, _Tally()).add(tally)
             block["engines"][name] = tally.summary()
             print(f"# {corpus} {name}: {json.dumps(block['engines'][name])}", file=sys.stderr)
