@@ -77,6 +77,7 @@ def normalize(schema: dict[str, Any]) -> dict[str, Any]:
             sub.pop("maxContains", None)
         if "format" in sub and sub["format"] not in KNOWN_FORMATS:
             del sub["format"]
+        _calendar_pattern(sub)
     _inline_false_refs(schema, nodes)
     copied = _inline_cyclic_refs(schema, nodes)
     for sub, _ in nodes:
@@ -86,6 +87,29 @@ def normalize(schema: dict[str, Any]) -> dict[str, Any]:
     if copied or any("oneOf" in sub for sub, _ in nodes):
         schema = rewrite_oneof_cases(rewrite_oneof(schema))
     return dedupe_members(schema)
+
+
+#: RFC 3339 full-date on the Gregorian calendar (02-29 only in leap years), and date-time with
+#: it ('T'/'Z' in either case, fractional seconds, second 60, numeric offsets). The backends'
+#: own formats take 02-29 in every year, and xgrammar's date-time 04-31 too.
+_DATE = (r"(\d{4}-(0[13578]|1[02])-(0[1-9]|[12]\d|3[01])|\d{4}-(0[469]|11)-(0[1-9]|[12]\d|30)"
+         r"|\d{4}-02-(0[1-9]|1\d|2[0-8])"
+         r"|(\d{2}(0[48]|[2468][048]|[13579][26])|([02468][048]|[13579][26])00)-02-29)")
+_TIME = r"([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([Zz]|[+-]([01]\d|2[0-3]):[0-5]\d)"
+CALENDAR_PATTERNS = {"date": f"^{_DATE}$", "date-time": f"^{_DATE}[Tt]{_TIME}$"}
+
+
+def _calendar_pattern(sub: dict[str, Any]) -> None:
+    """``format: date`` / ``date-time`` as the exact pattern (beside a ``pattern`` of its own,
+    in an ``allOf``), so every backend holds the calendar."""
+    fmt = sub.get("format")
+    if not isinstance(fmt, str) or fmt not in CALENDAR_PATTERNS:
+        return
+    del sub["format"]
+    if "pattern" in sub:
+        sub["allOf"] = [*sub.get("allOf", []), {"pattern": CALENDAR_PATTERNS[fmt]}]
+    else:
+        sub["pattern"] = CALENDAR_PATTERNS[fmt]
 
 
 def _inline_false_refs(schema: dict[str, Any],

@@ -16,18 +16,19 @@ from typing import Any
 
 from grammarserve.errors import UnsupportedSchemaError
 from grammarserve.fsm.json_schema import iter_subschemas, json_path
-from grammarserve.fsm.normalize import KNOWN_FORMATS
+from grammarserve.fsm.normalize import CALENDAR_PATTERNS, KNOWN_FORMATS
 
 _ESCAPED = re.compile(r'["\\\x00-\x1f\x7f]')
 # ``^<one character><quantifier>$``: a bracket class, \d, \w or a plain character, repeated.
 _SINGLE_CHAR_RUN = re.compile(r"^\^((?:\[(?:\\.|[^\]\\\[])+\])|\\[dw]|[A-Za-z0-9 _-])"
                               r"(?:([*+?])|\{(\d+)(?:(,)(\d*))?\})\$$")
 
-#: Formats xgrammar (0.2.9) takes values of that are not valid (llguidance refuses them).
-#: NOTE: its stricter ones are kept (fsm/README.md): hostname refuses upper case, date-time
-#: RFC 3339's lower-case 't' and 'z'; common in schemas, rare in output, fast with xgrammar.
-_FORMATS_OFF = {"date": "takes impossible dates (2025-02-30)",
-                "ipv4": "takes leading zeros (01.2.3.4)"}
+#: Formats xgrammar (0.2.9) takes values of that are not valid (llguidance refuses them); date
+#: and date-time reach no backend as formats (``normalize.CALENDAR_PATTERNS``).
+#: NOTE: its stricter hostname (no upper case) is kept: rare in output, fast with xgrammar.
+_FORMATS_OFF = {"ipv4": "takes leading zeros (01.2.3.4)"}
+#: The front end's exact date and date-time patterns: their alternatives are inside a group.
+_CALENDAR = frozenset(CALENDAR_PATTERNS.values())
 
 _ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment",
                           "deprecated", "readOnly", "writeOnly", "$schema", "$id", "$defs",
@@ -169,9 +170,9 @@ def check_xgrammar_exact(schema: dict[str, Any]) -> None:
             _refuse(parts, "$ref", "xgrammar mis-handles recursion through the root ('#'); "
                                    "move the recursive part into '$defs'")
         pattern = sub.get("pattern")
-        if isinstance(pattern, str) and not (pattern.startswith("^") and pattern.endswith("$")
-                                             and not pattern.endswith("\\$")
-                                             and "|" not in pattern):
+        if isinstance(pattern, str) and pattern not in _CALENDAR and not (
+                pattern.startswith("^") and pattern.endswith("$")
+                and not pattern.endswith("\\$") and "|" not in pattern):
             _refuse(parts, "pattern", "xgrammar matches patterns as whole strings; only "
                                       "'^...$' patterns without '|' mean the same")
         if "anyOf" in keys or "$ref" in keys:
