@@ -78,7 +78,8 @@ def main() -> None:
                     masks[key] += 1
                     if took > limit:
                         slow[key] += 1
-                        kinds[_size_class(int(np.unpackbits(bitmask[0].numpy().view(np.uint8)).sum()))] += 1
+                        allowed = int(np.unpackbits(bitmask[0].numpy().view(np.uint8)).sum())
+                        kinds[_size_class(allowed)] += 1
                         by_schema[case.file] += 1
                     if not bit(bitmask, 0, token) or not matcher.accept_token(token):
                         break

@@ -46,8 +46,8 @@ class GrammarConfig:
         xgrammar; for tool calls, newline-led whitespace); ``flexible`` (any whitespace up to
         ``max_whitespace``); ``auto`` lets the model pick compact or spaced where its output
         first shows one and locks it (keys and punctuation stay forced; a JSON schema's
-        first requests share one grammar of both styles, which forces only key tails). A fixed style the
-        model does not write pushes small models off their habits and into loops.
+        first requests share one grammar of both styles, which forces only key tails). A fixed
+        style the model does not write pushes small models off their habits and into loops.
     open_schemas : bool
         Generate anything the schema allows. By default (False) an object schema that lists
         ``properties`` but says nothing of ``additionalProperties`` generates only the named

@@ -191,10 +191,11 @@ def check_xgrammar_exact(schema: dict[str, Any]) -> None:
         bad = sorted(alone - allowed)
         if bad:
             _refuse(parts, bad[0], f"xgrammar does not enforce it for type {t!r}")
-        if sub.get("format", "uuid") not in KNOWN_FORMATS:
+        fmt = sub.get("format")
+        if fmt is not None and fmt not in KNOWN_FORMATS:
             _refuse(parts, "format", "xgrammar does not know this format")
-        if sub.get("format") in _FORMATS_OFF:
-            _refuse(parts, "format", f"xgrammar's {sub['format']} {_FORMATS_OFF[sub['format']]}")
+        if fmt in _FORMATS_OFF:
+            _refuse(parts, "format", f"xgrammar's {fmt} {_FORMATS_OFF[fmt]}")
         if "pattern" in keys and ({"minLength", "maxLength", "format"} & keys):
             _refuse(parts, "pattern", "xgrammar ignores minLength/maxLength next to 'pattern'")
         bounds = sorted({"minLength", "maxLength"} & keys)
