@@ -65,6 +65,10 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jump-forward", default=EngineConfig.enable_jump_forward,
                    action=argparse.BooleanOptionalAction,
                    help="feed the tokens a constraint forces without decoding them one by one")
+    p.add_argument("--canonical-spans", default=EngineConfig.canonical_spans,
+                   action=argparse.BooleanOptionalAction,
+                   help="tokenize each forced span as the tokenizer writes its text in context "
+                        "(--no-canonical-spans: the grammar backend's own tokenization)")
     p.add_argument("--tool-call-format", default=EngineConfig.tool_call_format,
                    choices=["json_array", "hermes"],
                    help="tool calls for tool_choice required/named: one JSON array of "
@@ -203,7 +207,8 @@ def _config(args: argparse.Namespace) -> EngineConfig:
                         grammar_value_checks=args.value_checks,
                         grammar_check_retries=args.check_retries,
                         grammar_max_depth=args.grammar_max_depth,
-                        enable_jump_forward=args.jump_forward, num_threads=args.num_threads,
+                        enable_jump_forward=args.jump_forward,
+                        canonical_spans=args.canonical_spans, num_threads=args.num_threads,
                         adaptive_threads=args.adaptive_threads,
                         adaptive_batch=args.adaptive_batch,
                         tool_call_format=args.tool_call_format,

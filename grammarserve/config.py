@@ -138,6 +138,10 @@ class EngineConfig:
         Feed the tokens a constraint forces (keys, punctuation, enum tails) in the next forward
         instead of decoding them one step each (requests can opt out with
         ``SamplingParams.jump_forward=False``).
+    canonical_spans:
+        Re-tokenize each jump-forward span the way the tokenizer writes its text in context
+        (``grammarserve.fsm.canonical``); False feeds the backend's own tokenization, which a
+        model never saw in training (small models then loop on nested records).
     """
 
     model: str = "default"
@@ -164,6 +168,7 @@ class EngineConfig:
     grammar_check_retries: int = 8
     grammar_max_depth: int = 64
     enable_jump_forward: bool = True
+    canonical_spans: bool = True
     tool_call_format: Literal["hermes", "json_array"] = "json_array"
     tool_call_dedupe: bool = True
     gguf_blocks: bool = True

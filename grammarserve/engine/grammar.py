@@ -16,6 +16,7 @@ from grammarserve.config import EngineConfig
 from grammarserve.engine.request import Req
 from grammarserve.errors import ErrorKind, GrammarError
 from grammarserve.fsm import GrammarCompiler
+from grammarserve.fsm.canonical import CanonicalSpans
 from grammarserve.fsm.checked import CheckedMatcher
 
 
@@ -36,6 +37,7 @@ class GrammarRunner:
     def __init__(self, tokenizer: Any, config: EngineConfig, *, vocab_size: int,
                  stop_token_ids: list[int]) -> None:
         self.jump_forward = config.enable_jump_forward
+        self.spans = CanonicalSpans(tokenizer) if config.canonical_spans else None
         self.compiler = GrammarCompiler(tokenizer, **config.grammar_options,
                                         vocab_size=vocab_size, stop_token_ids=stop_token_ids)
         # NOTE: one bitmask object for every fill (matchers validate a bitmask once per object);
@@ -150,6 +152,8 @@ class GrammarRunner:
         if m is None or not (self.jump_forward and req.params.jump_forward):
             return [], 0
         span = m.forced_tokens()
+        if self.spans is not None:
+            span = self.spans.canonical(req.output_ids, span)
         for i, tok in enumerate(span):
             ok = m.accept_token(tok)
             undo = self.retraction(req) if ok else 0
