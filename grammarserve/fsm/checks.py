@@ -18,7 +18,8 @@ turns it into checks or declines (and the keyword is refused as before, with its
   whole root when it refers elsewhere in it), and no ``$ref`` points into what is removed.
 
 The keyword is then removed from the schema the grammar is compiled from (a superset: ``oneOf``
-becomes ``anyOf``, overlapping ``patternProperties`` fold into ``additionalProperties``), and
+becomes ``anyOf``, overlapping ``patternProperties`` fold into ``additionalProperties``, a
+``pattern`` becomes its superset without look-around or back-references), and
 the checks make the pair exact: a value is accepted iff the original schema accepts it.
 """
 
@@ -47,6 +48,7 @@ from grammarserve.fsm.json_schema import (
     resolve_pointer,
 )
 from grammarserve.fsm.localrefs import iter_refs, move_refs, pointer, pointer_parts
+from grammarserve.fsm.regex_superset import superset
 from grammarserve.fsm.value_check import CheckKind, Step, ValueCheck
 
 #: Keywords the collector may take, and what is removed with each (each only asserts: removing
@@ -155,6 +157,13 @@ class CheckCollector:
                 elif options:
                     sub["additionalProperties"] = options[0] if len(options) == 1 \
                         else {"anyOf": options}
+            return
+        if keyword == "pattern":
+            wider = superset(sub["pattern"])
+            if wider:
+                sub["pattern"] = wider  # the check holds the exact pattern
+            else:
+                del sub["pattern"]  # nothing is left to hold ("(?=\\d)")
             return
         for key in CHECKABLE[keyword]:
             sub.pop(key, None)

@@ -19,10 +19,12 @@ Early, so that the checks validate what the user wrote:
 Late, what the rewrites leave: ``contains`` (with min/maxContains), ``uniqueItems`` on open
 item domains, ``propertyNames``, ``min/maxProperties`` where llguidance cannot count members
 (an object with optional named members that may also have others), a ``pattern`` using what
-the backends' regex engines lack (look-around, back-references, atomic groups), and
-``patternProperties`` with such a pattern or with patterns a name could match two of (which
-llguidance refuses): the grammar then gives the other members ``additionalProperties`` or any
-of the patterns' schemas.
+the backends' regex engines lack (look-around, back-references, possessive quantifiers,
+``(?m)``: the grammar keeps its superset, ``regex_superset.py``), and ``patternProperties``
+with such a pattern or with patterns a name could match two of (which llguidance refuses):
+the grammar then gives the other members ``additionalProperties`` or any of the patterns'
+schemas. Patterns with a construct no superset stands for (atomic groups, conditionals) are
+never taken: ``json_schema.check_keywords`` refuses them, naming the construct.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any
 from grammarserve.fsm.checks import CheckCollector
 from grammarserve.fsm.json_schema import iter_subschemas
 from grammarserve.fsm.negate import Negator
+from grammarserve.fsm.regex_superset import constructs, first_refused, superset
 from grammarserve.fsm.rewrite_not import attach
 from grammarserve.fsm.rewrite_oneof import pairwise_disjoint
 from grammarserve.fsm.rewrite_oneof_cases import exclusive_cases
@@ -100,11 +103,13 @@ def take_late(schema: dict[str, Any], take: Take) -> None:
         count = next((k for k in ("minProperties", "maxProperties") if k in sub), None)
         if count is not None and not counts_members(sub):
             take(parts, count)
-        if isinstance(sub.get("pattern"), str) and not regular(sub["pattern"]):
-            take(parts, "pattern")
+        if isinstance(sub.get("pattern"), str) and not regular(sub["pattern"]) \
+                and superset(sub["pattern"]) is not None:
+            take(parts, "pattern")  # the grammar keeps the superset (checks.py)
         patterns = sub.get("patternProperties")
         if isinstance(patterns, dict) and patterns and (
-                not all(regular(p) for p in patterns) or not disjoint_patterns(tuple(patterns))):
+                not all(regular(p) for p in patterns) or not disjoint_patterns(tuple(patterns))
+                ) and all(first_refused(p) is None for p in patterns):
             take(parts, "patternProperties")
 
 
@@ -135,28 +140,7 @@ def disjoint_patterns(patterns: tuple[str, ...]) -> bool:
 
 
 def regular(pattern: str) -> bool:
-    """False if ``pattern`` uses look-around (``\\b`` included), a back-reference, an atomic
-    group or a conditional (which the backends' regex engines refuse)."""
-    i, in_class = 0, False
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\":
-            nxt = pattern[i + 1:i + 2]
-            if not in_class and (nxt.isdigit() and nxt != "0" or nxt in ("k", "b", "B")):
-                return False  # back-references, word boundaries (look-around)
-            i += 2
-            continue
-        if in_class:
-            in_class = c != "]"
-        elif c == "[":
-            in_class = True
-            if pattern[i + 1:i + 2] == "^":
-                i += 1
-            if pattern[i + 1:i + 2] == "]":
-                i += 1  # a leading ']' is literal
-        elif c == "(" and pattern[i + 1:i + 2] == "?":
-            head = pattern[i + 2:i + 4]
-            if head[:1] in ("=", "!", ">", "(") or head in ("<=", "<!"):
-                return False
-        i += 1
-    return True
+    """False if ``pattern`` has a construct the backends do not read as Python's ``re`` does
+    (look-around, ``\\b``, back-references, possessive quantifiers, atomic groups,
+    conditionals...: ``regex_superset.py``)."""
+    return not constructs(pattern)

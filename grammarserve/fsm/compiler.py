@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from grammarserve.errors import GrammarBackendError, GrammarError
+from grammarserve.fsm.backends.messages import translate
 from grammarserve.fsm.cache import CacheStats, GrammarCache
 from grammarserve.fsm.checked import CheckedGrammar, CheckSet
 from grammarserve.fsm.config import (
@@ -224,7 +225,7 @@ class GrammarCompiler:
             if lean is None:
                 raise
             spec, grammar, checks = lean, self.policy.compile(lean), None
-        self._probe(grammar)
+        self._probe(grammar, spec)
         if not spec.checks:
             return grammar
         return CheckedGrammar(grammar, checks.result() if checks is not None
@@ -233,7 +234,7 @@ class GrammarCompiler:
     def _check_set(self, spec: GrammarSpec) -> CheckSet:
         return CheckSet(spec.checks, self.policy.token_bytes(), self.config.check_retries)
 
-    def _probe(self, grammar: CompiledGrammar) -> None:
+    def _probe(self, grammar: CompiledGrammar, spec: GrammarSpec) -> None:
         """Refuse a grammar that fails at its start: no token allowed there (its language is
         empty, or the vocabulary cannot begin it), or a backend limit hit by the first mask or
         jump-forward. So such a constraint is a 400 before any request runs it, streamed or
@@ -248,7 +249,9 @@ class GrammarCompiler:
                                f"can write{why}")
         matcher.forced_tokens()
         if matcher.is_error():
-            raise GrammarError(f"the constraint cannot be matched: {matcher.error()}")
+            ours = translate(matcher.error() or "", spec, grammar.backend)
+            raise GrammarError(f"the constraint cannot be matched: {ours.message}",
+                               path=ours.path)
 
     # -- front ends ------------------------------------------------------------------------
     def _memo_spec(self, kind: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> GrammarSpec:

@@ -11,6 +11,7 @@ from urllib.parse import unquote
 
 from grammarserve.errors import SchemaValidationError, UnsupportedSchemaError
 from grammarserve.fsm.metavalidate import meta_validate
+from grammarserve.fsm.regex_superset import refuse_constructs
 
 # Keywords whose value is one subschema / a map of subschemas / a list of subschemas.
 _ONE = ("items", "additionalProperties", "contains", "not", "if", "then", "else",
@@ -195,6 +196,7 @@ def check_keywords(schema: dict[str, Any], *, skip: frozenset[str] = frozenset()
             raise UnsupportedSchemaError(
                 f"unsupported keyword 'if' at {where}: if/then/else cannot be enforced by the "
                 "grammar; use 'anyOf' of the cases", path=where, keyword="if")
+        _check_patterns(sub, parts, checkable_ok=bool(skip))
         if parts and "$id" in sub:
             where = json_path(parts + ("$id",))
             raise UnsupportedSchemaError(
@@ -206,6 +208,20 @@ def check_keywords(schema: dict[str, Any], *, skip: frozenset[str] = frozenset()
             else:
                 _check_ref(schema, sub["$ref"], parts)
     return pending
+
+
+def _check_patterns(sub: dict[str, Any], parts: tuple[str | int, ...], *,
+                    checkable_ok: bool) -> None:
+    """Refuse a pattern with what the backends do not read as ``re`` does
+    (``regex_superset.py``): before the rewrites what no value check stands for, after them
+    whatever the checks did not take."""
+    if "pattern" in sub:
+        refuse_constructs(sub["pattern"], json_path(parts + ("pattern",)), "pattern",
+                          checkable_ok=checkable_ok)
+    if isinstance(sub.get("patternProperties"), dict):
+        for name in sub["patternProperties"]:
+            refuse_constructs(name, json_path(parts + ("patternProperties", name)),
+                              "patternProperties", checkable_ok=checkable_ok)
 
 
 def is_meta_ref(ref: Any) -> bool:

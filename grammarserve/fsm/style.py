@@ -116,10 +116,11 @@ class StyleLockMatcher(Matcher):
                 if i not in keep:
                     self._dropped.append((self._pos, i))
             self._alive = keep
-        for i in list(self._alive):
-            if not self._candidates[i].accept_token(token_id):
-                self._alive.remove(i)  # a backend failure: this style is gone for good
-        return bool(self._alive)
+        ok = [i for i in self._alive if self._candidates[i].accept_token(token_id)]
+        if not ok:
+            return False  # every style failed: their errors say why (_backend_error)
+        self._alive = ok  # a backend failure: that style is gone for good
+        return True
 
     def _fill(self, bitmask: torch.Tensor, row: int) -> None:
         if len(self._alive) == 1:

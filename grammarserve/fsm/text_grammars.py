@@ -8,7 +8,8 @@ from typing import Any
 
 import lark
 
-from grammarserve.errors import GrammarError, GrammarSyntaxError
+from grammarserve.errors import GrammarError, GrammarSyntaxError, UnsupportedSchemaError
+from grammarserve.fsm.regex_superset import constructs
 
 #: Lark extensions that only llguidance understands; such grammars skip the ``lark`` check and
 #: are validated by llguidance itself.
@@ -29,6 +30,12 @@ def check_regex(pattern: Any) -> str:
                                  column=col) from None
     except (OverflowError, RecursionError, ValueError) as e:  # e.g. a{4294967296}
         raise GrammarSyntaxError(f"invalid regex: {e}", path="$.regex") from None
+    found = constructs(pattern)
+    if found:  # NOTE: the whole output is the match: no value check can stand for them
+        raise UnsupportedSchemaError(
+            f"unsupported regex at $.regex: {found[0].describe()} cannot be enforced: no "
+            "grammar holds it (the backends' regex engines lack it, or read it differently "
+            "from Python's re); write the regex without it", path="$.regex", keyword="regex")
     return pattern
 
 

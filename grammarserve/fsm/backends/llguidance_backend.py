@@ -16,6 +16,7 @@ from llguidance.gbnf_to_lark import any_to_lark
 
 from grammarserve.errors import GrammarBackendError, GrammarError, UnsupportedSchemaError
 from grammarserve.fsm.backends.base import GrammarBackend
+from grammarserve.fsm.backends.messages import translate
 from grammarserve.fsm.config import GrammarConfig, GrammarSpec
 from grammarserve.fsm.freetext import FreeTextMasks, TextState
 from grammarserve.fsm.matcher import CompiledGrammar, Matcher, SharedMasks
@@ -45,6 +46,7 @@ class LLGuidanceMatcher(Matcher):
         self._free = free
         self._text: TextState | None = (0, b"") if free is not None else None
         self._text_history: list[TextState | None] = []
+        self.spec: GrammarSpec | None = None  # what it was compiled from (for messages)
 
     def _accept(self, token_id: int) -> bool:
         # NOTE: llguidance does not record a stop token consumed once the grammar is complete
@@ -87,7 +89,7 @@ class LLGuidanceMatcher(Matcher):
     def _backend_error(self) -> str | None:
         if not self._m.is_error():
             return None
-        return str(self._m.get_error()).split("\n<state>")[0].strip()
+        return translate(str(self._m.get_error()), self.spec, "llguidance").message
 
 
 class LLGuidanceBackend(GrammarBackend):
@@ -209,8 +211,7 @@ class LLGuidanceBackend(GrammarBackend):
         try:
             grammar = self.grammar_text(spec)
         except ValueError as e:
-            raise GrammarBackendError(f"llguidance refused the {spec.kind}: {e}",
-                                      backend=self.name) from None
+            raise _refusal(spec, str(e)) from None
         proto = llguidance.LLMatcher(self._tok, grammar, log_level=0, limits=self._limits)
         if proto.is_error():
             raise _refusal(spec, proto.get_error())
@@ -233,7 +234,9 @@ class LLGuidanceBackend(GrammarBackend):
             runs: tuple[LexTracker, ...] = (
                 (RunTracker(budget),) if budget is not None else ()) + (
                 (StyleTracker(styles),) if styles is not None else ())
-            return LLGuidanceMatcher(vocab, inner, shared, free, runs)
+            matcher = LLGuidanceMatcher(vocab, inner, shared, free, runs)
+            matcher.spec = spec
+            return matcher
 
         nbytes = _BASE_BYTES + 8 * len(grammar)
         return CompiledGrammar(backend=self.name, kind=spec.kind, make_matcher=make,
@@ -246,5 +249,8 @@ def _refusal(spec: GrammarSpec, message: str) -> GrammarError:
     message = message.split("\n<state>")[0].strip()
     if "Unimplemented keys" in message or "unimplemented" in message.lower():
         return UnsupportedSchemaError(f"llguidance cannot enforce this schema: {message}")
+    ours = translate(message, spec, "llguidance")
+    if ours.message != message:
+        return GrammarBackendError(ours.message, path=ours.path, backend="llguidance")
     return GrammarBackendError(f"llguidance refused the {spec.kind}: {message}",
                                backend="llguidance")

@@ -16,6 +16,7 @@ import xgrammar as xgr
 
 from grammarserve.errors import GrammarBackendError, GrammarError, GrammarSyntaxError
 from grammarserve.fsm.backends.base import GrammarBackend
+from grammarserve.fsm.backends.messages import translate
 from grammarserve.fsm.backends.xgrammar_subset import slow_masks_at, xgrammar_schema
 from grammarserve.fsm.config import GrammarConfig, GrammarSpec
 from grammarserve.fsm.matcher import CompiledGrammar, Matcher, SharedMasks
@@ -170,6 +171,10 @@ class XGrammarBackend(GrammarBackend):
             if spec.kind in ("ebnf", "lark"):
                 raise GrammarSyntaxError(f"xgrammar could not parse the {spec.kind} grammar: "
                                          f"{msg}", path="$.grammar") from None
+            ours = translate(msg, spec, self.name)
+            if ours.message != msg:
+                raise GrammarBackendError(ours.message, path=ours.path,
+                                          backend=self.name) from None
             raise GrammarBackendError(f"xgrammar refused the {spec.kind}: {msg}",
                                       backend=self.name) from None
         vocab, shared = self.vocab, SharedMasks()
