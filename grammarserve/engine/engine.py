@@ -191,7 +191,7 @@ class Engine:
         advanced."""
         self._admit_compiled()
         self.scheduler.max_running = self.sizer.limit()
-        work = self.scheduler.schedule()
+        work, entries = self._batch(self.scheduler.schedule())
         if not work:
             self._wait_for_compiles()
             return self._collect([])
@@ -202,7 +202,7 @@ class Engine:
         # would then wait at each of its barriers for a descheduled thread.
         busy = 1 if self.grammar.compiling(self._compiling) else 0
         with self.threads.step(len(work), tokens, busy), self.sizer.step(len(work), tokens):
-            logits = self.runner.forward([self._entry(w) for w in work])
+            logits = self.runner.forward(entries)
             self._counters["forward_passes"] += 1
             for w in work:
                 w.req.num_computed += w.num_tokens
@@ -222,38 +222,58 @@ class Engine:
 
     def _advance(self, req: Req, token: int, logprob: float, dead: bool,
                  top: list[TopEntry]) -> None:
-        """Append a sampled token (and the jump-forward span it unlocks) to ``req``."""
-        if dead:
-            self.grammar.dead_end(req)
-        if req.error is None and self.grammar.accept(req, token):
-            undo = self.grammar.retraction(req)
-            if undo:  # a value check failed: the token (and those of the value) go back
-                self._retract(req, undo - 1)
-                return
-            self._append(req, token, logprob, top)
-            m = req.matcher
-            if req.finish_reason is None and m is not None:
-                span, undo = self.grammar.forced(req)
-                self._retract(req, undo)
-                for tok in span:
-                    # NOTE: a forced token is the only one allowed: probability 1, alone in its
-                    # top list; it counts as generated for the penalties (it is in req.tokens).
-                    self._append(req, tok, 0.0, [(tok, 0.0)])
-                    req.num_forced += 1
-                    if req.finish_reason is not None:
-                        break
-                if m.is_terminated() and req.finish_reason is None:
-                    req.finish_reason = "stop"  # e.g. ignore_eos: the grammar still ends it
+        """Append a sampled token (and the jump-forward span it unlocks) to ``req``; a failure
+        on the way ends ``req`` alone, with its own error."""
+        try:
+            self._extend(req, token, logprob, dead, top)
+        except Exception as e:  # a bug must fail this request only
+            log.exception("request %s failed in its step", req.request_id)
+            req.fail(ErrorKind.ENGINE_FAILURE, f"internal engine error: {type(e).__name__}: {e}")
+            # NOTE: never more computed tokens than tokens (the KV goes to the prefix cache)
+            self.scheduler.rewind(req, min(req.num_computed, len(req.tokens)))
         if req.error is not None:
             req.finish_reason = "error"
         if req.finish_reason is not None:
             self.scheduler.finish(req)
 
+    def _extend(self, req: Req, token: int, logprob: float, dead: bool,
+                top: list[TopEntry]) -> None:
+        if req.error is not None:  # e.g. its mask could not be filled
+            return
+        if dead:
+            self.grammar.dead_end(req)
+            return
+        if not self.grammar.accept(req, token):
+            return
+        undo = self.grammar.retraction(req)
+        if req.error is not None:
+            return
+        if undo:  # a value check failed: the token (and those of the value) go back
+            self._retract(req, undo - 1)  # NOTE: even 0 (the sampled token alone)
+            return
+        self._append(req, token, logprob, top)
+        m = req.matcher
+        if req.finish_reason is not None or m is None:
+            return
+        span, undo = self.grammar.forced(req)
+        if undo:
+            self._retract(req, undo)
+        for tok in span:
+            # NOTE: a forced token is the only one allowed: probability 1, alone in its top
+            # list; it counts as generated for the penalties (it is in req.tokens).
+            self._append(req, tok, 0.0, [(tok, 0.0)])
+            req.num_forced += 1
+            if req.finish_reason is not None:
+                break
+        if m.is_terminated() and req.finish_reason is None:
+            req.finish_reason = "stop"  # e.g. ignore_eos: the grammar still ends it
+
     def _retract(self, req: Req, n: int) -> None:
         """Take back ``req``'s last ``n`` output tokens (their text was held back, see
-        ``stopping.py``); the last token kept is fed again to sample the next one."""
-        if n <= 0:
-            return
+        ``stopping.py``); the last token kept is fed again to sample the next one (also when
+        ``n`` is 0: the sampled token was rejected, and its logits are gone)."""
+        if not 0 <= n <= len(req.output_ids):
+            raise ValueError(f"a value check took back {n} tokens of {len(req.output_ids)}")
         keep = len(req.output_ids) - n
         del req.tokens[len(req.prompt_ids) + keep:]
         del req.logprobs[keep:], req.top_logprobs[keep:]
@@ -288,6 +308,25 @@ class Engine:
         futures = [r.grammar_future for r in self._compiling if r.grammar_future is not None]
         if futures and not self._done_early:
             wait(futures, timeout=0.01, return_when=FIRST_COMPLETED)
+
+    def _batch(self, work: list[ScheduledReq]) -> tuple[list[ScheduledReq], list[BatchEntry]]:
+        """The step's work and its batch entries, less those the runner would refuse: their
+        requests fail alone (an engine bug, confined to the request), the others run."""
+        kept: list[ScheduledReq] = []
+        entries: list[BatchEntry] = []
+        for w in work:
+            entry = self._entry(w)
+            problem = self.runner.entry_problem(entry)
+            if problem is None:
+                kept.append(w)
+                entries.append(entry)
+                continue
+            log.error("request %s failed: %s", w.req.request_id, problem)
+            w.req.fail(ErrorKind.ENGINE_FAILURE, f"internal engine error: {problem}")
+            w.req.finish_reason = "error"
+            self.scheduler.finish(w.req)
+            self._done_early.append(w.req)
+        return kept, entries
 
     def _entry(self, w: ScheduledReq) -> BatchEntry:
         r = w.req

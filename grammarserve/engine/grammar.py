@@ -1,9 +1,14 @@
 """Constrained requests inside the engine: compile their grammars without blocking the batch,
 fill the step's token bitmask (on a worker thread, while the model forward runs), and advance
-matchers by sampled and jump-forward tokens."""
+matchers by sampled and jump-forward tokens.
+
+Each operation on one request's matcher (mask fill, accept, value check, jump-forward) is
+confined to that request: if its matcher raises, the request fails alone with
+``CONSTRAINT_INVALID`` (its constraint could not be enforced, a 400) and the step goes on."""
 
 from __future__ import annotations
 
+import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -18,6 +23,10 @@ from grammarserve.errors import ErrorKind, GrammarError
 from grammarserve.fsm import GrammarCompiler
 from grammarserve.fsm.canonical import CanonicalSpans
 from grammarserve.fsm.checked import CheckedMatcher
+
+log = logging.getLogger(__name__)
+#: A filled bitmask and the requests whose row could not be filled (with why)
+Filled = tuple[torch.Tensor, list[tuple[Req, Exception]]]
 
 
 @dataclass
@@ -83,38 +92,63 @@ class GrammarRunner:
             self.counters.grammar_errors += 1
         return True
 
-    def fill_async(self, reqs: list[Req]) -> Future[torch.Tensor | None]:
+    def fill_async(self, reqs: list[Req]) -> Future[Filled | None]:
         """Fill the bitmask rows of ``reqs`` (one row each, in order) on the worker thread.
         Resolves to None when none of them is constrained."""
         if not any(r.matcher is not None for r in reqs):
-            done: Future[torch.Tensor | None] = Future()
+            done: Future[Filled | None] = Future()
             done.set_result(None)
             return done
         return self._worker.submit(self._fill, list(reqs))
 
-    def _fill(self, reqs: list[Req]) -> torch.Tensor:
+    def _fill(self, reqs: list[Req]) -> Filled:
         t0 = time.perf_counter()
         bitmask = self._bitmask[:len(reqs)]
+        failed: list[tuple[Req, Exception]] = []
         for row, req in enumerate(reqs):
             if req.matcher is None:
                 bitmask[row].fill_(-1)
-            else:
+                continue
+            try:
                 req.matcher.fill_bitmask(self._bitmask, row)
+            except Exception as e:  # noqa: BLE001 - fails its request (in ``wait``) only
+                bitmask[row].fill_(-1)
+                failed.append((req, e))
         self.counters.mask_fill_s += time.perf_counter() - t0
-        return bitmask
+        return bitmask, failed
 
-    def wait(self, fut: Future[torch.Tensor | None]) -> torch.Tensor | None:
+    def wait(self, fut: Future[Filled | None]) -> torch.Tensor | None:
+        """The filled bitmask; a request whose row could not be filled fails (its row allows
+        every token, and what is sampled there is dropped)."""
         t0 = time.perf_counter()
         out = fut.result()
         self.counters.mask_wait_s += time.perf_counter() - t0
-        return out
+        if out is None:
+            return None
+        bitmask, failed = out
+        for req, e in failed:
+            self._broken(req, "filling its token mask", e)
+        return bitmask
+
+    def _broken(self, req: Req, doing: str, e: Exception) -> None:
+        """``req``'s matcher raised while ``doing``: the request fails alone (a 400: its
+        constraint could not be enforced)."""
+        log.warning("request %s: its matcher failed while %s", req.request_id, doing,
+                    exc_info=e)
+        req.fail(ErrorKind.CONSTRAINT_INVALID, f"the constraint could not be enforced: its "
+                 f"grammar failed while {doing}: {type(e).__name__}: {e}")
+        self.counters.grammar_errors += 1
 
     def accept(self, req: Req, token: int) -> bool:
         """Advance ``req``'s matcher by a sampled token; False (with ``req.error``) if the
-        grammar rejected it."""
+        grammar rejected it, or its matcher failed."""
         m = req.matcher
-        if m is None or m.accept_token(token):
-            return True
+        try:
+            if m is None or m.accept_token(token):
+                return True
+        except Exception as e:  # noqa: BLE001 - fails this request only
+            self._broken(req, f"accepting token {token}", e)
+            return False
         self._fail(req, f"it reached a dead end: {m.error()}")
         return False
 
@@ -129,9 +163,14 @@ class GrammarRunner:
 
     def retraction(self, req: Req) -> int:
         """Tokens to take back from ``req`` after its last accepted token (a value check failed
-        and its matcher rolled back; that token counts), counted as one retry."""
+        and its matcher rolled back; that token counts), counted as one retry; 0, with
+        ``req.error``, if its matcher failed."""
         m = req.matcher
-        n = m.take_retraction() if m is not None else 0
+        try:
+            n = m.take_retraction() if m is not None else 0
+        except Exception as e:  # noqa: BLE001 - fails this request only
+            self._broken(req, "taking back a failed value", e)
+            return 0
         if n:
             self.counters.check_retries += 1
         return n
@@ -147,7 +186,15 @@ class GrammarRunner:
         token, so the request finishes without another forward.
 
         Returns the tokens to append and how many of ``req``'s tokens to take back first (a
-        value check that failed inside the span rolled the matcher back before it)."""
+        value check that failed inside the span rolled the matcher back before it). If its
+        matcher fails, ``req.error`` is set and nothing is appended."""
+        try:
+            return self._forced(req)
+        except Exception as e:  # noqa: BLE001 - fails this request only
+            self._broken(req, "computing its forced tokens", e)
+            return [], 0
+
+    def _forced(self, req: Req) -> tuple[list[int], int]:
         m = req.matcher
         if m is None or not (self.jump_forward and req.params.jump_forward):
             return [], 0

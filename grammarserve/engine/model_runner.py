@@ -36,6 +36,20 @@ class ModelRunner:
         self.req_to_token = req_to_token
         self.device = pool.device
         self.attn = attn or TorchSDPABackend(pool, req_to_token, model.config.sliding_window)
+        self.vocab_size = model.config.vocab_size
+
+    def entry_problem(self, e: BatchEntry) -> str | None:
+        """What makes ``e`` unfit for a batch (None if nothing): the engine checks each entry
+        first, so a broken request fails alone instead of failing the forward of all."""
+        n = len(e.token_ids)
+        if n == 0:
+            return "a batch entry must bring at least one new token"
+        if min(e.token_ids) < 0 or max(e.token_ids) >= self.vocab_size:
+            return f"a batch entry's token ids must be in [0, {self.vocab_size})"
+        if e.prefix_len < 0 or e.prefix_len + n > self.req_to_token.max_context:
+            return (f"a batch entry's positions {e.prefix_len}..{e.prefix_len + n - 1} are "
+                    f"outside the context of {self.req_to_token.max_context}")
+        return None
 
     def build_batch(self, entries: list[BatchEntry]) -> ForwardBatch:
         """Flatten entries into one ragged :class:`ForwardBatch` (logits: last row of each).
@@ -48,8 +62,9 @@ class ModelRunner:
         logit_rows: list[int] = []
         for e in entries:
             n = len(e.token_ids)
-            if n == 0:
-                raise ValueError("a batch entry must bring at least one new token")
+            problem = self.entry_problem(e)
+            if problem is not None:
+                raise ValueError(problem)
             ids.extend(e.token_ids)
             positions.extend(range(e.prefix_len, e.prefix_len + n))
             owners.extend([e.req_pool_idx] * n)
