@@ -15,6 +15,7 @@ from grammarserve.config import EngineConfig
 from grammarserve.errors import GrammarserveError, ModelLoadError
 from grammarserve.sampling_params import SamplingParams
 from grammarserve.server.config import RestartPolicy, ServerConfig
+from grammarserve.server.timeouts import ReadTimeouts, protocol_class
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
@@ -125,6 +126,11 @@ def _server_args(p: argparse.ArgumentParser) -> None:
                    help="engine requests (prompts x n) one request may ask for (400 beyond)")
     p.add_argument("--max-json-depth", type=int, default=d.max_json_depth,
                    help="deepest nesting of a request body's JSON (400 beyond, before parsing)")
+    t = ReadTimeouts()
+    p.add_argument("--header-timeout", type=float, default=t.header_s,
+                   help="seconds a request's headers may take to arrive (408 and closed)")
+    p.add_argument("--body-timeout", type=float, default=t.body_s,
+                   help="longest pause, in seconds, inside a request body (408 and closed)")
     p.add_argument("--engine-max-restarts", type=int, default=r.max_restarts,
                    help="restarts of a dead engine allowed within --engine-restart-window; one "
                         "more death and the server exits with status 2 (0: never restart)")
@@ -267,8 +273,10 @@ def _serve(args: argparse.Namespace) -> int:
             address=args.address, host=args.host, port=args.port)
         return 0
     app = create_app(config, on_failure=on_failure)
+    timeouts = ReadTimeouts(header_s=args.header_timeout, body_s=args.body_timeout)
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
-                                           log_level=args.log_level, timeout_keep_alive=30))
+                                           log_level=args.log_level, timeout_keep_alive=30,
+                                           http=protocol_class(timeouts)))
     print(f"grammarserve: serving {args.model} on http://{args.host}:{args.port}/v1 "
           f"(loading; GET /health answers 200 when ready)", file=sys.stderr, flush=True)
     server.run()

@@ -165,3 +165,24 @@ def test_routes_with_the_openai_sdk(tmp_path: Path) -> None:
         asyncio.run(go())
     finally:
         app.state.gs.status = "failed"  # lets the idle batch worker thread end
+
+
+def test_a_cursor_another_tenant_owns_is_an_unknown_id(tmp_path: Path) -> None:
+    """``?after=`` with another tenant's id tells nothing (issue 33 item 5): it pages exactly
+    as an id that does not exist, for files and batches."""
+    store = BatchStore(tmp_path)
+    mine = [store.create_file(f"a{i}.jsonl", "batch", b"x\n", tenant="alice")["id"]
+            for i in range(3)]
+    theirs = store.create_file("b.jsonl", "batch", b"x\n", tenant="bob")["id"]
+    later = store.create_file("a3.jsonl", "batch", b"x\n", tenant="alice")["id"]
+    unknown = store.list_files(purpose=None, after="file-doesnotexist", limit=10,
+                               tenant="alice")
+    assert store.list_files(purpose=None, after=theirs, limit=10, tenant="alice") == unknown
+    assert unknown == ([], False)
+    page, _ = store.list_files(purpose=None, after=later, limit=10, tenant="alice")
+    assert [f["id"] for f in page] == mine[::-1]
+    batch = store.create_batch(theirs, CHAT, "24h", {}, tenant="bob")["id"]
+    store.create_batch(mine[0], CHAT, "24h", {}, tenant="alice")
+    assert store.list_batches(after=batch, limit=10, tenant="alice") == store.list_batches(
+        after="batch_doesnotexist", limit=10, tenant="alice") == ([], False)
+    store.close()

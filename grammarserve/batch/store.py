@@ -215,12 +215,13 @@ class BatchStore:
     def _page(self, table: str, after: str | None, limit: int, tenant: str, where: str | None,
               args: tuple[Any, ...]) -> tuple[list[dict[str, Any]], bool]:
         """``tenant``'s rows, newest first, starting after the object ``after``;
-        (rows, has_more)."""
+        (rows, has_more). An ``after`` the tenant cannot see is an unknown id (no rows), so a
+        cursor tells nothing of other tenants' objects."""
         conds = ["tenant = ?"] + ([where] if where else [])
         args = (tenant, *args)
         if after is not None:
-            conds.append(f"seq < (SELECT seq FROM {table} WHERE id = ?)")
-            args += (after,)
+            conds.append(f"seq < (SELECT seq FROM {table} WHERE id = ? AND tenant = ?)")
+            args += (after, tenant)
         sql = f"SELECT * FROM {table}"
         if conds:
             sql += " WHERE " + " AND ".join(conds)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -95,12 +96,12 @@ def create_app(config: ServerConfig, *, on_failure: Callable[[str], None] | None
     @app.get("/v1/models/{model_id:path}")
     async def get_model(model_id: str) -> Response:
         state.require_engine()
-        if model_id != state.model_name:
+        if model_id not in _served_ids(state):
             status, body = kind_response(ErrorKind.NOT_FOUND,
                                          f"The model '{model_id}' does not exist", "model",
                                          "model_not_found")
             return JSONResponse(body, status_code=status)
-        return JSONResponse(_model_card(state))
+        return JSONResponse({**_model_card(state), "id": model_id})
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -204,6 +205,13 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
                 responses.setdefault("503", {"description": "Loading or overloaded", **error})
         app.openapi_schema = doc
     return app.openapi_schema
+
+
+def _served_ids(state: ServerState) -> set[str]:
+    """The ids the one model answers to: its reported name and the name it was started with
+    (``default``, a path, its folder's name)."""
+    given = state.config.engine.model
+    return {state.model_name, given, Path(given).name} - {""}
 
 
 def _model_card(state: ServerState) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from grammarserve.fsm import GrammarCompiler
 from grammarserve.openai.context import ModelContext
 from grammarserve.sampling_params import SamplingParams
 from grammarserve.server.config import ServerConfig
+from grammarserve.server.liveness import process_gone
 from grammarserve.server.metrics import ServerMetrics
 from grammarserve.server.supervisor import EngineSupervisor
 
@@ -178,6 +179,8 @@ class ServerState:
         return self.context
 
     def health(self) -> tuple[int, dict[str, Any]]:
+        if self.ready and self.engine is not None and process_gone(self.engine.pid):
+            return 503, {"status": "restarting", "message": "the engine process died"}
         if self.ready:
             return 200, {"status": "ok"}
         if self.status == "loading":

@@ -1,0 +1,82 @@
+"""The smaller findings of issue 33 item 5 against the real server (one start): read
+timeouts from the command line (a slow header block gets 408 and is closed), ``GET
+/v1/models/{id}`` for the names the model is served under (404 with the OpenAI envelope
+otherwise), and ``/health`` at 503 at once when the engine is killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from serverproc import ServerProcess, request
+
+pytestmark = pytest.mark.model
+
+TIMEOUT_S = 0.8
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    tmp = tmp_path_factory.mktemp("hardening")
+    srv = ServerProcess(tmp / "server.log", "--data-dir", str(tmp / "data"),
+                        "--kv-cache-tokens", "4096", "--max-num-reqs", "4",
+                        "--header-timeout", str(TIMEOUT_S), "--body-timeout", str(TIMEOUT_S),
+                        "--engine-restart-backoff", "0.2")
+    srv.start()
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def test_models_by_id(server: ServerProcess) -> None:
+    status, listed = request("GET", server.url + "/v1/models")
+    assert status == 200
+    name = listed["data"][0]["id"]
+    for model_id in ("default", name):
+        status, card = request("GET", server.url + f"/v1/models/{model_id}")
+        assert status == 200 and card["id"] == model_id and card["object"] == "model"
+        assert card["owned_by"] == "grammarserve"
+    status, err = request("GET", server.url + "/v1/models/gpt-4o")
+    assert status == 404 and err["error"]["code"] == "model_not_found"
+    assert err["error"]["param"] == "model" and "gpt-4o" in err["error"]["message"]
+
+
+def test_slow_headers_and_a_stalled_body_get_408(server: ServerProcess) -> None:
+    for first, pause in ((b"GET /health HTTP/1.1\r\n", 0.0),
+                         (b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\n"
+                          b"content-type: application/json\r\ncontent-length: 100\r\n\r\n{",
+                          0.0)):
+        sock = socket.create_connection(("127.0.0.1", server.port))
+        sock.settimeout(30)
+        start = time.monotonic()
+        try:
+            sock.sendall(first)
+            time.sleep(pause)
+            received = b""
+            while chunk := sock.recv(65536):
+                received += chunk
+        finally:
+            sock.close()
+        took = time.monotonic() - start
+        assert received.startswith(b"HTTP/1.1 408"), received[:200]
+        assert TIMEOUT_S - 0.05 <= took < TIMEOUT_S + 5
+
+
+def test_health_is_503_as_soon_as_the_engine_is_killed(server: ServerProcess) -> None:
+    assert request("GET", server.url + "/health")[0] == 200
+    pid = server.engine_pid()
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)  # hold it so the kill lands on a process not yet reaped
+    os.kill(pid, signal.SIGKILL)
+    status, body = request("GET", server.url + "/health")
+    assert status == 503 and body["status"] in ("restarting", "error"), body
+    assert server.wait_healthy(300)  # and it comes back

@@ -1,0 +1,100 @@
+"""``/health`` reflects a dead engine at once (issue 33 item 5, ``server/liveness.py``): a
+process with a fatal signal pending, exiting or reaped is gone; a running or stopped one, or
+one with a pending signal it handles, is not. The pending cases are held still with SIGSTOP, so
+nothing depends on timing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from grammarserve.server.liveness import process_gone
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc")
+
+HANDLES_TERM = ("import signal, time\n"
+                "signal.signal(signal.SIGTERM, lambda *a: None)\n"
+                "print('ready', flush=True)\n"
+                "time.sleep(60)\n")
+PLAIN = "import time\nprint('ready', flush=True)\ntime.sleep(60)\n"
+
+
+def _child(code: str) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    return proc
+
+
+@pytest.fixture
+def plain() -> Iterator[subprocess.Popen[bytes]]:
+    proc = _child(PLAIN)
+    yield proc
+    proc.kill()
+    proc.wait()
+
+
+def test_a_running_or_stopped_process_is_not_gone(plain: subprocess.Popen[bytes]) -> None:
+    assert not process_gone(plain.pid)
+    os.kill(plain.pid, signal.SIGSTOP)
+    assert not process_gone(plain.pid)
+    os.kill(plain.pid, signal.SIGCONT)
+
+
+def test_a_kill_is_seen_before_the_process_can_be_reaped(
+        plain: subprocess.Popen[bytes]) -> None:
+    os.kill(plain.pid, signal.SIGSTOP)
+    time.sleep(0.05)  # stopped for sure
+    os.kill(plain.pid, signal.SIGKILL)
+    assert process_gone(plain.pid)  # at once, whether or not waitpid would see it yet
+    plain.wait(10)
+    assert process_gone(plain.pid)  # reaped
+
+
+def test_a_pending_fatal_signal_counts_only_if_unhandled(
+        plain: subprocess.Popen[bytes]) -> None:
+    handler = _child(HANDLES_TERM)
+    try:
+        for proc in (plain, handler):
+            os.kill(proc.pid, signal.SIGSTOP)
+            time.sleep(0.05)
+            os.kill(proc.pid, signal.SIGTERM)  # stays pending while stopped
+        assert process_gone(plain.pid)
+        assert not process_gone(handler.pid)
+    finally:
+        handler.kill()
+        handler.wait()
+
+
+def test_no_pid_tells_nothing() -> None:
+    assert not process_gone(None)
+
+
+class _Teardown:
+    """An engine as ``EngineProcess`` sees it while the kernel tears its process down:
+    ``waitpid`` has not reaped it, so ``alive`` is still True."""
+
+    alive = True
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+
+def test_health_answers_503_while_a_killed_engine_is_torn_down(
+        plain: subprocess.Popen[bytes]) -> None:
+    from grammarserve.server.config import ServerConfig
+    from grammarserve.server.state import ServerState
+
+    state = ServerState(ServerConfig())
+    state.status, state.engine = "ready", _Teardown(plain.pid)  # type: ignore[assignment]
+    assert state.health() == (200, {"status": "ok"})
+    os.kill(plain.pid, signal.SIGSTOP)
+    time.sleep(0.05)
+    os.kill(plain.pid, signal.SIGKILL)
+    status, body = state.health()
+    assert status == 503 and body["status"] == "restarting"
