@@ -51,10 +51,9 @@ def test_models_by_id(server: ServerProcess) -> None:
 
 
 def test_slow_headers_and_a_stalled_body_get_408(server: ServerProcess) -> None:
-    for first, pause in ((b"GET /health HTTP/1.1\r\n", 0.0),
-                         (b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\n"
-                          b"content-type: application/json\r\ncontent-length: 100\r\n\r\n{",
-                          0.0)):
+    stalled_body = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\n"
+                    b"content-type: application/json\r\ncontent-length: 100\r\n\r\n{")
+    for first, pause in ((b"GET /health HTTP/1.1\r\n", 0.0), (stalled_body, 0.0)):
         sock = socket.create_connection(("127.0.0.1", server.port))
         sock.settimeout(30)
         start = time.monotonic()
@@ -80,3 +79,52 @@ def test_health_is_503_as_soon_as_the_engine_is_killed(server: ServerProcess) ->
     status, body = request("GET", server.url + "/health")
     assert status == 503 and body["status"] in ("restarting", "error"), body
     assert server.wait_healthy(300)  # and it comes back
+
+
+LOOKAROUND = [("^(?!x)[a-z]{2}$", "Write a two-letter code."), (r"^(\w)\1$", "Write a letter twice."),
+              (r"^(?=.*\d)[a-z0-9]{3}$", "Write a three-character id with a digit.")]
+
+
+@pytest.mark.parametrize("pattern,prompt", LOOKAROUND)
+def test_look_around_patterns_are_enforced_end_to_end(server: ServerProcess, pattern: str,
+                                                      prompt: str) -> None:
+    """Issue 33 item 4: a reply that stops is valid under the exact pattern; where the model
+    keeps failing the check the request ends with the check's message (a 400 naming the
+    pattern's path, never an invalid "stop"); the issue's own example closes (the grammar
+    holds the superset) instead of running to max_tokens with the pattern ignored."""
+    import json
+    import re
+
+    schema = {"type": "object", "properties": {"code": {"type": "string", "pattern": pattern}},
+              "required": ["code"], "additionalProperties": False}
+    body = {"model": "default", "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 120, "temperature": 0,
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": "c", "schema": schema}}}
+    status, reply = request("POST", server.url + "/v1/chat/completions", body)
+    if status == 400:
+        assert "$.properties.code.pattern" in reply["error"]["message"], reply
+        return
+    assert status == 200, reply
+    choice = reply["choices"][0]
+    if choice["finish_reason"] == "stop":
+        assert re.search(pattern, json.loads(choice["message"]["content"])["code"])
+    if pattern == LOOKAROUND[0][0]:
+        assert choice["finish_reason"] == "stop", choice
+
+
+def test_look_around_where_no_check_can_go_is_a_400(server: ServerProcess) -> None:
+    schema = {"type": "object", "properties": {"code": {"type": "string",
+                                                        "pattern": "^(?!x)[a-z]{2}$"}},
+              "required": ["code"], "additionalProperties": False}
+    body = {"model": "default", "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4, "response_format": {"type": "json_schema", "json_schema": {
+                "name": "c", "schema": schema, "strict": True}}}
+    status, err = request("POST", server.url + "/v1/chat/completions", body)
+    assert status == 400 and "$.properties.code.pattern" in err["error"]["message"]
+    assert "look-ahead" in err["error"]["message"]
+    status, err = request("POST", server.url + "/v1/chat/completions", {
+        "model": "default", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+        "regex": "(?<=a)b"})
+    assert status == 400 and err["error"]["param"] == "regex"
+    assert "look-behind" in err["error"]["message"]

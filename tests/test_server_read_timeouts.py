@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 import uvicorn
+from server_helpers import free_port
 
 from grammarserve.server.timeouts import ReadTimeouts, protocol_class
-from server_helpers import free_port
 
 HEADER_S, BODY_S = 0.6, 0.6
 
