@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import platform
+import subprocess
 from pathlib import Path
 
 
@@ -21,3 +22,10 @@ def cpu_name() -> str:
     isa = ("AVX-512 VNNI" if {"avx512f", "avx512_vnni"} <= flags else
            "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2")
     return f"{name} ({os.cpu_count()} cores, {isa})"
+
+
+def revision() -> str:
+    """``git describe --always --dirty`` of the checkout the benchmark runs from."""
+    out = subprocess.run(["git", "describe", "--always", "--dirty"], check=False,
+                         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"

@@ -43,8 +43,9 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    choices=["auto", "llguidance", "xgrammar"])
     p.add_argument("--json-style", default=EngineConfig.grammar_json_style,
                    choices=["auto", "compact", "spaced", "indented", "flexible"],
-                   help="JSON separators of constrained output (auto: the model picks compact or "
-                        "spaced where its output first shows one; then locked)")
+                   help="JSON whitespace of constrained output (flexible: any, as the model "
+                        "writes it; auto: the model picks compact or spaced where its output "
+                        "first shows one, then locked)")
     p.add_argument("--grammar-max-whitespace", type=int,
                    default=EngineConfig.grammar_max_whitespace,
                    help="longest whitespace run between JSON tokens in the flexible style "

@@ -66,13 +66,15 @@ class EngineConfig:
     grammar_compile_timeout_s:
         A constraint that takes longer to compile fails its request (others keep running).
     grammar_json_style:
-        JSON separators of constrained outputs. ``"auto"`` (default) follows the model: it
-        picks compact (``{"a":1}``) or spaced (``{"a": 1}``) JSON where its output first
-        shows one, and that style is then locked, so keys and punctuation stay forced
-        (jump-forward skips them). ``"compact"``, ``"spaced"`` and ``"indented"``
-        (``json.dumps(indent=2)`` exactly) impose one;
-        ``"flexible"`` allows any whitespace up to ``grammar_max_whitespace``. A style the
-        model does not write pushed SmolLM2 into loops (more replies cut by ``max_tokens``).
+        JSON whitespace of constrained outputs. ``"flexible"`` (default) allows any whitespace
+        up to ``grammar_max_whitespace`` between tokens, so the model writes JSON in its own
+        habit (zero-shot, SmolLM2 indents, with irregular lines); keys stay forced after
+        their opening quote. ``"auto"`` lets the model pick compact (``{"a":1}``) or spaced
+        (``{"a": 1}``) JSON where its output first shows one and locks it (punctuation forced
+        too), ``"compact"``, ``"spaced"`` and ``"indented"`` (``json.dumps(indent=2)``
+        exactly) impose one. On the quality matrix (benchmarks/bench_quality.py) ``auto``
+        took the model's indentation away and cost valid replies and field accuracy on
+        zero-shot and schema-only prompts (benchmarks/README.md, issue 32).
     grammar_max_whitespace:
         Longest whitespace run between JSON tokens in the flexible style
         (``None``: unbounded).
@@ -161,7 +163,7 @@ class EngineConfig:
     adaptive_batch: bool = True
     grammar_backend: Literal["auto", "llguidance", "xgrammar"] = "auto"
     grammar_compile_timeout_s: float = 10.0
-    grammar_json_style: Literal["auto", "compact", "spaced", "indented", "flexible"] = "auto"
+    grammar_json_style: Literal["auto", "compact", "spaced", "indented", "flexible"] = "flexible"
     grammar_max_whitespace: int | None = 24
     grammar_open_schemas: bool = False
     grammar_value_checks: bool = True

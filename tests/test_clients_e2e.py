@@ -74,9 +74,7 @@ def test_instructor(client: openai.OpenAI, mode: instructor.Mode, ask: str) -> N
 
 @pytest.mark.parametrize("method, ask", [
     ("json_schema", ASK),
-    pytest.param("json_mode", ASK_JSON_LANGCHAIN, marks=pytest.mark.xfail(
-        strict=True, reason="json_object carries no schema and SmolLM2-135M drops or renames "
-                            "a key the prompt names in every wording tried")),
+    ("json_mode", ASK_JSON_LANGCHAIN),
     ("function_calling", ASK),
 ])
 def test_langchain_with_structured_output(

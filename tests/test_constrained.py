@@ -35,10 +35,15 @@ MAX_TOKENS = 384
 #: Schemas (first by name) also run without jump-forward: validity and text equality.
 NO_JF_SCHEMAS = 16
 ALONE = ["person", "get_weather", "json_value", "arithmetic_expression"]
-#: Replies that still run into MAX_TOKENS today (greedy, SmolLM2-135M): the model repeats an
-#: array item or a made-up key until the limit. Strict: the mark goes once a reply completes.
+#: Replies that still run into MAX_TOKENS today (greedy, SmolLM2-135M, the default flexible
+#: JSON style): after this prompt's one-line example the model still indents, then repeats an
+#: array item or a made-up key until the limit (under the ``auto`` style lock, which keeps it
+#: on one line, only recipe and run_sql_query did; benchmarks/README.md, issue 32). Strict: the
+#: mark goes once a reply completes.
 _REPEATS = "greedy reply repeats an array item until max_tokens"
-CUT: dict[str, str] = {"recipe": _REPEATS, "run_sql_query": _REPEATS}
+CUT: dict[str, str] = {n: _REPEATS for n in (
+    "meeting_minutes", "order_shipments", "pydantic_service_config", "run_sql_query",
+    "shape_drawing", "spreadsheet_cell")}
 
 
 def _load(name: str) -> dict[str, Any]:
