@@ -15,6 +15,7 @@ from grammarserve.fsm import text_grammars
 from grammarserve.fsm.closed import close_schema, has_long_numbers
 from grammarserve.fsm.config import GrammarConfig, GrammarSpec, SpecKind, canonical_json
 from grammarserve.fsm.depth import check_schema_depth, check_text_depth
+from grammarserve.fsm.exact_numbers import exact_numbers, exact_range
 from grammarserve.fsm.finite import check_finite
 from grammarserve.fsm.json_schema import prepare_schema
 from grammarserve.fsm.normalize import normalize
@@ -75,6 +76,8 @@ class SpecBuilder:
             if strict:
                 check_strict(prepared)
             prepared = normalize(prepared)
+            prepared = exact_numbers(prepared, exact_range(self.config.backend),
+                                     narrow=not self.config.open_schemas)
             if not self.config.open_schemas:
                 prepared = close_schema(prepared)
         except GrammarError as e:

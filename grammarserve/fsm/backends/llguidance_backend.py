@@ -18,6 +18,7 @@ from grammarserve.errors import GrammarBackendError, GrammarError, UnsupportedSc
 from grammarserve.fsm.backends.base import GrammarBackend
 from grammarserve.fsm.backends.messages import translate
 from grammarserve.fsm.config import GrammarConfig, GrammarSpec
+from grammarserve.fsm.exact_numbers import unit_exclusive_range
 from grammarserve.fsm.freetext import FreeTextMasks, TextState
 from grammarserve.fsm.matcher import CompiledGrammar, Matcher, SharedMasks
 from grammarserve.fsm.runs import MAX_DIGITS, LexTracker, RunBudget, RunTracker, digit_budget
@@ -208,6 +209,13 @@ class LLGuidanceBackend(GrammarBackend):
 
     def compile(self, spec: GrammarSpec, *, background: bool = False) -> CompiledGrammar:
         start = time.perf_counter()
+        if spec.kind in ("json_schema", "tool_calls"):
+            trap = unit_exclusive_range(json.loads(spec.source))
+            if trap is not None:  # NOTE: auto falls back to xgrammar, which is exact there
+                raise UnsupportedSchemaError(
+                    f"llguidance cannot enforce the number range at {trap} exactly (an exclusive "
+                    "bound at an integer with the other bound within one unit: it would take "
+                    "the integer itself)", path=trap, keyword=trap.rsplit(".", 1)[-1])
         try:
             grammar = self.grammar_text(spec)
         except ValueError as e:
