@@ -96,6 +96,10 @@ class EngineConfig:
         Deepest nesting of a JSON schema (JSON levels) and of parentheses in a regex or
         grammar; deeper ones are refused (400) before any parser sees them
         (``grammarserve.fsm.limits``: 64 is about 3x the deepest real-world schema we have).
+    grammar_crash_journal:
+        A folder where the engine journals each backend compile while it runs
+        (``grammarserve.fsm.crash_journal``); the server sets it, so a constraint that crashed
+        the engine is refused afterwards and that death does not spend the restart budget.
     tool_call_format:
         How tool calls are written when ``tool_choice`` is ``"required"`` or names a function:
         ``"json_array"`` (default: one JSON array of ``{"name", "parameters"}`` objects, like
@@ -169,6 +173,7 @@ class EngineConfig:
     grammar_value_checks: bool = True
     grammar_check_retries: int = 8
     grammar_max_depth: int = 64
+    grammar_crash_journal: str | None = None
     enable_jump_forward: bool = True
     canonical_spans: bool = True
     tool_call_format: Literal["hermes", "json_array"] = "json_array"
@@ -263,7 +268,8 @@ class EngineConfig:
                 "open_schemas": self.grammar_open_schemas,
                 "value_checks": self.grammar_value_checks,
                 "check_retries": self.grammar_check_retries,
-                "max_depth": self.grammar_max_depth}
+                "max_depth": self.grammar_max_depth,
+                "crash_journal": self.grammar_crash_journal}
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -3,7 +3,10 @@
 Parent -> engine: ``AddRequest``, ``Abort``, ``GetStats``, ``Shutdown``.
 Engine -> parent: ``Ready`` / ``StartupFailed`` once, then ``Outputs``, ``RequestFailed``, ``Stats``
 / ``StatsFailed``.
-If the engine process dies, every waiting caller gets :class:`EngineDeadError` instead of a hang.
+If the engine process dies, every waiting caller gets :class:`EngineDeadError` instead of a hang,
+except the requests whose constraint was compiling then (``EngineConfig.grammar_crash_journal``,
+``fsm/crash_journal.py``): a native crash in a grammar backend is theirs, so they get a 400 and
+the death is :attr:`EngineProcess.crashed_by_request` (the supervisor does not count it).
 
 Blocking callers iterate a :class:`RequestStream`; asyncio callers (the server) use
 :meth:`EngineProcess.add_request_async`, whose :class:`AsyncRequestStream` is fed from the reader
@@ -33,6 +36,8 @@ from grammarserve.errors import (
     InvalidRequestError,
     RequestFailedError,
 )
+from grammarserve.fsm.config import GrammarSpec
+from grammarserve.fsm.crash_journal import CRASHED_MESSAGE, CrashJournal, spec_digest
 from grammarserve.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -186,6 +191,10 @@ class EngineProcess:
         self._stats_lock = threading.Lock()  # waiters are answered in the order they asked
         self._dead: EngineDeadError | None = None
         self._died = threading.Event()  # set once, when the process is found gone
+        folder = config.grammar_crash_journal
+        self._journal = CrashJournal(folder) if folder is not None else None
+        self._digests: dict[str, str] = {}  # request id -> its constraint's journal digest
+        self.crashed_by_request = False  # set at death: a journaled compile was running
         if not self._conn.poll(startup_timeout_s):
             self._proc.kill()
             raise EngineDeadError(f"the engine did not start within {startup_timeout_s:.0f}s")
@@ -245,6 +254,9 @@ class EngineProcess:
             raise InvalidRequestError(f"request id {request_id!r} is already in use",
                                       param="request_id")
         self._streams[request_id] = stream
+        spec = params.constraint.prepared if params.constraint is not None else None
+        if self._journal is not None and isinstance(spec, GrammarSpec):
+            self._digests[request_id] = spec_digest(spec)
         self._send(AddRequest(request_id, prompt, params, namespace))
         return stream
 
@@ -311,7 +323,9 @@ class EngineProcess:
                         stream.put(out)
                         if out.finished:
                             self._streams.pop(out.request_id, None)
+                            self._digests.pop(out.request_id, None)
             elif isinstance(msg, RequestFailed):
+                self._digests.pop(msg.request_id, None)
                 stream = self._streams.pop(msg.request_id, None)
                 if stream is not None:
                     stream.put(RequestFailedError(msg.message, kind=msg.kind, param=msg.param)
@@ -325,12 +339,35 @@ class EngineProcess:
     def _fail_all(self, err: EngineDeadError) -> None:
         if self._dead is None:
             self._dead = err
-        for stream in list(self._streams.values()):
-            stream.put(err)
+        crashed = self._collect_crashes() if not self._proc.is_alive() else set()
+        for request_id, stream in list(self._streams.items()):
+            if self._digests.get(request_id) in crashed:
+                stream.put(InvalidRequestError(CRASHED_MESSAGE, param="response_format",
+                                               kind=ErrorKind.CONSTRAINT_INVALID))
+            else:
+                stream.put(err)
         self._streams.clear()
+        self._digests.clear()
         while self._stats_waiters:
             self._stats_waiters.pop(0).set_exception(err)
         self._died.set()
+
+
+    def _collect_crashes(self) -> set[str]:
+        """The digests of the constraints that were compiling when the process died (moved to
+        the journal's crashed list, which the next engine refuses)."""
+        if self._journal is None:
+            return set()
+        try:
+            found = set(self._journal.collect())
+        except OSError as e:  # the journal is a safety net: never let it hide the death
+            log.warning("could not read the grammar crash journal: %s", e)
+            return set()
+        if found:
+            self.crashed_by_request = True
+            log.error("the engine died while compiling %d constraint(s); refusing them from now "
+                      "on: %s", len(found), ", ".join(sorted(found)))
+        return found
 
 
 def _engine_main(config: EngineConfig, conn: Connection) -> None:

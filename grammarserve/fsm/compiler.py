@@ -21,6 +21,7 @@ from grammarserve.fsm.config import (
     GrammarSpec,
     JsonStyle,
 )
+from grammarserve.fsm.crash_journal import CRASHED_MESSAGE, CrashJournal, spec_digest
 from grammarserve.fsm.frontend import SpecBuilder
 from grammarserve.fsm.limits import GrammarLimits
 from grammarserve.fsm.lru import BoundedLRU
@@ -74,6 +75,9 @@ class GrammarCompiler:
         Nesting, backend-step and negative-cache bounds (see ``limits.py``).
     max_depth : int, optional
         Overrides ``limits.max_depth`` (deepest nesting of a schema, regex or grammar).
+    crash_journal : str, optional
+        A folder journaling each backend compile while it runs (``crash_journal.py``): the
+        specs that were compiling when a process died there are refused from memory.
     """
 
     def __init__(self, tokenizer: Any, *, backend: BackendName = "auto",
@@ -84,7 +88,7 @@ class GrammarCompiler:
                  compile_threads: int = 4, background_upgrade: bool = True,
                  upgrade_niceness: int = 19, value_checks: bool = True,
                  check_retries: int = 8, limits: GrammarLimits | None = None,
-                 max_depth: int | None = None) -> None:
+                 max_depth: int | None = None, crash_journal: str | None = None) -> None:
         limits = limits or GrammarLimits()
         if max_depth is not None:
             limits = replace(limits, max_depth=max_depth)
@@ -110,6 +114,8 @@ class GrammarCompiler:
         self._memo_refused = 0
         self._check_pool = ThreadPoolExecutor(max_workers=compile_threads,
                                               thread_name_prefix="grammarserve-checks")
+        self.journal = CrashJournal(crash_journal) if crash_journal is not None else None
+        self._crashed = self.journal.crashed() if self.journal is not None else frozenset()
 
     # -- facts the engine needs ------------------------------------------------------------
     @property
@@ -213,7 +219,20 @@ class GrammarCompiler:
         """Compile a spec made by :meth:`spec` of a compiler with the same options (in this
         process or another), without the front end."""
         key = spec.key(self.vocab.fingerprint, self.config.backend)
-        return self.cache.get_or_compile(key, lambda: self._compile(spec))
+        if self.journal is None:
+            return self.cache.get_or_compile(key, lambda: self._compile(spec))
+        digest = spec_digest(spec)
+        if digest in self._crashed:
+            failed: Future[CompiledGrammar] = Future()
+            failed.set_exception(GrammarError(CRASHED_MESSAGE, path="$"))
+            return failed
+
+        def journaled() -> CompiledGrammar:
+            assert self.journal is not None
+            with self.journal.running(digest):
+                return self._compile(spec)
+
+        return self.cache.get_or_compile(key, journaled)
 
     def _compile(self, spec: GrammarSpec) -> CompiledGrammar:
         # NOTE: validators are built beside the backend compile (which drops the GIL).

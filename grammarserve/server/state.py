@@ -5,9 +5,15 @@ metrics, and the load state (``loading`` -> ``ready`` | ``failed``; a dead engin
 from __future__ import annotations
 
 import logging
+import os
+import shutil
+import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from grammarserve.engine.process import AsyncRequestStream, EngineProcess
@@ -23,6 +29,15 @@ from grammarserve.server.supervisor import EngineSupervisor
 log = logging.getLogger(__name__)
 
 
+def crash_journal_folder(config: ServerConfig) -> Path:
+    """Where the engine journals its grammar compiles (``fsm/crash_journal.py``): under the data
+    folder when one is set (the constraints that crashed the engine stay refused across
+    restarts of the server), else a folder of this server's own, removed at shutdown."""
+    if config.data_dir is not None:
+        return Path(config.data_dir) / "grammar-crashes"
+    return Path(tempfile.gettempdir()) / f"grammarserve-crashes-{os.getpid()}-{uuid.uuid4().hex}"
+
+
 class ServerState:
     """Loads the engine in the background so ``/health`` can answer 503 while it loads.
 
@@ -30,6 +45,10 @@ class ServerState:
     batch worker (``submit`` / ``abort``), and gives them the model's :attr:`context`."""
 
     def __init__(self, config: ServerConfig) -> None:
+        self._own_journal = config.engine.grammar_crash_journal is None
+        if self._own_journal:
+            config = replace(config, engine=replace(
+                config.engine, grammar_crash_journal=str(crash_journal_folder(config))))
         self.config = config
         self.metrics = ServerMetrics()
         self.status = "loading"
@@ -151,6 +170,8 @@ class ServerState:
             self._supervisor.stop()
         if self.engine is not None:
             self.engine.shutdown()
+        if self._own_journal and self.config.data_dir is None:
+            shutil.rmtree(str(self.config.engine.grammar_crash_journal), ignore_errors=True)
 
     @property
     def ready(self) -> bool:

@@ -1,6 +1,8 @@
 """Engine supervision: the server restarts a dead engine process, with backoff, at most so many
 times in a window; one death more and it gives up, so the server exits non-zero and whatever
-supervises the server (systemd, Kubernetes, a shell loop) can act.
+supervises the server (systemd, Kubernetes, a shell loop) can act. A death while a constraint
+compiled (``EngineProcess.crashed_by_request``: a native crash in a grammar backend, which is
+refused from then on) is restarted without spending the budget, so no client can stop the server.
 
 # NOTE: requests in flight when the engine dies are failed at once by the engine client (503);
 # nothing is replayed here. The batch worker resumes its batch from the result files once the
@@ -81,13 +83,20 @@ class EngineSupervisor:
             if self._stopping.is_set():
                 return
             reason = f"the engine process died (exit code {self.engine.exitcode})"
-            if not self._replace(reason):
+            # NOTE: a constraint that crashed a grammar backend is refused from now on (its
+            # request got a 400); that death is a client's, not the engine's: not counted
+            by_request = self.engine.crashed_by_request
+            if by_request:
+                reason += " compiling a constraint, which is refused from now on"
+            if not self._replace(reason, counted=not by_request):
                 return
 
-    def _replace(self, reason: str) -> bool:
-        """Restart until an engine is up (True) or the budget is spent or we stop (False)."""
+    def _replace(self, reason: str, *, counted: bool = True) -> bool:
+        """Restart until an engine is up (True) or the budget is spent or we stop (False);
+        ``counted``: the first death spends the restart budget."""
         while True:
-            delay = self.budget.on_death()
+            delay = self.budget.on_death() if counted else self.budget.policy.backoff_s
+            counted = True
             if delay is None:
                 p = self.budget.policy
                 message = (f"{reason}; giving up after {p.max_restarts} restarts within "
