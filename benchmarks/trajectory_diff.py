@@ -135,7 +135,8 @@ def main() -> None:
         out["reading"] = (
             "A forced a span the tokenizer writes otherwise" if a_forced[n] and canon is not None
             and canon[:1] != a[n:n + 1] else
-            "A's grammar does not allow B's token (style lock or schema policy)" if not ok_b else
+            "A's grammar does not allow B's token (style lock, schema policy, or a tokenization "
+            "of a forced key the backend leaves out)" if not ok_b else
             "A's grammar does not allow the model's favourite" if not ok_fav else
             "both allowed: a near tie (numerics) or an earlier forced token" if abs(pb - pa) < 0.5
             else "both allowed: A took the less likely token")

@@ -71,6 +71,10 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    action=argparse.BooleanOptionalAction,
                    help="tokenize each forced span as the tokenizer writes its text in context "
                         "(--no-canonical-spans: the grammar backend's own tokenization)")
+    p.add_argument("--dry-multiplier", type=float, default=EngineConfig.dry_multiplier,
+                   help="DRY penalty on tokens that extend a repetition inside a constrained "
+                        "reply's string values, for requests that do not set dry_multiplier "
+                        "(0: off)")
     p.add_argument("--tool-call-format", default=EngineConfig.tool_call_format,
                    choices=["json_array", "hermes"],
                    help="tool calls for tool_choice required/named: one JSON array of "
@@ -215,7 +219,8 @@ def _config(args: argparse.Namespace) -> EngineConfig:
                         grammar_check_retries=args.check_retries,
                         grammar_max_depth=args.grammar_max_depth,
                         enable_jump_forward=args.jump_forward,
-                        canonical_spans=args.canonical_spans, num_threads=args.num_threads,
+                        canonical_spans=args.canonical_spans,
+                        dry_multiplier=args.dry_multiplier, num_threads=args.num_threads,
                         adaptive_threads=args.adaptive_threads,
                         adaptive_batch=args.adaptive_batch,
                         tool_call_format=args.tool_call_format,

@@ -50,6 +50,12 @@ class SamplingParams:
     logit_bias:
         Token id -> bias in ``[-100, 100]`` added to the logit (-100 effectively bans the
         token). Applied before the constraint's mask: a bias never re-allows a masked token.
+    dry_multiplier, dry_base, dry_allowed_length:
+        DRY, a penalty on tokens that would extend a repetition inside the reply
+        (``grammarserve.engine.dry``; an extension, as in llama.cpp): ``multiplier`` in
+        ``[0, 100]`` (0: off; None: the engine's default, ``EngineConfig.dry_multiplier`` for
+        constrained requests, off otherwise), ``base`` in ``[1, 10]``, ``allowed_length`` >= 1
+        (repeats up to this many tokens are free).
     top_logprobs:
         Also return, for each generated token, this many (0..20) most likely tokens with their
         log-probabilities, under the distribution the token was drawn from; only tokens the
@@ -73,6 +79,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     logit_bias: Mapping[int, float] | None = None
     top_logprobs: int = 0
+    dry_multiplier: float | None = None
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -117,6 +126,17 @@ class SamplingParams:
                 if not _is_number(bias) or not -100.0 <= bias <= 100.0:
                     raise InvalidRequestError(f"logit_bias values must be in [-100, 100], got "
                                               f"{bias!r} for token {tok}", param="logit_bias")
+        dry = self.dry_multiplier
+        if dry is not None and (not _is_number(dry) or not 0.0 <= dry <= 100.0):
+            raise InvalidRequestError(f"dry_multiplier must be a number in [0, 100], got {dry!r}",
+                                      param="dry_multiplier")
+        if not _is_number(self.dry_base) or not 1.0 <= self.dry_base <= 10.0:
+            raise InvalidRequestError(f"dry_base must be a number in [1, 10], got "
+                                      f"{self.dry_base!r}", param="dry_base")
+        length = self.dry_allowed_length
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise InvalidRequestError(f"dry_allowed_length must be an integer >= 1, got "
+                                      f"{length!r}", param="dry_allowed_length")
         top = self.top_logprobs
         if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= 20:
             raise InvalidRequestError(f"top_logprobs must be an integer in [0, 20], got {top!r}",
@@ -135,7 +155,7 @@ class SamplingParams:
     @property
     def uses_controls(self) -> bool:
         """Whether a penalty or a logit bias changes the logits."""
-        return self.penalized or bool(self.logit_bias)
+        return self.penalized or bool(self.logit_bias) or bool(self.dry_multiplier)
 
     @property
     def stop_strings(self) -> tuple[str, ...]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from concurrent.futures import FIRST_COMPLETED, wait
@@ -17,6 +18,7 @@ from grammarserve.engine.batch_size import BatchSizer
 from grammarserve.engine.cuda_graphs import DecodeGraphs
 from grammarserve.engine.detokenizer import IncrementalDetokenizer
 from grammarserve.engine.device import setup_cuda
+from grammarserve.engine.dry import DryPenalty
 from grammarserve.engine.grammar import GrammarRunner
 from grammarserve.engine.memory import (
     ActivationShape,
@@ -94,6 +96,7 @@ class Engine:
         if self.tokenizer.eos_token_id is not None:
             eos.add(int(self.tokenizer.eos_token_id))
         self.eos_ids = frozenset(eos)
+        self.dry = DryPenalty(self.tokenizer, mc.vocab_size)
         self.grammar = GrammarRunner(self.tokenizer, config, vocab_size=mc.vocab_size,
                                      stop_token_ids=sorted(self.eos_ids))
         self.requests: dict[str, Req] = {}
@@ -132,6 +135,9 @@ class Engine:
             prompt, str) else list(prompt)
         self._check_prompt(ids)
         self._check_bias(params)
+        if params.dry_multiplier is None:  # NOTE: the engine's default, for constrained replies
+            params = dataclasses.replace(params, dry_multiplier=self.config.dry_multiplier
+                                         if params.constraint is not None else 0.0)
         rng = None if params.greedy else make_rng(params.seed)
         req = Req(request_id, ids, params, IncrementalDetokenizer(
             self.tokenizer, skip_special_tokens=params.skip_special_tokens),
@@ -214,7 +220,8 @@ class Engine:
                     logits = logits.index_select(0, to_device(torch.tensor(rows), logits.device))
                 out = sample(logits, [r.params for r in reqs], [r.rng for r in reqs],
                              self.grammar.wait(masks),
-                             history=[History(r.tokens, len(r.prompt_ids)) for r in reqs])
+                             history=[History(r.tokens, len(r.prompt_ids)) for r in reqs],
+                             dry=self.dry)
                 for i, req in enumerate(reqs):
                     self._advance(req, out.token_ids[i], out.logprobs[i], out.no_allowed[i],
                                   out.top[i])

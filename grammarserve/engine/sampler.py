@@ -27,6 +27,7 @@ from grammarserve_kernels import (
 )
 
 from grammarserve.attention.staging import to_device
+from grammarserve.engine.dry import DryParams, DryPenalty
 from grammarserve.sampling_params import SamplingParams
 
 
@@ -77,13 +78,37 @@ def _filter_args(params: list[SamplingParams],
             torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device))
 
 
+def _dry_biases(params: list[SamplingParams], history: Sequence[History] | None,
+                dry: DryPenalty | None) -> dict[int, dict[int, float]]:
+    """Row -> this step's DRY bias, for the rows whose DRY penalizes a token now."""
+    rows = [i for i, p in enumerate(params) if p.dry_multiplier]
+    if not rows:
+        return {}
+    if history is None or dry is None:
+        raise ValueError("dry_multiplier needs each row's History and the sampler's DryPenalty")
+    out = {}
+    for i in rows:
+        p = params[i]
+        bias = dry.bias(history[i].tokens[history[i].prompt_len:],
+                        DryParams(p.dry_multiplier or 0.0, p.dry_base, p.dry_allowed_length))
+        if bias:
+            out[i] = bias
+    return out
+
+
 def _controls(params: list[SamplingParams], history: Sequence[History] | None, vocab: int,
-              device: torch.device) -> SamplingControls | None:
-    rows = [i for i, p in enumerate(params) if p.uses_controls]
+              device: torch.device, dry: dict[int, dict[int, float]]) -> SamplingControls | None:
+    rows = [i for i, p in enumerate(params) if p.penalized or p.logit_bias or i in dry]
     if not rows:
         return None
     if history is None and any(params[i].penalized for i in rows):
         raise ValueError("penalties need each row's History (prompt + generated tokens)")
+
+    def bias(i: int) -> dict[int, float]:
+        out = dict(params[i].logit_bias or {})
+        for tok, value in dry.get(i, {}).items():
+            out[tok] = max(-100.0, out.get(tok, 0.0) + value)
+        return out
 
     def generated(i: int) -> list[int]:
         if history is None or not params[i].penalized:
@@ -98,7 +123,7 @@ def _controls(params: list[SamplingParams], history: Sequence[History] | None, v
     return build_controls(
         len(params), vocab, device, rows=rows, generated=[generated(i) for i in rows],
         prompts=[prompt(i) for i in rows],
-        bias=[dict(params[i].logit_bias or {}) for i in rows],
+        bias=[bias(i) for i in rows],
         frequency=[params[i].frequency_penalty for i in rows],
         presence=[params[i].presence_penalty for i in rows],
         repetition=[params[i].repetition_penalty for i in rows])
@@ -114,7 +139,8 @@ def _top_lists(params: list[SamplingParams], res: Sampled) -> list[list[TopEntry
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], rngs: list[RowRng | None],
            bitmask: torch.Tensor | None = None, *,
-           history: Sequence[History] | None = None) -> SampleOutput:
+           history: Sequence[History] | None = None,
+           dry: DryPenalty | None = None) -> SampleOutput:
     """Sample one token per row of ``logits`` ``[B, V]`` (fp32, bf16 or fp16).
 
     ``bitmask`` (int32 ``[B, ceil(V/32)]``, bit set = allowed; all ones for unconstrained rows)
@@ -124,8 +150,9 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], rngs: list[RowRng
     the chosen token's log-probability under the masked, temperature-scaled, filtered
     distribution. Penalties and logit bias apply before the mask (a bias never re-allows a
     masked token); they count the tokens of ``history`` (one per row; needed when a row has a
-    penalty). ``top`` lists, for rows with ``top_logprobs``, the most likely tokens the mask (and
-    the filters) allow, under the distribution the token was sampled from.
+    penalty); ``dry`` computes the DRY biases of rows with ``dry_multiplier``. ``top`` lists,
+    for rows with ``top_logprobs``, the most likely tokens the mask (and the filters) allow,
+    under the distribution the token was sampled from.
     """
     b, vocab = logits.shape
     if len(params) != b or len(rngs) != b:
@@ -134,8 +161,10 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], rngs: list[RowRng
     if history is not None and len(history) != b:
         raise ValueError(f"need one History per row: {b} rows, {len(history)} histories")
     dev = logits.device
-    if dev.type == "cpu" and (bitmask is None or bitmask.device.type == "cpu") and all(
-            p.greedy and not p.uses_controls and not p.top_logprobs for p in params):
+    dry_bias = _dry_biases(params, history, dry)  # NOTE: most steps, none (the fast path)
+    if dev.type == "cpu" and (bitmask is None or bitmask.device.type == "cpu") and not dry_bias \
+            and all(p.greedy and not p.penalized and not p.logit_bias and not p.top_logprobs
+                    for p in params):
         # NOTE: the common CPU case, without the keys, temperatures and controls it would skip
         res = greedy_tokens(logits, bitmask)
         ids, lps = res.ids.tolist(), res.logprobs.tolist()
@@ -154,7 +183,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], rngs: list[RowRng
     temps = to_device(torch.tensor([p.temperature for p in params], dtype=torch.float32), dev)
     if bitmask is not None:
         bitmask = bitmask.to(dev, non_blocking=True)
-    controls = _controls(params, history, vocab, dev)
+    controls = _controls(params, history, vocab, dev, dry_bias)
     num_top = None
     if any(p.top_logprobs for p in params):
         num_top = torch.tensor([p.top_logprobs for p in params], dtype=torch.int64, device=dev)

@@ -166,6 +166,12 @@ class _Generation(RequestBody):
         default=None, ge=0.01, le=100.0, allow_inf_nan=False,
         description="vLLM's repetition penalty (1 = off): logits of tokens seen in the prompt "
         "or the output are divided by it when positive, multiplied when negative")
+    dry_multiplier: float | None = Field(
+        default=None, ge=0.0, le=100.0, allow_inf_nan=False,
+        description="DRY: a penalty on tokens that extend a repetition inside the reply (0: "
+        "off; unset: the server's default for constrained replies)")
+    dry_base: float | None = Field(default=None, ge=1.0, le=10.0, allow_inf_nan=False)
+    dry_allowed_length: int | None = Field(default=None, ge=1, le=2**31 - 1)
     ignore_eos: bool | None = None
 
 

@@ -227,6 +227,9 @@ def sampling_params(req: _Generation, *, max_tokens: int, plan: ConstraintPlan |
             frequency_penalty=req.frequency_penalty or 0.0,
             presence_penalty=req.presence_penalty or 0.0,
             repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+            dry_multiplier=req.dry_multiplier,
+            dry_base=SamplingParams.dry_base if req.dry_base is None else req.dry_base,
+            dry_allowed_length=req.dry_allowed_length or SamplingParams.dry_allowed_length,
             logit_bias=bias, top_logprobs=_num_top_logprobs(req)))
     return out
 
