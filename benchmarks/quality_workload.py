@@ -276,3 +276,20 @@ def field_scores(truth: dict[str, Any], parsed: Any) -> tuple[int, int]:
     want = _leaves(truth)
     got = _leaves(parsed) if isinstance(parsed, dict) else {}
     return sum(1 for k, v in want.items() if k in got and _same(v, got[k])), len(want)
+
+
+def batch_input(path: Any, shape: Shape, style: str, n: int, max_tokens: int
+                ) -> list[dict[str, Any]]:
+    """A Batch-API input file of ``n`` documents of ``shape`` asked in prompt ``style``
+    (``response_format`` json_schema, not strict, greedy); returns the truths, line order."""
+    truths = []
+    with open(path, "w") as f:
+        for i, (doc, truth) in enumerate(shape.documents(n)):
+            body = {"model": "default", "messages": messages(shape, doc, style),
+                    "max_tokens": max_tokens, "temperature": 0,
+                    "response_format": {"type": "json_schema", "json_schema": {
+                        "name": shape.schema["title"], "schema": shape.schema}}}
+            f.write(json.dumps({"custom_id": f"doc-{i}", "method": "POST",
+                                "url": "/v1/chat/completions", "body": body}) + "\n")
+            truths.append(truth)
+    return truths

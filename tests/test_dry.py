@@ -4,11 +4,14 @@ sampler applying it before the constraint's mask."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import jsonschema
 import pytest
 import torch
 
+from grammarserve.constraints import Constraint
 from grammarserve.engine.dry import DryParams, DryPenalty
 from grammarserve.engine.sampler import History, sample
 from grammarserve.errors import InvalidRequestError
@@ -89,3 +92,20 @@ def test_bad_settings_are_400s_naming_the_parameter(field: str, value: float) ->
     with pytest.raises(InvalidRequestError) as e:
         SamplingParams(**{field: value})
     assert e.value.param == field
+
+
+@pytest.mark.model
+def test_dry_ends_a_loop_inside_a_string_value(llm: Any) -> None:
+    """On the embedded model, greedy: a comma-separated tags string that loops until
+    max_tokens without DRY closes with it, and the reply is valid."""
+    schema = {"type": "object", "properties": {"tags": {"type": "string"}},
+              "required": ["tags"]}
+    prompt = llm.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "List many tags for a cooking blog as JSON."}],
+        tokenize=False, add_generation_prompt=True)
+    outs = {d: llm.generate([prompt], SamplingParams(
+        max_tokens=120, temperature=0, dry_multiplier=d,
+        constraint=Constraint.json_schema(schema)))[0] for d in (0.0, 0.8)}
+    assert outs[0.0].finish_reason == "length"
+    assert outs[0.8].finish_reason == "stop", outs[0.8].text
+    jsonschema.validate(json.loads(outs[0.8].text), schema)

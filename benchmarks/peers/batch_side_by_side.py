@@ -51,7 +51,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import extraction_workload as wl
+import jsonschema
+import quality_workload as qw
 from bench_batch import judge, score, write_input, write_replies
+from machine import cpu_name, revision
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 # The log line each runner prints once its model is loaded and it starts on the input.
@@ -167,7 +170,11 @@ def run_side(name: str, inp: Path, expected: list[dict[str, Any]], work: Path,
     texts, finishes, errors, usage = read_output(out, n)
     run_s = (round(out.stat().st_mtime - marker_at, 2)
              if marker_at is not None and out.exists() else None)
-    valid = sum(judge(t, f) for t, f in zip(texts, finishes))
+    if args.workload == "contacts":
+        valid = sum(judge(t, f) for t, f in zip(texts, finishes))
+        scores = score(texts, finishes, expected, run_s or wall)
+    else:
+        valid, scores = _shape_scores(qw.SHAPES[args.workload], texts, finishes, expected)
     cut = sum(f == "length" for f in finishes)
     if args.dump_replies:
         write_replies(args.dump_replies, name, texts, finishes)
@@ -176,7 +183,7 @@ def run_side(name: str, inp: Path, expected: list[dict[str, Any]], work: Path,
         "invalid": n - valid - cut - len(errors), "run_s": run_s, "wall_s": round(wall, 2),
         "valid_lines_per_s": round(valid / run_s, 4) if run_s else None,
         "valid_lines_per_s_wall": round(valid / wall, 4),
-        **score(texts, finishes, expected, run_s or wall),
+        **scores,
         "output_tokens": usage["completion_tokens"], "prompt_tokens": usage["prompt_tokens"],
         "output_tokens_per_s": round(usage["completion_tokens"] / run_s, 2) if run_s else None,
         "returncode": rc, "log": str(log) if args.workdir else None}
@@ -191,6 +198,24 @@ def run_side(name: str, inp: Path, expected: list[dict[str, Any]], work: Path,
     return res
 
 
+def _shape_scores(shape: qw.Shape, texts: list[str | None], finishes: list[str | None],
+                  truths: list[dict[str, Any]]) -> tuple[int, dict[str, Any]]:
+    """Valid lines (stop, parses, validates) and field accuracy of a quality-matrix shape."""
+    valid, correct, total = 0, 0, 0
+    for text, finish, truth in zip(texts, finishes, truths):
+        parsed: Any = None
+        try:
+            parsed = json.loads(text or "")
+            jsonschema.validate(parsed, shape.schema)
+            ok = finish != "length"
+        except (ValueError, jsonschema.ValidationError):
+            ok = False
+        valid += ok
+        c, t = qw.field_scores(truth, parsed if ok else None)
+        correct, total = correct + c, total + t
+    return valid, {"field_acc": round(correct / total, 4) if total else 0.0}
+
+
 def ratio(a: float | None, b: float | None) -> float | None:
     """``a / b`` to 2 places, None when either is missing or zero."""
     return round(a / b, 2) if a and b else None
@@ -202,6 +227,10 @@ def main() -> None:
     ap.add_argument("--shots", type=int, default=6)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--few-shot-style", choices=wl.FEW_SHOT_STYLES, default="spaced")
+    ap.add_argument("--workload", choices=["contacts", *qw.SHAPES], default="contacts",
+                    help="contacts: the few-shot 7-field extraction (issue 19); a quality-matrix "
+                         "shape (e.g. array_of_objects) asked in --prompt-style")
+    ap.add_argument("--prompt-style", choices=qw.PROMPT_STYLES, default="no_json")
     ap.add_argument("--runners", default="vllm,grammarserve",
                     help="comma-separated, run in this order (default: vllm,grammarserve)")
     ap.add_argument("--vllm-venv", type=Path,
@@ -230,10 +259,15 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     try:
         inp = work / "in.jsonl"
-        expected = write_input(inp, args.lines, args.shots, args.max_tokens, args.few_shot_style)
+        expected = (write_input(inp, args.lines, args.shots, args.max_tokens,
+                                args.few_shot_style) if args.workload == "contacts" else
+                    qw.batch_input(inp, qw.SHAPES[args.workload], args.prompt_style, args.lines,
+                                   args.max_tokens))
         result: dict[str, Any] = {"bench": "batch_side_by_side", "lines": args.lines,
                                   "shots": args.shots, "max_tokens": args.max_tokens,
                                   "few_shot_style": args.few_shot_style,
+                                  "workload": args.workload, "prompt_style": args.prompt_style,
+                                  "git": revision(), "cpu": cpu_name(),
                                   "cpu_count": os.cpu_count(),
                                   "loadavg_start": [round(x, 2) for x in os.getloadavg()],
                                   "runners": runners}

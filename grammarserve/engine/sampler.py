@@ -78,37 +78,40 @@ def _filter_args(params: list[SamplingParams],
             torch.tensor([p.min_p for p in params], dtype=torch.float32, device=device))
 
 
-def _dry_biases(params: list[SamplingParams], history: Sequence[History] | None,
-                dry: DryPenalty | None) -> dict[int, dict[int, float]]:
-    """Row -> this step's DRY bias, for the rows whose DRY penalizes a token now."""
+def _apply_dry(logits: torch.Tensor, params: list[SamplingParams],
+               history: Sequence[History] | None, dry: DryPenalty | None) -> None:
+    """Add this step's DRY biases to ``logits`` in place (rows with ``dry_multiplier``)."""
     rows = [i for i, p in enumerate(params) if p.dry_multiplier]
     if not rows:
-        return {}
+        return
     if history is None or dry is None:
         raise ValueError("dry_multiplier needs each row's History and the sampler's DryPenalty")
-    out = {}
+    where: list[int] = []
+    ids: list[int] = []
+    values: list[float] = []
     for i in rows:
         p = params[i]
         bias = dry.bias(history[i].tokens[history[i].prompt_len:],
                         DryParams(p.dry_multiplier or 0.0, p.dry_base, p.dry_allowed_length))
-        if bias:
-            out[i] = bias
-    return out
+        where += [i] * len(bias)
+        ids += list(bias)
+        values += list(bias.values())
+    if ids:  # NOTE: most steps none; a few entries, so one small index_put, no controls pass
+        dev = logits.device
+        with torch.inference_mode():  # NOTE: the model's logits are inference tensors
+            logits.index_put_((to_device(torch.tensor(where), dev),
+                               to_device(torch.tensor(ids), dev)),
+                              to_device(torch.tensor(values, dtype=logits.dtype), dev),
+                              accumulate=True)
 
 
 def _controls(params: list[SamplingParams], history: Sequence[History] | None, vocab: int,
-              device: torch.device, dry: dict[int, dict[int, float]]) -> SamplingControls | None:
-    rows = [i for i, p in enumerate(params) if p.penalized or p.logit_bias or i in dry]
+              device: torch.device) -> SamplingControls | None:
+    rows = [i for i, p in enumerate(params) if p.penalized or p.logit_bias]
     if not rows:
         return None
     if history is None and any(params[i].penalized for i in rows):
         raise ValueError("penalties need each row's History (prompt + generated tokens)")
-
-    def bias(i: int) -> dict[int, float]:
-        out = dict(params[i].logit_bias or {})
-        for tok, value in dry.get(i, {}).items():
-            out[tok] = max(-100.0, out.get(tok, 0.0) + value)
-        return out
 
     def generated(i: int) -> list[int]:
         if history is None or not params[i].penalized:
@@ -123,7 +126,7 @@ def _controls(params: list[SamplingParams], history: Sequence[History] | None, v
     return build_controls(
         len(params), vocab, device, rows=rows, generated=[generated(i) for i in rows],
         prompts=[prompt(i) for i in rows],
-        bias=[bias(i) for i in rows],
+        bias=[dict(params[i].logit_bias or {}) for i in rows],
         frequency=[params[i].frequency_penalty for i in rows],
         presence=[params[i].presence_penalty for i in rows],
         repetition=[params[i].repetition_penalty for i in rows])
@@ -150,7 +153,8 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], rngs: list[RowRng
     the chosen token's log-probability under the masked, temperature-scaled, filtered
     distribution. Penalties and logit bias apply before the mask (a bias never re-allows a
     masked token); they count the tokens of ``history`` (one per row; needed when a row has a
-    penalty); ``dry`` computes the DRY biases of rows with ``dry_multiplier``. ``top`` lists,
+    penalty); ``dry`` adds the DRY biases of rows with ``dry_multiplier`` to ``logits`` in
+    place (which this call then owns). ``top`` lists,
     for rows with ``top_logprobs``, the most likely tokens the mask (and the filters) allow,
     under the distribution the token was sampled from.
     """
@@ -161,10 +165,10 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], rngs: list[RowRng
     if history is not None and len(history) != b:
         raise ValueError(f"need one History per row: {b} rows, {len(history)} histories")
     dev = logits.device
-    dry_bias = _dry_biases(params, history, dry)  # NOTE: most steps, none (the fast path)
-    if dev.type == "cpu" and (bitmask is None or bitmask.device.type == "cpu") and not dry_bias \
-            and all(p.greedy and not p.penalized and not p.logit_bias and not p.top_logprobs
-                    for p in params):
+    _apply_dry(logits, params, history, dry)
+    if dev.type == "cpu" and (bitmask is None or bitmask.device.type == "cpu") and all(
+            p.greedy and not p.penalized and not p.logit_bias and not p.top_logprobs
+            for p in params):
         # NOTE: the common CPU case, without the keys, temperatures and controls it would skip
         res = greedy_tokens(logits, bitmask)
         ids, lps = res.ids.tolist(), res.logprobs.tolist()
@@ -183,7 +187,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], rngs: list[RowRng
     temps = to_device(torch.tensor([p.temperature for p in params], dtype=torch.float32), dev)
     if bitmask is not None:
         bitmask = bitmask.to(dev, non_blocking=True)
-    controls = _controls(params, history, vocab, dev, dry_bias)
+    controls = _controls(params, history, vocab, dev)
     num_top = None
     if any(p.top_logprobs for p in params):
         num_top = torch.tensor([p.top_logprobs for p in params], dtype=torch.int64, device=dev)
