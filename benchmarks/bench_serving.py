@@ -61,6 +61,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import extraction_workload as wl
 import tools_workload as tw
 from figures import success_figures
+from machine import cpu_name, revision
 
 
 def build_requests(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -349,7 +350,9 @@ def main() -> None:
             os.unlink(log)
     if args.dump_replies:
         dump_replies(args.dump_replies, args.workload, results)
-    print(json.dumps(summarize(args, results, wall, [kw.get("_expected") for kw in reqs])))
+    line = summarize(args, results, wall, [kw.get("_expected") for kw in reqs])
+    print(json.dumps({**line, "git": revision(), "cpu": cpu_name(),
+                      "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}))
 
 
 if __name__ == "__main__":

@@ -108,9 +108,13 @@ def test_held_from_covers_the_open_item(compiler: GrammarCompiler, tokenizer: An
         assert m.accept_token(t)
     first = m.held_from()
     assert first is not None and 'b' in tokenizer.decode(ids[first:])
-    assert '"a"' in tokenizer.decode(ids[:first])
     assert m.accept_token(tokenizer.encode('"', add_special_tokens=False)[0])
-    assert m.held_from() is None  # between items nothing can be taken back
+    # NOTE: between items a retry of the next item may still back off to the free tokens
+    # before it (the whitespace before an item, in the flexible style): they stay held
+    between = m.held_from()
+    assert between is not None and between <= first
+    assert m.accept_token(tokenizer.encode(']', add_special_tokens=False)[0])
+    assert m.held_from() is None  # the array closed: nothing can be taken back
 
 
 def test_retries_run_out_with_a_message(tokenizer: Any) -> None:

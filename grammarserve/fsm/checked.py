@@ -180,10 +180,29 @@ class CheckedMatcher(Matcher):
         return n
 
     def held_from(self) -> int | None:
-        starts = [s for path, s in self._tracker.open_values() if self._set.holds(path)]
-        if not starts:
+        opened = self._tracker.open_values()
+        if not opened:
             return None
-        return max(bisect_right(self._starts, min(starts)) - 1, 0)
+        # NOTE: a retry may back off to up to MAX_BACKOFF free tokens before the value that
+        # failed (``_retry_tokens``), and that value may not have opened yet (the whitespace
+        # before an item, in the flexible style): those tokens are held too
+        held = self._free_before(len(self._tokens))
+        starts = [s for path, s in opened if self._set.holds(path)]
+        if starts:
+            first = max(bisect_right(self._starts, min(starts)) - 1, 0)
+            held = min(held, first, self._free_before(first))
+        return held
+
+    def _free_before(self, end: int) -> int:
+        """The earliest of the last ``MAX_BACKOFF`` free (not forced) tokens before ``end``
+        (``end`` when there is none)."""
+        found, at = 0, end
+        for i in range(end - 1, -1, -1):
+            if not self._was_forced[i]:
+                found, at = found + 1, i
+                if found == MAX_BACKOFF:
+                    break
+        return at
 
     # -- backend hooks ---------------------------------------------------------------------
     def _accept(self, token_id: int) -> bool:
