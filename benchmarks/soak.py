@@ -11,6 +11,15 @@ exactly once. Prints one JSON line.
     python benchmarks/soak.py --minutes 10 --url http://127.0.0.1:8000   # an existing one
 
 The first round is the warm-up (caches fill); RSS growth is reported from its end.
+
+``--adversarial`` is issue 33's validated soak (:func:`validated_soak`): six crash-class requests
+in a row, then the bad input above, the adversarial corpus and the corpus schemas
+(:mod:`soak_adversarial`, temperature 0.7) with ``--in-flight`` requests always in flight, every
+200 reply with ``finish_reason: "stop"`` validated against what its request sent
+(:mod:`soak_check`); it counts 5xx, 4xx, invalid stops, engine restarts and requests that never
+finished, and keeps the first inputs and replies of each failure.
+
+    python benchmarks/soak.py --adversarial --minutes 10 --in-flight 16
 """
 
 from __future__ import annotations
@@ -26,13 +35,16 @@ import threading
 import time
 import urllib.parse
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import cpu_name, revision
 from serverproc import ROOT, ServerProcess, metrics, request
-from soak_corpus import CHAT, Case, cases, chat
+from soak_adversarial import CRASH_CLASS, adversarial_cases, body, corpus_cases
+from soak_check import Verdict, check
+from soak_corpus import CHAT, COMPLETIONS, PERSON, Case, cases, chat
 
 _API_RSS = "process_resident_memory_bytes"
 _ENGINE_RSS = "grammarserve_engine_process_resident_memory_bytes"
@@ -61,7 +73,7 @@ def send(base: str, case: Case, timeout: float = 300) -> tuple[int, str]:
             conn.request(case.method, case.path, body=data, headers=headers)
         r = conn.getresponse()
         text = r.read(64) if case.abort else r.read()  # abort: the first event, then hang up
-        return int(r.status), text[:300].decode("utf-8", "replace")
+        return int(r.status), text.decode("utf-8", "replace")
     except (OSError, http.client.HTTPException) as e:
         return 0, f"{type(e).__name__}: {e}"
     finally:
@@ -170,7 +182,7 @@ def soak(base: str, *, minutes: float = 0.0, rounds: int = 0, workers: int = 4,
                 counts[str(status)] += 1
                 if status not in case.expect:
                     unexpected[f"{case.name}:{status}"] += 1
-                    examples.setdefault(f"{case.name}:{status}", text)
+                    examples.setdefault(f"{case.name}:{status}", text[:300])
             done += 1
             if done == 1:
                 warm_s = time.monotonic() - sampler.t0
@@ -195,6 +207,127 @@ def soak(base: str, *, minutes: float = 0.0, rounds: int = 0, workers: int = 4,
     }
 
 
+def _crash_class_in_a_row(base: str, n: int = 6) -> dict[str, Any]:
+    """``n`` crash-class requests one after another, then ``/health`` and a served request."""
+    statuses = [send(base, Case(name, CHAT, body(CRASH_CLASS[i % len(CRASH_CLASS)][1])))[0]
+                for i, name in enumerate(f"crash_{k}" for k in range(n))]
+    ok = Case("after_crash_class", CHAT, body(PERSON, "Invent a person."))
+    status, text = send(base, ok)
+    verdict = check(ok.body, status, text)
+    return {"statuses": statuses, "health_after": request("GET", base + "/health")[0],
+            "served_after": status, "served_after_valid": verdict.finished
+            and verdict.invalid is None}
+
+
+def _note(bucket: dict[str, list[dict[str, Any]]], key: str, case: Case, status: int,
+          text: str, why: str, keep: int) -> None:
+    """Keep the first ``keep`` inputs and replies of a kind of failure."""
+    rows = bucket.setdefault(key, [])
+    if len(rows) < keep:
+        sent = json.dumps(case.body) if case.body is not None else repr(case.raw)
+        rows.append({"case": case.name, "status": status, "why": why,
+                     "request": sent[:4000], "reply": text[:4000]})
+
+
+def validated_soak(base: str, *, minutes: float, in_flight: int = 16, seed: int = 0,
+                   sample_s: float = 10.0, timeout_s: float = 300,
+                   batch_wait_s: float = 900, keep: int = 5) -> dict[str, Any]:
+    """Issue 33's soak: six crash-class requests in a row, then the bad-input corpus, the
+    adversarial corpus and the corpus schemas (temperature 0.7) shuffled round after round,
+    ``in_flight`` requests always in flight, for ``minutes``; every 200 with ``finish_reason``
+    "stop" validated against what its request sent (:mod:`soak_check`)."""
+    first = metrics(base)
+    preamble = _crash_class_in_a_row(base)
+    corpus = cases() + adversarial_cases() + corpus_cases()
+    healthy = {c.name for c in corpus if c.valid}
+    rng = random.Random(seed)
+    sampler = Sampler(base, sample_s)
+    sampler.start()
+    batches = Batches(base)
+    counts: Counter[str] = Counter()
+    tally: Counter[str] = Counter()
+    unexpected: Counter[str] = Counter()
+    invalid: Counter[str] = Counter()  # invalid stops per case
+    seen: dict[str, list[dict[str, Any]]] = {}
+    t0 = time.monotonic()
+    order: list[Case] = []
+    rounds = 0
+
+    def next_case() -> Case:
+        nonlocal order, rounds
+        if not order:
+            batches.start(rounds)
+            order, rounds = rng.sample(corpus, len(corpus)), rounds + 1
+        return order.pop()
+
+    def record(case: Case, status: int, text: str) -> None:
+        counts[str(status)] += 1
+        # an aborted stream was hung up on after its first bytes: nothing to judge
+        verdict = Verdict(status == 200) if case.abort else check(case.body, status, text)
+        tally["stops_validated"] += verdict.stops
+        if status not in case.expect:
+            unexpected[f"{case.name}:{status}"] += 1
+        if status >= 500:
+            _note(seen, "5xx", case, status, text, "5xx", keep)
+        elif status == 0:
+            kind = "timeouts" if "timed out" in text.lower() else "connection_errors"
+            tally[kind] += 1
+            _note(seen, kind, case, status, text, kind, keep)
+        if verdict.invalid:
+            tally["invalid_stop"] += 1
+            invalid[case.name] += 1
+            _note(seen, "invalid_stop", case, status, text, verdict.invalid, keep)
+        for kind, why in (("unverifiable", verdict.unverifiable),
+                          ("stream_errors", verdict.stream_error),
+                          ("float_disagreements", verdict.float_disagreement)):
+            if why:
+                tally[kind] += 1
+                _note(seen, kind, case, status, text, why, keep)
+        if case.name in healthy:
+            tally["healthy_sent"] += 1
+            tally["healthy_finished"] += status == 200 and (
+                verdict.finished or case.abort or case.path not in (CHAT, COMPLETIONS))
+        elif status == 200:
+            tally["adversarial_served"] += case.name.startswith(("adv_", "crash_", "tool_",
+                                                                 "regex_"))
+
+    with ThreadPoolExecutor(in_flight) as pool:
+        running: dict[Future[tuple[int, str]], Case] = {}
+        while running or time.monotonic() - t0 < minutes * 60:
+            while len(running) < in_flight and time.monotonic() - t0 < minutes * 60:
+                case = next_case()
+                running[pool.submit(send, base, case, timeout_s)] = case
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in done:
+                record(running.pop(fut), *fut.result())
+    wall = time.monotonic() - t0
+    batch_report = batches.finish(batch_wait_s)
+    sampler.stop.set()
+    last = sampler.sample()
+    restarts = last.get(_RESTARTS, float("nan")) - first.get(_RESTARTS, 0.0) if last else None
+    return {
+        "benchmark": "soak_adversarial", "revision": revision(), "cpu": cpu_name(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(time.time() - wall)),
+        "minutes": round(wall / 60, 2), "in_flight": in_flight, "rounds": rounds,
+        "corpus_cases": len(corpus), "healthy_cases": len(healthy),
+        "crash_class_in_a_row": preamble, "requests": sum(counts.values()),
+        "status_counts": dict(sorted(counts.items())),
+        "5xx": sum(n for s, n in counts.items() if s.startswith("5")),
+        "4xx": sum(n for s, n in counts.items() if s.startswith("4")),
+        "engine_restarts": restarts, "server_answering": bool(last),
+        "invalid_stop": tally["invalid_stop"], "stops_validated": tally["stops_validated"],
+        "timeouts": tally["timeouts"], "connection_errors": tally["connection_errors"],
+        "healthy_sent": tally["healthy_sent"], "healthy_finished": tally["healthy_finished"],
+        "adversarial_served": tally["adversarial_served"],
+        "invalid_stop_cases": dict(sorted(invalid.items())),
+        "unverifiable": tally["unverifiable"], "stream_errors": tally["stream_errors"],
+        "float_disagreements": tally["float_disagreements"],
+        "unexpected": dict(sorted(unexpected.items())), "batch": batch_report,
+        "rss_mb": {"api": _rss(sampler.series, 1, 0.0), "engine": _rss(sampler.series, 2, 0.0)},
+        "failures": seen,
+    }
+
+
 def _head() -> str:
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, check=False,
                          capture_output=True, text=True)
@@ -206,6 +339,13 @@ def main() -> None:
     p.add_argument("--minutes", type=float, default=10.0)
     p.add_argument("--rounds", type=int, default=1, help="at least this many rounds")
     p.add_argument("--workers", type=int, default=4, help="concurrent clients")
+    p.add_argument("--adversarial", action="store_true",
+                   help="issue 33's validated soak: crash class six in a row, then the "
+                        "adversarial corpus and the corpus schemas beside the bad input, at "
+                        "temperature 0.7, --in-flight requests at once, every stop validated")
+    p.add_argument("--in-flight", type=int, default=16, help="requests at once (--adversarial)")
+    p.add_argument("--timeout-s", type=float, default=300,
+                   help="a request unanswered this long never finished (--adversarial)")
     p.add_argument("--url", default=None, help="an existing server (default: start one)")
     p.add_argument("--sample-s", type=float, default=10.0, help="RSS sampling period")
     p.add_argument("--seed", type=int, default=0)
@@ -214,6 +354,10 @@ def main() -> None:
     args = p.parse_args()
 
     def run(url: str) -> dict[str, Any]:
+        if args.adversarial:
+            return validated_soak(url, minutes=args.minutes, in_flight=args.in_flight,
+                                  seed=args.seed, sample_s=args.sample_s,
+                                  timeout_s=args.timeout_s)
         return soak(url, minutes=args.minutes, rounds=args.rounds, workers=args.workers,
                     sample_s=args.sample_s, seed=args.seed)
 
@@ -221,7 +365,8 @@ def main() -> None:
         print(json.dumps(run(args.url.rstrip("/"))), flush=True)
         return
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
-        srv = ServerProcess(Path(tmp) / "server.log", "--data-dir", str(Path(tmp) / "data"),
+        log = Path(tmp) / "server.log"
+        srv = ServerProcess(log, "--data-dir", str(Path(tmp) / "data"),
                             *args.server_args.split())
         srv.start()
         try:
@@ -230,6 +375,8 @@ def main() -> None:
         finally:
             code = srv.stop()
         report["server_exit_code"] = code
+        report["engine_deaths_logged"] = log.read_text(errors="replace").count(
+            "the engine process died")
         print(json.dumps(report), flush=True)
 
 
