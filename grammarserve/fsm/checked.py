@@ -194,8 +194,7 @@ class CheckedMatcher(Matcher):
         return held
 
     def _free_before(self, end: int) -> int:
-        """The earliest of the last ``MAX_BACKOFF`` free (not forced) tokens before ``end``
-        (``end`` when there is none)."""
+        """The earliest of the last ``MAX_BACKOFF`` free tokens before ``end`` (or ``end``)."""
         found, at = 0, end
         for i in range(end - 1, -1, -1):
             if not self._was_forced[i]:
