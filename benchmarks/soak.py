@@ -236,7 +236,7 @@ def validated_soak(base: str, *, minutes: float, in_flight: int = 16, seed: int 
     adversarial corpus and the corpus schemas (temperature 0.7) shuffled round after round,
     ``in_flight`` requests always in flight, for ``minutes``; every 200 with ``finish_reason``
     "stop" validated against what its request sent (:mod:`soak_check`)."""
-    first = metrics(base)
+    first, rev, started = metrics(base), revision(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
     preamble = _crash_class_in_a_row(base)
     corpus = cases() + adversarial_cases() + corpus_cases()
     healthy = {c.name for c in corpus if c.valid}
@@ -267,6 +267,8 @@ def validated_soak(base: str, *, minutes: float, in_flight: int = 16, seed: int 
         tally["stops_validated"] += verdict.stops
         if status not in case.expect:
             unexpected[f"{case.name}:{status}"] += 1
+            _note(seen, "unexpected", case, status, text, f"not {sorted(case.expect)[:3]}...",
+                  keep)
         if status >= 500:
             _note(seen, "5xx", case, status, text, "5xx", keep)
         elif status == 0:
@@ -306,8 +308,8 @@ def validated_soak(base: str, *, minutes: float, in_flight: int = 16, seed: int 
     last = sampler.sample()
     restarts = last.get(_RESTARTS, float("nan")) - first.get(_RESTARTS, 0.0) if last else None
     return {
-        "benchmark": "soak_adversarial", "revision": revision(), "cpu": cpu_name(),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(time.time() - wall)),
+        "benchmark": "soak_adversarial", "revision": rev, "revision_at_end": revision(),
+        "cpu": cpu_name(), "started": started,
         "minutes": round(wall / 60, 2), "in_flight": in_flight, "rounds": rounds,
         "corpus_cases": len(corpus), "healthy_cases": len(healthy),
         "crash_class_in_a_row": preamble, "requests": sum(counts.values()),
