@@ -206,6 +206,10 @@ def check_xgrammar_exact(schema: dict[str, Any]) -> None:
             _refuse(parts, "pattern", "xgrammar writes pattern strings without escapes, so a "
                                       "value with '\"', '\\' or a control character could "
                                       "not be written")
+        if isinstance(pattern, str) and quantified_bounded_group(pattern):
+            _refuse(parts, "pattern", "xgrammar 0.2.9 drops the first character of a "
+                                      "quantified group holding a bounded repeat "
+                                      "('^1(x[0-9]{1,4})?$' takes '12')")
         if sub.get("additionalProperties") not in (None, False, True) and "properties" in keys:
             _refuse(parts, "additionalProperties", "xgrammar handles only boolean "
                                                    "additionalProperties next to properties")
@@ -230,6 +234,35 @@ def may_need_escape(pattern: str) -> bool:
             in_class = True
         elif c == "]":
             in_class = False
+        i += 1
+    return False
+
+
+def quantified_bounded_group(pattern: str) -> bool:
+    """Whether ``pattern`` has a group followed by a quantifier (``?``, ``*``, ``+``, ``{``)
+    whose body holds a bounded repeat ``{m}`` / ``{m,n}`` (the issue-33 soak found xgrammar's
+    JSON-schema patterns taking ``S102`` for ``^[A-Z][0-9]{2}(\\.[0-9A-Z]{1,4})?$``)."""
+    opened: list[bool] = []  # per open group: whether its body holds a bounded repeat so far
+    i, in_class = 0, False
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+        elif c == "(":
+            opened.append(False)
+        elif c == "{" and opened:
+            opened[-1] = True
+        elif c == ")" and opened:
+            bounded = opened.pop()
+            if bounded and pattern[i + 1:i + 2] in ("?", "*", "+", "{"):
+                return True
+            if bounded and opened:
+                opened[-1] = True
         i += 1
     return False
 
