@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
@@ -48,3 +49,25 @@ def format_checker() -> jsonschema.FormatChecker:
     checker.checkers = dict(jsonschema.Draft202012Validator.FORMAT_CHECKER.checkers)
     checker.checkers["regex"] = (is_pattern, ())
     return checker
+
+
+def regex_chars(pattern: str) -> Iterator[tuple[int, str, bool]]:
+    """The unescaped characters of a regex: ``(position, character, inside a class)``. An
+    escape (``\\`` and the character after it) yields nothing; a class's opening ``[`` is
+    outside it, its ``^``, a leading ``]`` and its closing ``]`` inside."""
+    i, in_class, n = 0, False, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            i += 2
+            continue
+        yield i, c, in_class
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            in_class = True
+            for member in "^]":  # NOTE: literal where they open the class
+                if pattern[i + 1:i + 2] == member:
+                    i += 1
+                    yield i, member, True
+        i += 1

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grammarserve.errors import UnsupportedSchemaError
+from grammarserve.fsm.patterns import regex_chars
 
 #: At most this many characters of superset per character of the pattern (back-references
 #: copy their groups, which may hold back-references themselves).
@@ -211,22 +212,10 @@ class _Scan:
 
 def _in_class_or_escaped(pattern: str, pos: int) -> bool:
     """Whether the character at ``pos`` is escaped or inside a character class."""
-    i, in_class = 0, False
-    while i < pos:
-        c = pattern[i]
-        if c == "\\":
-            i += 2
-            continue
-        if in_class:
-            in_class = c != "]"
-        elif c == "[":
-            in_class = True
-            if pattern[i + 1:i + 2] == "^":
-                i += 1
-            if pattern[i + 1:i + 2] == "]":
-                i += 1
-        i += 1
-    return i > pos or in_class
+    for i, _, inside in regex_chars(pattern):
+        if i >= pos:
+            return i > pos or inside
+    return True
 
 
 def _scan(pattern: str) -> _Scan:

@@ -17,6 +17,7 @@ from typing import Any
 from grammarserve.errors import UnsupportedSchemaError
 from grammarserve.fsm.json_schema import iter_subschemas, json_path
 from grammarserve.fsm.normalize import CALENDAR_PATTERNS, KNOWN_FORMATS
+from grammarserve.fsm.patterns import regex_chars
 
 _ESCAPED = re.compile(r'["\\\x00-\x1f\x7f]')
 # ``^<one character><quantifier>$``: a bracket class, \d, \w or a plain character, repeated.
@@ -243,17 +244,10 @@ def quantified_bounded_group(pattern: str) -> bool:
     whose body holds a bounded repeat ``{m}`` / ``{m,n}`` (the issue-33 soak found xgrammar's
     JSON-schema patterns taking ``S102`` for ``^[A-Z][0-9]{2}(\\.[0-9A-Z]{1,4})?$``)."""
     opened: list[bool] = []  # per open group: whether its body holds a bounded repeat so far
-    i, in_class = 0, False
-    while i < len(pattern):
-        c = pattern[i]
-        if c == "\\":
-            i += 2
+    for i, c, inside in regex_chars(pattern):
+        if inside:
             continue
-        if in_class:
-            in_class = c != "]"
-        elif c == "[":
-            in_class = True
-        elif c == "(":
+        if c == "(":
             opened.append(False)
         elif c == "{" and opened:
             opened[-1] = True
@@ -263,7 +257,6 @@ def quantified_bounded_group(pattern: str) -> bool:
                 return True
             if bounded and opened:
                 opened[-1] = True
-        i += 1
     return False
 
 
