@@ -23,8 +23,8 @@ from prometheus_client.registry import Collector
 from ray import serve
 from ray.exceptions import RayError, RayTaskError
 
-from grammarserve.engine.process import AsyncRequestStream
 from grammarserve.engine.stats import EngineStats
+from grammarserve.engine.streams import AsyncRequestStream
 from grammarserve.errors import EngineDeadError, GrammarserveError
 from grammarserve.sampling_params import SamplingParams
 from grammarserve.server.config import ServerConfig

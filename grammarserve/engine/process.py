@@ -18,9 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import multiprocessing as mp
-import queue
 import threading
-from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -29,6 +27,7 @@ from typing import Any, TypeVar
 from grammarserve.config import EngineConfig
 from grammarserve.engine.request import RequestOutput
 from grammarserve.engine.stats import EngineStats
+from grammarserve.engine.streams import AsyncRequestStream, RequestStream
 from grammarserve.errors import (
     EngineDeadError,
     ErrorKind,
@@ -99,80 +98,6 @@ class Stats:
 @dataclass(frozen=True)
 class StatsFailed:
     message: str
-
-
-class RequestStream:
-    """Outputs of one request, in order; iteration ends after the finished output."""
-
-    def __init__(self, request_id: str) -> None:
-        self.request_id = request_id
-        self._queue: queue.Queue[RequestOutput | BaseException] = queue.Queue()
-
-    def put(self, item: RequestOutput | BaseException) -> None:
-        self._queue.put(item)
-
-    def get(self, timeout: float | None = None) -> RequestOutput:
-        """Next output; raises the engine's error for this request if there was one."""
-        item = self._queue.get(timeout=timeout)
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-    def __iter__(self) -> Iterator[RequestOutput]:
-        while True:
-            out = self.get()
-            yield out
-            if out.finished:
-                return
-
-    def result(self, timeout: float | None = None) -> RequestOutput:
-        """Block until the request finishes; returns its final output."""
-        while True:
-            out = self.get(timeout=timeout)
-            if out.finished:
-                return out
-
-
-class AsyncRequestStream(RequestStream):
-    """A :class:`RequestStream` for asyncio: ``await get()`` and ``async for``.
-
-    ``put`` may be called from any thread; items reach the event loop that created the stream.
-    """
-
-    def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop) -> None:
-        super().__init__(request_id)
-        self._loop = loop
-        self._aqueue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-
-    def put(self, item: RequestOutput | BaseException) -> None:
-        try:
-            self._loop.call_soon_threadsafe(self._aqueue.put_nowait, item)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            pass
-
-    async def get(self, timeout: float | None = None) -> RequestOutput:  # type: ignore[override]
-        """Next output; raises the engine's error for this request if there was one."""
-        item = await asyncio.wait_for(self._aqueue.get(), timeout)
-        if isinstance(item, BaseException):
-            raise item
-        return item
-
-    def __iter__(self) -> Iterator[RequestOutput]:
-        raise TypeError("AsyncRequestStream is iterated with 'async for'")
-
-    async def __aiter__(self) -> AsyncIterator[RequestOutput]:
-        while True:
-            out = await self.get()
-            yield out
-            if out.finished:
-                return
-
-    async def result(self, timeout: float | None = None) -> RequestOutput:  # type: ignore[override]
-        """Wait until the request finishes; returns its final output."""
-        while True:
-            out = await self.get(timeout=timeout)
-            if out.finished:
-                return out
 
 
 class EngineProcess:

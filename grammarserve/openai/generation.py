@@ -13,8 +13,8 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, MutableMapping
 from typing import Any, Protocol
 
-from grammarserve.engine.process import AsyncRequestStream
 from grammarserve.engine.request import RequestOutput
+from grammarserve.engine.streams import AsyncRequestStream
 from grammarserve.errors import GrammarserveError
 from grammarserve.openai.prepare import Prepared
 from grammarserve.sampling_params import SamplingParams

@@ -9,7 +9,7 @@ a key without one) the namespace is ``cache_namespace`` as sent, which then may 
 
 from __future__ import annotations
 
-from grammarserve.engine.process import AsyncRequestStream
+from grammarserve.engine.streams import AsyncRequestStream
 from grammarserve.errors import InvalidRequestError
 from grammarserve.openai.generation import EngineClient
 from grammarserve.sampling_params import SamplingParams

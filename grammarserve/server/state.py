@@ -16,7 +16,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from grammarserve.engine.process import AsyncRequestStream, EngineProcess
+from grammarserve.engine.process import EngineProcess
+from grammarserve.engine.streams import AsyncRequestStream
 from grammarserve.errors import EngineDeadError
 from grammarserve.fsm import GrammarCompiler
 from grammarserve.openai.context import ModelContext
