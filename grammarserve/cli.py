@@ -67,6 +67,13 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jump-forward", default=EngineConfig.enable_jump_forward,
                    action=argparse.BooleanOptionalAction,
                    help="feed the tokens a constraint forces without decoding them one by one")
+    p.add_argument("--json-schema-spans", default=EngineConfig.json_schema_spans,
+                   action=argparse.BooleanOptionalAction,
+                   help="also jump forward the key names a JSON schema forces (default: the "
+                        "model spells them under the mask; tool calls jump forward either way)")
+    p.add_argument("--loop-guard", type=int, default=EngineConfig.loop_guard,
+                   help="in JSON-schema replies, take back the N-th exact copy of an earlier "
+                        "object item of an array and close the array there (0: off)")
     p.add_argument("--canonical-spans", default=EngineConfig.canonical_spans,
                    action=argparse.BooleanOptionalAction,
                    help="tokenize each forced span as the tokenizer writes its text in context "
@@ -219,6 +226,8 @@ def _config(args: argparse.Namespace) -> EngineConfig:
                         grammar_check_retries=args.check_retries,
                         grammar_max_depth=args.grammar_max_depth,
                         enable_jump_forward=args.jump_forward,
+                        json_schema_spans=args.json_schema_spans,
+                        loop_guard=args.loop_guard,
                         canonical_spans=args.canonical_spans,
                         dry_multiplier=args.dry_multiplier, num_threads=args.num_threads,
                         adaptive_threads=args.adaptive_threads,

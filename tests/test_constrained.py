@@ -70,9 +70,11 @@ def _params(item: dict[str, Any], *, jump_forward: bool = True) -> SamplingParam
 
 @pytest.fixture(scope="module")
 def cllm(smollm) -> LLM:  # type: ignore[no-untyped-def]
-    """An engine large enough to run every schema in one batch (shares the loaded weights)."""
+    """An engine large enough to run every schema in one batch (shares the loaded weights).
+    The schemas' key spans jump forward (``json_schema_spans``, off by default), so the pass
+    with jump-forward checks them against the pass without."""
     config = EngineConfig(device="cpu", kv_cache_tokens=32768, max_num_reqs=len(NAMES),
-                          max_batch_tokens=4096)
+                          max_batch_tokens=4096, json_schema_spans=True)
     return LLM.from_engine(Engine(config, loaded=smollm))
 
 

@@ -132,10 +132,14 @@ def engine(tiny_folder: Path) -> Engine:
     from grammarserve.config import EngineConfig
 
     # NOTE: the auto (locked) style: its greedy path on the tiny model closes the contains
-    # array early, which the check then takes back (the path under test)
+    # array early, which the check then takes back (the path under test); the schemas' key
+    # spans jump forward, so a fault while computing a span is reached; no loop guard, so the
+    # faulty matcher is the one the engine calls (the guard would turn its exceptions into
+    # its own error state)
     return Engine(EngineConfig(model=str(tiny_folder), device="cpu", kv_cache_tokens=4096,
                                max_num_reqs=8, grammar_check_retries=5,
-                               grammar_json_style="auto"))
+                               grammar_json_style="auto", json_schema_spans=True,
+                               loop_guard=0))
 
 
 def _faulty(engine: Engine, monkeypatch: pytest.MonkeyPatch, faults: dict[str, str]) -> None:

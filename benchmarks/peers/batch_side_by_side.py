@@ -69,10 +69,11 @@ def vllm_command(inp: Path, out: Path, args: argparse.Namespace) -> list[str]:
             *args.vllm_extra.split()]
 
 
-def grammarserve_command(inp: Path, out: Path, summary: Path) -> list[str]:
-    """``grammarserve batch`` with its defaults: only the files and no progress bar."""
+def grammarserve_command(inp: Path, out: Path, summary: Path, extra: str = "") -> list[str]:
+    """``grammarserve batch`` with its defaults (plus ``extra``): only the files and no
+    progress bar."""
     return [sys.executable, "-m", "grammarserve.cli", "batch", str(inp), "-o", str(out),
-            "--summary", str(summary), "--no-progress"]
+            "--summary", str(summary), "--no-progress", *extra.split()]
 
 
 def _stop_group(proc: subprocess.Popen[str]) -> None:
@@ -164,7 +165,7 @@ def run_side(name: str, inp: Path, expected: list[dict[str, Any]], work: Path,
         # the repo's kernels/ folder would shadow the `kernels` package transformers probes for.
         cmd, cwd = vllm_command(inp, out, args), args.vllm_venv
     else:
-        cmd, cwd = grammarserve_command(inp, out, summary), ROOT
+        cmd, cwd = grammarserve_command(inp, out, summary, args.grammarserve_extra), ROOT
     wall, marker_at, rc = run_timed(name, cmd, cwd, env, log, args.timeout)
     n = len(expected)
     texts, finishes, errors, usage = read_output(out, n)
@@ -239,6 +240,8 @@ def main() -> None:
                     default=Path(os.environ.get("HF_DIR", "/work/peers/smollm2-hf")))
     ap.add_argument("--vllm-extra", default=os.environ.get("VLLM_EXTRA", ""),
                     help="extra run_batch arguments, one string")
+    ap.add_argument("--grammarserve-extra", default="",
+                    help="extra `grammarserve batch` arguments, one string (default: none)")
     ap.add_argument("--timeout", type=float, default=5400,
                     help="seconds per runner, load included (vLLM's first start compiles the "
                          "model for ~8 min)")

@@ -22,7 +22,8 @@ from grammarserve.engine.request import Req
 from grammarserve.errors import ErrorKind, GrammarError
 from grammarserve.fsm import GrammarCompiler
 from grammarserve.fsm.canonical import CanonicalSpans
-from grammarserve.fsm.checked import CheckedMatcher
+from grammarserve.fsm.loop_guard import CommaTable, LoopGuardMatcher
+from grammarserve.fsm.matcher import Matcher
 
 log = logging.getLogger(__name__)
 #: A filled bitmask and the requests whose row could not be filled (with why)
@@ -46,6 +47,8 @@ class GrammarRunner:
     def __init__(self, tokenizer: Any, config: EngineConfig, *, vocab_size: int,
                  stop_token_ids: list[int]) -> None:
         self.jump_forward = config.enable_jump_forward
+        self.json_spans = config.json_schema_spans
+        self.loop_guard = config.loop_guard
         self.spans = CanonicalSpans(tokenizer) if config.canonical_spans else None
         self.compiler = GrammarCompiler(tokenizer, **config.grammar_options,
                                         vocab_size=vocab_size, stop_token_ids=stop_token_ids)
@@ -58,6 +61,8 @@ class GrammarRunner:
         self._stops = stops
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-mask")
         self.counters = GrammarCounters()
+        self._token_bytes = self.compiler.token_bytes() if self.loop_guard else []
+        self._commas = CommaTable(self._token_bytes) if self.loop_guard else None
 
     def start_compile(self, req: Req) -> None:
         """Begin compiling ``req``'s constraint (cache hits complete at once)."""
@@ -83,7 +88,7 @@ class GrammarRunner:
             return False
         req.grammar_future = None
         try:
-            req.matcher = fut.result().matcher()
+            req.matcher = self._guarded(req, fut.result().matcher())
         except GrammarError as e:
             req.fail(ErrorKind.CONSTRAINT_INVALID, f"invalid constraint: {e}", (str(e), e.path))
             self.counters.grammar_errors += 1
@@ -91,6 +96,18 @@ class GrammarRunner:
             req.fail(ErrorKind.ENGINE_FAILURE, f"the constraint could not be compiled: {e}")
             self.counters.grammar_errors += 1
         return True
+
+    def _guarded(self, req: Req, matcher: Matcher) -> Matcher:
+        """``matcher``, wrapped in the array loop guard when the engine has it on
+        (``EngineConfig.loop_guard``) and the whole reply is JSON (a JSON schema, or tool calls
+        as one JSON array)."""
+        c = req.params.constraint
+        json_out = c is not None and (c.kind == "json_schema" or (
+            c.kind == "tool_calls" and c.tool_format == "json_array"))
+        if self._commas is None or not json_out:
+            return matcher
+        return LoopGuardMatcher(matcher.vocab, matcher, self._commas, self._token_bytes,
+                                self.loop_guard)
 
     def fill_async(self, reqs: list[Req]) -> Future[Filled | None]:
         """Fill the bitmask rows of ``reqs`` (one row each, in order) on the worker thread.
@@ -154,7 +171,7 @@ class GrammarRunner:
 
     def _fail(self, req: Req, why: str) -> None:
         m = req.matcher
-        if isinstance(m, CheckedMatcher) and m.exhausted:
+        if m is not None and m.exhausted:
             req.fail(ErrorKind.CONSTRAINT_DEAD_END, f"the constraint cannot be completed: {m.error()}")
             self.counters.check_failures += 1
         else:
@@ -198,8 +215,8 @@ class GrammarRunner:
         m = req.matcher
         if m is None or not (self.jump_forward and req.params.jump_forward):
             return [], 0
-        span = m.forced_tokens()
-        if self.spans is not None:
+        span = m.forced_tokens() if self._spans_for(req) else []
+        if self.spans is not None and span:
             span = self.spans.canonical(req.output_ids, span)
         for i, tok in enumerate(span):
             ok = m.accept_token(tok)
@@ -208,7 +225,7 @@ class GrammarRunner:
                 kept = i + 1 - undo
                 return (span[:kept], 0) if kept >= 0 else ([], -kept)
             if not ok:  # cannot happen for a sound backend; stay consistent
-                if isinstance(m, CheckedMatcher) and m.exhausted:
+                if m.exhausted:
                     self._fail(req, "")
                 else:
                     req.fail(ErrorKind.CONSTRAINT_DEAD_END, "the constraint cannot be "
@@ -221,10 +238,17 @@ class GrammarRunner:
                 kept = len(span) + 1 - undo
                 return (span[:kept], 0) if kept >= 0 else ([], -kept)
             span.append(stop)
-        elif stop is not None and isinstance(m, CheckedMatcher) and m.exhausted:
+        elif stop is not None and m.exhausted:
             self._fail(req, "")
         self.counters.jump_forward_tokens += len(span)
         return span, 0
+
+    def _spans_for(self, req: Req) -> bool:
+        """Whether ``req`` jumps forward the spans its constraint forces mid-reply (a JSON
+        schema's key names only with ``json_schema_spans``); the final stop token is fed
+        without a decode step either way."""
+        c = req.params.constraint
+        return self.json_spans or c is None or c.kind != "json_schema"
 
     def _only_stop(self, req: Req) -> int | None:
         """The stop token to emit if the matcher allows nothing but stop tokens, else None."""

@@ -16,7 +16,6 @@ so the copy is neither streamed nor returned.
 from __future__ import annotations
 
 from grammarserve.engine.request import Req
-from grammarserve.fsm.checked import CheckedMatcher
 
 
 def append_token(req: Req, token: int, logprob: float, *, eos_ids: frozenset[int],
@@ -65,7 +64,7 @@ def _checked_len(req: Req, total: int, available: int) -> int:
 
 
 def _mark(req: Req) -> None:
-    if isinstance(req.matcher, CheckedMatcher):  # NOTE: only these take tokens back
+    if req.matcher is not None and req.matcher.retracts:
         req.marks.append((len(req.text) + len(req.held_text), req.detok.mark()))
 
 

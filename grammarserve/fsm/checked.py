@@ -140,6 +140,8 @@ class _Failure:
 class CheckedMatcher(Matcher):
     """A matcher of a grammar plus its value checks (see the module docstring)."""
 
+    retracts = True
+
     def __init__(self, vocab: VocabInfo, inner: Matcher, checks: CheckSet) -> None:
         uncached = SharedMasks()
         uncached.MAX_ENTRIES = 0  # NOTE: bans change masks; the inner matcher still caches

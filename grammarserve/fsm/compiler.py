@@ -128,6 +128,10 @@ class GrammarCompiler:
         """Token ids the mask allows where the grammar may end."""
         return self.vocab.stop_token_ids
 
+    def token_bytes(self) -> list[bytes]:
+        """Each token's bytes (empty for special tokens)."""
+        return self.policy.token_bytes()
+
     def allocate_bitmask(self, batch_size: int) -> torch.Tensor:
         """A CPU int32 bitmask ``[batch_size, ceil(vocab_size / 32)]``, all tokens allowed."""
         return torch.full((batch_size, self.vocab.bitmask_width), -1, dtype=torch.int32)

@@ -17,6 +17,9 @@ Path = tuple[str | int, ...]
 Span = tuple[int, int]
 
 _OBJ, _ARR = 0, 1
+#: Where the next byte falls (:meth:`JsonTracker.lexical_state`): outside strings, inside a
+#: string or key, right after a backslash inside one.
+LEX_OUT, LEX_IN, LEX_ESC = 0, 1, 2
 _WS = frozenset(b" \t\r\n")
 _QUOTE, _BACKSLASH = 0x22, 0x5C
 
@@ -88,6 +91,20 @@ class JsonTracker:
         if self._scalar is not None:
             out.append(self._scalar)
         return out
+
+    def lexical_state(self) -> tuple[int, int]:
+        """How many containers are open, and whether the next byte is outside strings
+        (``LEX_OUT``), inside one (``LEX_IN``) or escaped inside one (``LEX_ESC``)."""
+        inside = self._in_key or (self._scalar is not None and not self._bare)
+        return len(self._stack), (LEX_ESC if inside and self._escape
+                                  else LEX_IN if inside else LEX_OUT)
+
+    def items_of(self, path: Path) -> list[Span] | None:
+        """The closed items of the open array at ``path``; None if no array is open there."""
+        for f in self._stack:
+            if f.kind == _ARR and f.path == path:
+                return list(f.items)
+        return None
 
     # -- the lexer -------------------------------------------------------------------------
     def _byte(self, pos: int, c: int, out: list[Closed]) -> None:

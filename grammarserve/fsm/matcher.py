@@ -60,6 +60,12 @@ class Matcher(ABC):
     ``style_track.py``) applied on top of the backend's masks and its forced tokens.
     """
 
+    #: Whether this matcher may take back tokens it accepted (``take_retraction``): callers
+    #: keep per-token text marks only for such matchers.
+    retracts = False
+    #: True once the matcher failed for good because its retries ran out (``checked.py``).
+    exhausted = False
+
     def __init__(self, vocab: VocabInfo, shared: SharedMasks | None = None,
                  runs: tuple[LexTracker, ...] = ()) -> None:
         self._vocab = vocab
@@ -73,6 +79,11 @@ class Matcher(ABC):
         self._checked_bitmask: torch.Tensor | None = None
         self._checked_rows = 0
         self._bitmask_np: np.ndarray | None = None  # numpy view of the checked bitmask
+
+    @property
+    def vocab(self) -> VocabInfo:
+        """The vocabulary this matcher's masks are over."""
+        return self._vocab
 
     # -- backend hooks ---------------------------------------------------------------------
     @abstractmethod
