@@ -152,26 +152,26 @@ class EngineConfig:
         names, and a key spelled by the model (``in``+``vo``+``ice``) rather than in the
         tokenizer's split leads to fewer loops: on the quality matrix 199 vs 194 of 210
         valid, field accuracy 72.0% vs 70.5%, at the same goodput (benchmarks/README.md).
+        Off, llguidance also allows every split of a key (the grammar layer's
+        ``force_tokenization``), as xgrammar does.
     loop_guard:
         The array loop guard for replies that are JSON (JSON schemas; tool calls as a JSON
         array) (``grammarserve.fsm.loop_guard``): the ``loop_guard``-th exact copy of an
         earlier object or array item of an array is taken back and the array closes there
         (0: off). 2 (a pair of equal items stays; the third copy goes): on 64 zero-shot
-        invoices with line items (``benchmarks/peers/batch_side_by_side.py``) 52 valid
-        lines instead of 39, field accuracy 41.4% instead of 33.6%; on the quality matrix
-        202 instead of 199 of 210 (benchmarks/README.md, issue 32).
+        invoices with line items (``benchmarks/peers/batch_side_by_side.py``, DRY off) 52
+        valid lines instead of 47, field accuracy 45.7% instead of 43.9% (vLLM's figures);
+        asked with no word about JSON, 50 instead of 32 (benchmarks/README.md, issue 32).
     canonical_spans:
         Re-tokenize each jump-forward span the way the tokenizer writes its text in context
         (``grammarserve.fsm.canonical``); False feeds the backend's own tokenization, which a
         model never saw in training (small models then loop on nested records).
     dry_multiplier:
         DRY's strength for constrained requests that do not set ``dry_multiplier`` themselves
-        (``grammarserve.engine.dry``: a penalty on tokens that extend a repetition inside a
-        string value; 0: off, the default). Off since the loop guard: DRY turns an item
-        copied word for word into one that differs in a letter (``GmbH``, ``Gmbh``), which
-        the guard cannot see; with the guard on, 0.8 took the zero-shot invoice batch from 51
-        to 40 valid lines of 64 (0.4: 42), and the quality matrix moved by one reply
-        (benchmarks/README.md, issue 32). Requests may still ask for it.
+        (``grammarserve.engine.dry``: a penalty on tokens that extend a repetition within the
+        string value being written; 0: off). 0.8 (text-generation-webui's suggestion): with
+        the loop guard, 64 zero-shot invoices with line items finished 57 valid instead of 52
+        (field accuracy 49.6% vs 45.7%; benchmarks/README.md, issue 32).
     """
 
     model: str = "default"
@@ -202,7 +202,7 @@ class EngineConfig:
     json_schema_spans: bool = False
     loop_guard: int = 2
     canonical_spans: bool = True
-    dry_multiplier: float = 0.0
+    dry_multiplier: float = 0.8
     tool_call_format: Literal["hermes", "json_array"] = "json_array"
     tool_call_dedupe: bool = True
     gguf_blocks: bool = True
@@ -298,6 +298,7 @@ class EngineConfig:
                 "value_checks": self.grammar_value_checks,
                 "check_retries": self.grammar_check_retries,
                 "max_depth": self.grammar_max_depth,
+                "force_tokenization": self.json_schema_spans,
                 "crash_journal": self.grammar_crash_journal}
 
     @property

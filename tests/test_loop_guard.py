@@ -35,7 +35,7 @@ def table(compiler: GrammarCompiler) -> CommaTable:
 def _guard(compiler: GrammarCompiler, table: CommaTable, schema: dict[str, Any],
            repeats: int) -> LoopGuardMatcher:
     inner = compiler.compile_json_schema(schema).matcher()
-    return LoopGuardMatcher(inner.vocab, inner, table, compiler.token_bytes(), repeats)
+    return LoopGuardMatcher(inner.vocab, inner, table, repeats)
 
 
 def _feed(m: Matcher, tokenizer: Any, text: str) -> tuple[list[int], int]:

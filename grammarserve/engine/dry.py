@@ -8,13 +8,15 @@ the reply where the tokens just written already occurred: if the last ``m`` toke
 earlier, followed by token ``t``, then ``t`` would extend a repeat of length ``m + 1`` and its
 logit is lowered by ``multiplier * base ** (m - allowed_length)`` (for ``m >= allowed_length``).
 
-DRY acts only inside JSON string values: where the reply so far has an odd number of quotes
-(outside a string, a penalty would change numbers: ``1.0`` after an earlier ``1.00``). Sequence
-breakers stop a match: a token whose text holds one of ``BREAKERS``, or only whitespace, neither
-matches nor is crossed, so a match never spans from one value to the next and the structure a
-reply legitimately repeats (each array item's keys) is not penalized; nor is a breaker itself
-(a penalty on the closing quote would hold a string open). Only the reply's own
-tokens are read (a value copied from the prompt is not a repeat; one written twice is).
+DRY acts only inside JSON string values, and only on repeats within the string being written:
+where the reply so far has an odd number of quotes (outside a string, a penalty would change
+numbers: ``1.0`` after an earlier ``1.00``), and the earlier occurrence must lie after the
+string's opening quote. A string that repeats an earlier one (an array item copied whole) is
+left to the loop guard (``grammarserve.fsm.loop_guard``): penalized, the copy became a near copy
+(``GmbH``, ``Gmbh``) that the guard cannot see, and the loop went on. Sequence breakers stop a
+match: a token whose text holds one of ``BREAKERS``, or only whitespace, neither matches nor is
+crossed; nor is a breaker itself penalized (a penalty on the closing quote would hold a string
+open). Only the reply's own tokens are read.
 
 The penalty is a per-row logit bias for the step, applied with the others before the
 constraint's mask, so it never allows a token the constraint forbids.
@@ -74,8 +76,12 @@ class DryPenalty:
         seq = whole[-WINDOW:]
         n = len(seq)
         # NOTE: match[j] = how many tokens ending at j equal the reply's last tokens (a
-        # backward walk per candidate end; candidates are the earlier places of the last token)
+        # backward walk per candidate end; candidates are the earlier places of the last token
+        # inside the open string: after the last token holding a quote, its opening one)
+        quoted = np.flatnonzero(self._quotes[seq] != 0)
+        opened = int(quoted[-1]) if len(quoted) else -1
         ends = np.flatnonzero(seq[:-1] == seq[-1])
+        ends = ends[ends > opened]
         out: dict[int, float] = {}
         for j in ends[::-1]:
             m = 0

@@ -185,8 +185,8 @@ class Engine:
     def warm_up(self) -> None:
         """Build what the first constrained request would otherwise build (the grammar
         backends' tokenizer tables, ~1 s, much of it holding the GIL, so every running request
-        would wait). Call it before serving."""
-        self.grammar.compiler.warmup()
+        would wait), and the loop guard's table. Call it before serving."""
+        self.grammar.warm_up()
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work() or bool(self._done_early or self._compiling)

@@ -61,8 +61,19 @@ class GrammarRunner:
         self._stops = stops
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-mask")
         self.counters = GrammarCounters()
-        self._token_bytes = self.compiler.token_bytes() if self.loop_guard else []
-        self._commas = CommaTable(self._token_bytes) if self.loop_guard else None
+        self._commas: CommaTable | None = None  # the loop guard's, built on first use
+
+    def warm_up(self) -> None:
+        """Build the grammar backends' tokenizer tables and the loop guard's table now rather
+        than for the first constrained request."""
+        self.compiler.warmup()
+        if self.loop_guard:
+            self._comma_table()
+
+    def _comma_table(self) -> CommaTable:
+        if self._commas is None:
+            self._commas = CommaTable(self.compiler.token_bytes())
+        return self._commas
 
     def start_compile(self, req: Req) -> None:
         """Begin compiling ``req``'s constraint (cache hits complete at once)."""
@@ -104,10 +115,10 @@ class GrammarRunner:
         c = req.params.constraint
         json_out = c is not None and (c.kind == "json_schema" or (
             c.kind == "tool_calls" and c.tool_format == "json_array"))
-        if self._commas is None or not json_out:
+        if not self.loop_guard or not json_out:
             return matcher
-        return LoopGuardMatcher(matcher.vocab, matcher, self._commas, self._token_bytes,
-                                self.loop_guard)
+        table = self._comma_table()
+        return LoopGuardMatcher(matcher.vocab, matcher, table, self.loop_guard)
 
     def fill_async(self, reqs: list[Req]) -> Future[Filled | None]:
         """Fill the bitmask rows of ``reqs`` (one row each, in order) on the worker thread.

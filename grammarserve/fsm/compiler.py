@@ -88,7 +88,8 @@ class GrammarCompiler:
                  compile_threads: int = 4, background_upgrade: bool = True,
                  upgrade_niceness: int = 19, value_checks: bool = True,
                  check_retries: int = 8, limits: GrammarLimits | None = None,
-                 max_depth: int | None = None, crash_journal: str | None = None) -> None:
+                 max_depth: int | None = None, crash_journal: str | None = None,
+                 force_tokenization: bool = True) -> None:
         limits = limits or GrammarLimits()
         if max_depth is not None:
             limits = replace(limits, max_depth=max_depth)
@@ -100,7 +101,7 @@ class GrammarCompiler:
                                     background_upgrade=background_upgrade,
                                     upgrade_niceness=upgrade_niceness,
                                     value_checks=value_checks, check_retries=check_retries,
-                                    limits=limits)
+                                    force_tokenization=force_tokenization, limits=limits)
         self.vocab = VocabInfo.from_tokenizer(tokenizer, vocab_size=vocab_size,
                                               stop_token_ids=stop_token_ids)
         self.policy = BackendPolicy(self.vocab, self.config)

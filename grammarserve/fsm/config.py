@@ -75,6 +75,14 @@ class GrammarConfig:
     check_retries : int
         A matcher whose value fails its check rolls back to where the value started, bans the
         token that began it there and continues; after this many retries the request fails.
+    force_tokenization : bool
+        Where a JSON schema forces text (a key name after its opening quote), llguidance
+        allows only the tokenizer's own split of it (and can jump it forward), while
+        xgrammar allows every token that fits. False lets llguidance allow every split too
+        (its ``no_forcing``), so the model spells keys as it likes on either backend (the
+        engine's default, with ``json_schema_spans`` off: on SmolLM2 the key
+        ``invoice_number`` is ``in`` + ``vo`` + ``ice`` at -0.36 but ``inv`` + ``oice``, the
+        tokenizer's split, at -1.32, and what follows differs).
     limits : GrammarLimits
         Nesting, backend-step and negative-cache bounds (``limits.py``).
     """
@@ -91,6 +99,7 @@ class GrammarConfig:
     upgrade_niceness: int = 19
     value_checks: bool = True
     check_retries: int = 8
+    force_tokenization: bool = True
     limits: GrammarLimits = field(default_factory=GrammarLimits)
 
     def __post_init__(self) -> None:

@@ -49,8 +49,9 @@ class SpecBuilder:
     def _json_options(self, source: str) -> tuple[tuple[str, Any], ...]:
         c = self.config
         digits = None if c.open_schemas or has_long_numbers(source) else MAX_DIGITS
-        return (("json_style", c.json_style), ("max_digits", digits),
-                ("max_whitespace", c.max_whitespace))
+        options = (("json_style", c.json_style), ("max_digits", digits),
+                   ("max_whitespace", c.max_whitespace))
+        return options if c.force_tokenization else (*options, ("force_tokenization", False))
 
     def _check_schema(self, schema: Any, strict: bool, path: str = "$",
                       checks: list[ValueCheck] | None = None, lean: bool = False

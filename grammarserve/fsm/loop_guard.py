@@ -39,6 +39,7 @@ class CommaTable:
     shared by every guard of an engine."""
 
     def __init__(self, token_bytes: list[bytes]) -> None:
+        self.token_bytes = token_bytes
         ids = [t for t, b in enumerate(token_bytes) if b and 0x2C in b]
         self.ids = np.array(ids, dtype=np.int64)
         self.depths = np.zeros((3, len(ids)), dtype=np.int64)  # bit (d + _SPAN) per state
@@ -92,13 +93,13 @@ class LoopGuardMatcher(Matcher):
     retracts = True
 
     def __init__(self, vocab: VocabInfo, inner: Matcher, table: CommaTable,
-                 token_bytes: list[bytes], repeats: int) -> None:
+                 repeats: int) -> None:
         # NOTE: the guard's bans change masks, so no shared prefix masks here (the inner
         # matcher keeps its own)
         uncached = SharedMasks()
         uncached.MAX_ENTRIES = 0
         super().__init__(vocab, uncached)
-        self._inner, self._table, self._bytes = inner, table, token_bytes
+        self._inner, self._table, self._bytes = inner, table, table.token_bytes
         self._repeats = repeats
         self._tracker = JsonTracker()
         self._starts: list[int] = []  # byte offset of each accepted token in the document

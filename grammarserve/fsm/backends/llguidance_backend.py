@@ -181,10 +181,19 @@ class LLGuidanceBackend(GrammarBackend):
                 raise GrammarBackendError("llguidance cannot write JSON indented exactly; "
                                           "xgrammar compiles the indented style",
                                           backend=self.name)
+            options = self.json_options(style, max_ws)
+            schema = json.loads(spec.source)
+            if not spec.option("force_tokenization", True) and isinstance(schema, dict):
+                # NOTE: ``no_forcing`` exists only as a Lark grammar option; our options
+                # replace the whole ``x-guidance`` key, so a user's cannot switch on
+                # ``lenient`` (silently ignored keywords)
+                text = json.dumps({**schema, "x-guidance": options}, ensure_ascii=False)
+                return str(llguidance.LLMatcher.grammar_from_lark(
+                    '%llguidance {"no_forcing": true}\nstart: %json ' + text))
             # NOTE: options go in ``overrides`` so an ``x-guidance`` key in the user's schema
             # cannot switch on ``lenient`` (silently ignored keywords).
             return str(llguidance.LLMatcher.grammar_from_json_schema(
-                spec.source, overrides=self.json_options(style, max_ws)))  # type: ignore[arg-type]
+                spec.source, overrides=options))  # type: ignore[arg-type]
         if spec.kind == "regex":
             return str(llguidance.LLMatcher.grammar_from_regex(spec.source))
         if spec.kind == "lark":
