@@ -22,7 +22,7 @@ SCHEMA_MAX_TOKENS = 256
 #: Schema replies that still run into SCHEMA_MAX_TOKENS today (greedy, SmolLM2-135M).
 SCHEMA_CUT = {
     # NOTE: since the flexible style is the default (issue 32): it indents, then repeats
-    "api_result": "the response_format reply repeats an array number until max_tokens",
+    # (api_result's response_format reply finishes since the model spells keys itself)
     "pydantic_tree": "the tool-call reply nests children until max_tokens",
     "spreadsheet_cell": "the tool-call reply adds updates until max_tokens",
     "shape_drawing": "the tool-call reply's text value runs until max_tokens",
