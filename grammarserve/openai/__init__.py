@@ -9,7 +9,9 @@
 - :mod:`~grammarserve.openai.generation`: runs the engine requests of one API request through an
   :class:`EngineClient` (submit / abort).
 - :mod:`~grammarserve.openai.replies`, :mod:`~grammarserve.openai.responses_reply`: outputs to
-  bodies and stream events (tool calls parsed by :mod:`~grammarserve.openai.toolparse`).
+  bodies and stream events (tool calls parsed by :mod:`~grammarserve.openai.toolparse`; custom
+  tools, whose call is the whole reply, checked and parsed by
+  :mod:`~grammarserve.openai.custom_tools`).
 - :mod:`~grammarserve.openai.endpoints`: a raw body for an endpoint URL (a batch line) to a
   :class:`Prepared` and back to its reply.
 - :mod:`~grammarserve.openai.errors`: every failure as a status and an OpenAI error body, from one

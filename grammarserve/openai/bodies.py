@@ -9,7 +9,7 @@ import uuid
 from typing import Any
 
 from grammarserve.engine.request import RequestOutput
-from grammarserve.openai.toolparse import ParsedCall
+from grammarserve.openai.toolparse import ParsedCall, ToolCallArgs, ToolCallStart, ToolKind
 
 
 def new_id(prefix: str, *, sep: str = "-") -> str:
@@ -35,8 +35,24 @@ def final_usage(outs: list[RequestOutput], num_prompts: int = 1) -> dict[str, An
 
 
 def tool_call_dicts(calls: list[ParsedCall]) -> list[dict[str, Any]]:
-    return [{"id": c.id, "type": "function",
+    return [{"id": c.id, "type": "custom", "custom": {"name": c.name, "input": c.arguments}}
+            if c.kind is ToolKind.CUSTOM else
+            {"id": c.id, "type": "function",
              "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+
+
+def tool_call_delta(ev: ToolCallStart | ToolCallArgs) -> dict[str, Any]:
+    """A chat chunk's ``tool_calls`` item: a call's start (id, type, name) or more of its
+    arguments; a custom call's as ``{"type": "custom", "custom": {"name", "input"}}``, the
+    shape of its non-streamed call (the SDK keeps ``custom`` as a dict: its chunk type knows
+    function calls only)."""
+    if isinstance(ev, ToolCallStart):
+        body = "custom" if ev.kind is ToolKind.CUSTOM else "function"
+        key = "input" if ev.kind is ToolKind.CUSTOM else "arguments"
+        return {"index": ev.index, "id": ev.id, "type": body, body: {"name": ev.name, key: ""}}
+    if ev.kind is ToolKind.CUSTOM:
+        return {"index": ev.index, "custom": {"input": ev.text}}
+    return {"index": ev.index, "function": {"arguments": ev.text}}
 
 
 def finish_reason(engine_reason: str | None, has_calls: bool) -> str:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grammarserve.errors import ErrorKind, GrammarserveError, InvalidRequestError
+from grammarserve.openai.protocol import UNION_TAGS
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,8 @@ def validation_error(errors: Sequence[Any], *, loc_prefix: tuple[str, ...] = ("b
     errs = [dict(err) for err in errors]
     if any(err.get("type") == "json_invalid" for err in errs):
         return InvalidRequestError("the request body is not valid JSON")
-    locs = [tuple(x for x in err.get("loc", ()) if x not in loc_prefix) for err in errs]
+    locs = [tuple(x for x in err.get("loc", ()) if x not in loc_prefix and x not in UNION_TAGS)
+            for err in errs]
     common = tuple(os.path.commonprefix(locs)) if len(locs) > 1 else (locs[0] if locs else ())
     param = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in common).lstrip(".")
     msgs = list(dict.fromkeys(str(err.get("msg", "invalid value")) for err in errs))

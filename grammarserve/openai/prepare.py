@@ -131,7 +131,9 @@ def chat_prompt(ctx: ModelContext, req: ChatCompletionRequest, tools: ToolsPlan 
                        tools=tools.tools if tools else None,
                        tool_choice=tools.choice if tools else "auto",
                        parallel=tools.parallel if tools else True,
-                       tool_format=tools.format if tools else "hermes")
+                       tool_format=tools.format if tools else "hermes",
+                       customs=tools.customs if tools else (),
+                       custom=tools.custom if tools else None)
     return list(ctx.tokenizer.encode(text, add_special_tokens=False))
 
 

@@ -8,9 +8,17 @@ that would change the output but cannot be honoured are refused in
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _SURROGATE_MESSAGE = ("strings must be valid Unicode: a lone UTF-16 surrogate (a \\ud800-\\udfff "
@@ -72,13 +80,44 @@ class ToolCall(RequestBody):
     function: FunctionCall
 
 
+class CustomCall(RequestBody):
+    name: str
+    input: str = ""
+
+
+class CustomToolCall(RequestBody):
+    """A past call of a custom tool: its free-text ``input``."""
+
+    id: str = ""
+    type: Literal["custom"]
+    custom: CustomCall
+
+
+#: The tags of the function / custom tagged unions below. Pydantic puts a tag into the location
+#: of an error inside a member; :func:`grammarserve.openai.errors.validation_error` drops them, so
+#: params read ``tools[0].function.parameters`` as before custom tools (hence no field's name).
+FUNCTION_TAG, CUSTOM_TAG = "function tool", "custom tool"
+UNION_TAGS = frozenset({FUNCTION_TAG, CUSTOM_TAG})
+
+
+def _tool_type(value: Any) -> str:
+    """The tag of a tool, tool call or tool choice: custom for ``"type": "custom"``, else function
+    (``type`` may be absent, as before custom tools; a wrong one is the function model's error)."""
+    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
+    return CUSTOM_TAG if kind == "custom" else FUNCTION_TAG
+
+
+AnyToolCall = Annotated[Annotated[ToolCall, Tag(FUNCTION_TAG)]
+                        | Annotated[CustomToolCall, Tag(CUSTOM_TAG)], Discriminator(_tool_type)]
+
+
 class ChatMessage(RequestBody):
     """Any role: system/developer/user/assistant/tool (``function`` is the legacy tool role)."""
 
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
-    tool_calls: list[ToolCall] | None = None
+    tool_calls: list[AnyToolCall] | None = None
     tool_call_id: str | None = None
     refusal: str | None = None
 
@@ -95,6 +134,39 @@ class Tool(RequestBody):
     function: FunctionDef
 
 
+class CustomGrammar(RequestBody):
+    """A custom tool's grammar; ``syntax`` is checked by the translation (a 400 naming the
+    tool), not here."""
+
+    syntax: str
+    definition: str
+
+
+class CustomFormat(RequestBody):
+    """``{"type": "text"}`` or ``{"type": "grammar", "grammar": {...}}`` (checked by the
+    translation, which names the tool)."""
+
+    type: str
+    grammar: CustomGrammar | None = None
+
+
+class CustomDef(RequestBody):
+    name: str
+    description: str | None = None
+    format: CustomFormat | None = None
+
+
+class CustomTool(RequestBody):
+    """A custom tool: its calls carry free text (``input``), maybe constrained by a grammar."""
+
+    type: Literal["custom"]
+    custom: CustomDef
+
+
+AnyTool = Annotated[Annotated[Tool, Tag(FUNCTION_TAG)] | Annotated[CustomTool, Tag(CUSTOM_TAG)],
+                    Discriminator(_tool_type)]
+
+
 class NamedFunction(RequestBody):
     name: str
 
@@ -104,9 +176,19 @@ class NamedToolChoice(RequestBody):
     function: NamedFunction
 
 
+class NamedCustomToolChoice(RequestBody):
+    type: Literal["custom"]
+    custom: NamedFunction
+
+
+AnyNamedChoice = Annotated[Annotated[NamedToolChoice, Tag(FUNCTION_TAG)]
+                           | Annotated[NamedCustomToolChoice, Tag(CUSTOM_TAG)],
+                           Discriminator(_tool_type)]
+
+
 class AllowedTools(RequestBody):
     mode: Literal["auto", "required"]
-    tools: list[NamedToolChoice]
+    tools: list[AnyNamedChoice]
 
 
 class AllowedToolsChoice(RequestBody):
@@ -114,7 +196,8 @@ class AllowedToolsChoice(RequestBody):
     allowed_tools: AllowedTools
 
 
-ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice | AllowedToolsChoice
+ToolChoice = (Literal["none", "auto", "required"] | NamedToolChoice | NamedCustomToolChoice
+              | AllowedToolsChoice)
 
 
 class JSONSchemaFormat(RequestBody):
@@ -177,7 +260,7 @@ class _Generation(RequestBody):
 
 class ChatCompletionRequest(_Generation):
     messages: list[ChatMessage]
-    tools: list[Tool] | None = None
+    tools: list[AnyTool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     logprobs: bool | None = None

@@ -4,21 +4,26 @@ A template that handles ``tools`` itself gets them as ``tools=``; otherwise the 
 in a Hermes-style system block and past tool calls / results are written in the same format the
 model is asked (and constrained) to produce: ``<tool_call>`` blocks, or one JSON array of
 ``{"name", "parameters"}`` objects (the ``json_array`` format), and ``<tool_response>`` blocks.
+Custom tools are described in the system message (name, description, grammar or regex of the
+input) and past custom calls written as ``<custom_tool_call name="...">`` blocks; when the reply
+is a custom tool's input, the built-in block says so, whatever the template.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from grammarserve.errors import InvalidRequestError
 from grammarserve.fsm.tools import END, TRIGGER
-from grammarserve.openai.protocol import ChatMessage
+from grammarserve.openai.custom_tools import CustomSyntax, CustomToolSpec
+from grammarserve.openai.protocol import ChatMessage, CustomToolCall
 
-TOOLS_HEADER = (
-    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
-)
+FUNCTIONS_LISTED = ("You are provided with function signatures within <tools></tools> XML tags:\n"
+                    "<tools>\n")
+TOOLS_HEADER = ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+                + FUNCTIONS_LISTED)
 TOOLS_FOOTER = (
     "\n</tools>\n\nFor each function call, return a json object with function name and "
     "arguments within <tool_call></tool_call> XML tags:\n"
@@ -61,9 +66,14 @@ def content_text(content: str | list[dict[str, Any]] | None, where: str) -> str:
 
 
 def tools_system_block(tools: list[dict[str, Any]], tool_choice: Any, parallel: bool,
-                       tool_format: str = "hermes") -> str:
-    """The built-in (Hermes-style) description of ``tools`` and of the call format."""
+                       tool_format: str = "hermes", customs: Sequence[CustomToolSpec] = (),
+                       custom: CustomToolSpec | None = None) -> str:
+    """The built-in (Hermes-style) description of ``tools`` and of the call format, and of the
+    custom tools ``customs``; with ``custom``, the reply is that custom tool's input."""
     lines = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    if custom is not None:
+        listed = (FUNCTIONS_LISTED + lines + "\n</tools>\n\n") if tools else ""
+        return "# Tools\n\n" + listed + custom_tools_text(customs, custom)
     rules = []
     if tool_choice == "required":
         rules.append("You must call at least one of these functions.")
@@ -72,7 +82,36 @@ def tools_system_block(tools: list[dict[str, Any]], tool_choice: Any, parallel: 
     if not parallel:
         rules.append("Call at most one function.")
     footer = JSON_ARRAY_FOOTER if tool_format == "json_array" else TOOLS_FOOTER
-    return TOOLS_HEADER + lines + footer + ("\n\n" + " ".join(rules) if rules else "")
+    described = "\n\n" + custom_tools_text(customs, None) if customs else ""
+    return (TOOLS_HEADER + lines + footer + described
+            + ("\n\n" + " ".join(rules) if rules else ""))
+
+
+def custom_tools_text(customs: Sequence[CustomToolSpec], custom: CustomToolSpec | None) -> str:
+    """The description of custom tools (name, description, and the grammar or regex of the
+    input); with ``custom``, the rule that the whole reply is its input."""
+    parts = ["Custom tools take free text as their input, not JSON."]
+    for c in customs:
+        lines = [f"## Custom tool {c.name!r}"]
+        if c.description:
+            lines.append(c.description)
+        if c.syntax is CustomSyntax.LARK:
+            lines.append("Its input must match this Lark grammar (from the rule 'start'):\n"
+                         f"```lark\n{c.definition.strip()}\n```")
+        elif c.syntax is CustomSyntax.REGEX:
+            lines.append(f"Its input must match this regular expression:\n```\n{c.definition}\n```")
+        else:
+            lines.append("Its input is free text.")
+        parts.append("\n".join(lines))
+    if custom is not None:
+        parts.append(f"Call the custom tool {custom.name!r} now: your whole reply is its input, "
+                     "with nothing before or after it.")
+    return "\n\n".join(parts)
+
+
+def custom_call_text(name: str, input_: str) -> str:
+    """A past custom tool call as prompt text."""
+    return f"<custom_tool_call name={json.dumps(name)}>\n{input_}\n</custom_tool_call>"
 
 
 def _call_args(call: dict[str, Any]) -> tuple[str, Any]:
@@ -103,8 +142,15 @@ def openai_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
         role = {"developer": "system", "function": "tool"}.get(m.role, m.role)
         msg: dict[str, Any] = {"role": role, "content": content_text(m.content, where)}
         if m.role == "assistant" and m.tool_calls:
-            msg["tool_calls"] = [c.model_dump(include={"id", "type", "function"})
-                                 for c in m.tool_calls]
+            functions = [c for c in m.tool_calls if not isinstance(c, CustomToolCall)]
+            customs = [custom_call_text(c.custom.name, c.custom.input) for c in m.tool_calls
+                       if isinstance(c, CustomToolCall)]
+            if customs:  # as text: templates and the call formats know function calls only
+                msg["content"] = "\n".join([msg["content"], *customs] if msg["content"]
+                                           else customs)
+            if functions:
+                msg["tool_calls"] = [c.model_dump(include={"id", "type", "function"})
+                                     for c in functions]
         elif m.role == "assistant" and m.content is None:
             if m.refusal is None:
                 raise InvalidRequestError(f"{where}: an assistant message needs 'content' or "
@@ -137,25 +183,35 @@ def hermes_messages(messages: list[dict[str, Any]], tools_block: str | None,
         else:
             out.append({"role": m["role"], "content": m["content"]})
     if tools_block is not None:
-        if out and out[0]["role"] == "system":
-            out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{tools_block}"}
-        else:
-            out.insert(0, {"role": "system", "content": tools_block})
+        out = with_system(out, tools_block)
     return [{k: v for k, v in m.items() if not k.startswith("_")} for m in out]
+
+
+def with_system(messages: list[dict[str, Any]], block: str) -> list[dict[str, Any]]:
+    """``block`` appended to the system message (one is added first if there is none)."""
+    out = list(messages)
+    if out and out[0]["role"] == "system":
+        out[0] = {**out[0], "content": f"{out[0]['content']}\n\n{block}"}
+    else:
+        out.insert(0, {"role": "system", "content": block})
+    return out
 
 
 def render_chat(tokenizer: Any, messages: list[ChatMessage], *,
                 tools: list[dict[str, Any]] | None = None, tool_choice: Any = "auto",
                 parallel: bool = True, add_generation_prompt: bool = True,
-                tool_format: str = "hermes") -> str:
-    """Prompt text for ``messages``; ``tools`` (OpenAI format) are shown to the model unless
-    None, with the call format ``tool_format`` (``"hermes"`` or ``"json_array"``)."""
+                tool_format: str = "hermes", customs: Sequence[CustomToolSpec] = (),
+                custom: CustomToolSpec | None = None) -> str:
+    """Prompt text for ``messages``; ``tools`` (function tools, OpenAI format) are shown to the
+    model unless None, with the call format ``tool_format`` (``"hermes"`` or ``"json_array"``),
+    and the custom tools ``customs``; with ``custom``, the reply is that custom tool's input
+    (described in the built-in block, as a template's tools block asks for function calls)."""
     if not getattr(tokenizer, "chat_template", None):
         raise InvalidRequestError("this model has no chat template; use /v1/completions with a "
                                   "formatted prompt", param="messages")
     msgs = openai_messages(messages)
     kwargs: dict[str, Any] = {}
-    if template_supports_tools(tokenizer):
+    if template_supports_tools(tokenizer) and custom is None:
         if tools:
             kwargs["tools"] = tools
         for m in msgs:
@@ -164,9 +220,12 @@ def render_chat(tokenizer: Any, messages: list[ChatMessage], *,
                     c["function"]["arguments"] = json.loads(c["function"]["arguments"] or "{}")
                 except json.JSONDecodeError:
                     pass
+        if customs:
+            msgs = with_system(msgs, custom_tools_text(customs, None))
     else:
-        msgs = hermes_messages(msgs, tools_system_block(tools, tool_choice, parallel, tool_format)
-                               if tools else None, tool_format)
+        block = (tools_system_block(tools or [], tool_choice, parallel, tool_format, customs,
+                                    custom) if tools or customs else None)
+        msgs = hermes_messages(msgs, block, tool_format)
     try:
         text = tokenizer.apply_chat_template(msgs, tokenize=False,
                                              add_generation_prompt=add_generation_prompt,

@@ -12,14 +12,7 @@ from grammarserve.openai import bodies as B
 from grammarserve.openai.context import ModelContext
 from grammarserve.openai.prepare import Prepared
 from grammarserve.openai.protocol import ChatCompletionRequest, CompletionRequest
-from grammarserve.openai.toolparse import (
-    ContentDelta,
-    Event,
-    ParsedCall,
-    ToolCallArgs,
-    ToolCallStart,
-)
-from grammarserve.openai.toolparse_array import make_parser, parse_calls
+from grammarserve.openai.toolparse import ContentDelta, Event, ParsedCall
 
 #: Receives a reply's usage once it is known (the server counts tokens in its metrics).
 OnUsage = Callable[[dict[str, Any]], None]
@@ -54,7 +47,7 @@ def _chat_choice(ctx: ModelContext, prep: Prepared, i: int, out: RequestOutput
     content: str | None = out.text
     calls: list[ParsedCall] = []
     if prep.tools is not None:
-        content, calls = parse_calls(out.text, prep.tools.format)
+        content, calls = prep.tools.parse(out.text)
     lps = None
     if getattr(prep.req, "logprobs", None):
         lps = ctx.token_texts.chat_logprobs(out.token_ids, out.logprobs, out.top_logprobs)
@@ -82,11 +75,7 @@ def stream_chunks(ctx: ModelContext, prep: Prepared, outputs: Outputs,
 def _event_delta(ev: Event) -> dict[str, Any]:
     if isinstance(ev, ContentDelta):
         return {"content": ev.text}
-    if isinstance(ev, ToolCallStart):
-        return {"tool_calls": [{"index": ev.index, "id": ev.id, "type": "function",
-                                "function": {"name": ev.name, "arguments": ""}}]}
-    assert isinstance(ev, ToolCallArgs)
-    return {"tool_calls": [{"index": ev.index, "function": {"arguments": ev.text}}]}
+    return {"tool_calls": [B.tool_call_delta(ev)]}
 
 
 async def _chat_chunks(ctx: ModelContext, prep: Prepared, outputs: Outputs,
@@ -97,7 +86,7 @@ async def _chat_chunks(ctx: ModelContext, prep: Prepared, outputs: Outputs,
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     maker = B.ChunkMaker(prep.id, ctx.model_name, chat=True, include_usage=include_usage)
     n = len(prep.prompts)
-    parsers = [make_parser(tools.format) if tools is not None else None for _ in range(n)]
+    parsers = [tools.parser() if tools is not None else None for _ in range(n)]
     sent = [0] * n  # tokens whose logprobs were sent
     finals: dict[int, RequestOutput] = {}
     first = {"role": "assistant", "content": None if tools is not None else "", "refusal": None}

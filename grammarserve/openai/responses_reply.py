@@ -1,7 +1,8 @@
 """``POST /v1/responses`` replies: the ``response`` object of a finished request, and the typed
 events of a streamed one (``response.created``, ``response.output_item.added``,
 ``response.output_text.delta``, ``response.function_call_arguments.delta`` / ``.done``,
-``response.completed``, ...), in the shapes the ``openai`` SDK parses."""
+``response.custom_tool_call_input.delta`` / ``.done``, ``response.completed``, ...), in the
+shapes the ``openai`` SDK parses."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ from grammarserve.openai.toolparse import (
     ParsedCall,
     ToolCallArgs,
     ToolCallStart,
+    ToolKind,
 )
-from grammarserve.openai.toolparse_array import make_parser, parse_calls
 
 
 def _item_id(prefix: str) -> str:
@@ -88,6 +89,22 @@ def _call(item_id: str, call_id: str, name: str, arguments: str, status: str
             "arguments": arguments, "status": status}
 
 
+def _custom_call(item_id: str, call_id: str, name: str, input_: str, status: str
+                 ) -> dict[str, Any]:
+    """A ``custom_tool_call`` item (``status`` as function calls have it; the SDK's type has
+    none and keeps it as an extra field)."""
+    return {"id": item_id, "type": "custom_tool_call", "call_id": call_id, "name": name,
+            "input": input_, "status": status}
+
+
+def _call_item(call: ParsedCall, status: str) -> dict[str, Any]:
+    """The output item of a parsed call; a custom call cut by ``max_output_tokens`` is
+    ``incomplete`` (its input is cut short), a function call always ``completed``."""
+    if call.kind is ToolKind.CUSTOM:
+        return _custom_call(_item_id("ctc"), call.id, call.name, call.arguments, status)
+    return _call(_item_id("fc"), call.id, call.name, call.arguments, "completed")
+
+
 def _status(out: RequestOutput) -> str:
     return "incomplete" if out.finish_reason == "length" else "completed"
 
@@ -99,12 +116,12 @@ def response_body(ctx: ModelContext, req: ResponsesRequest, prep: Prepared,
     content: str | None = out.text
     calls: list[ParsedCall] = []
     if prep.tools is not None:
-        content, calls = parse_calls(out.text, prep.tools.format)
+        content, calls = prep.tools.parse(out.text)
     status = _status(out)
     output = []
     if (content and content.strip()) or not calls:
         output.append(_message(_item_id("msg"), content or "", status))
-    output += [_call(_item_id("fc"), c.id, c.name, c.arguments, "completed") for c in calls]
+    output += [_call_item(c, status) for c in calls]
     return response_object(ctx, req, prep, status=status, output=output, created_at=created_at,
                            usage_=usage(B.final_usage([out])))
 
@@ -158,12 +175,20 @@ class _EventStream:
                           content_index=0, part=_text_part(text))
 
     def call(self, ev: ToolCallStart) -> list[dict[str, Any]]:
-        return self.close() + self.add(_call(_item_id("fc"), ev.id, ev.name, "", "in_progress"))
+        if ev.kind is ToolKind.CUSTOM:
+            item = _custom_call(_item_id("ctc"), ev.id, ev.name, "", "in_progress")
+        else:
+            item = _call(_item_id("fc"), ev.id, ev.name, "", "in_progress")
+        return self.close() + self.add(item)
 
     def arguments(self, delta: str) -> list[dict[str, Any]]:
-        assert self.open is not None and self.open["type"] == "function_call"
-        self.open["arguments"] += delta
-        return [self.event("response.function_call_arguments.delta", item_id=self.open["id"],
+        """More of the open call's arguments (a custom call's input)."""
+        item = self.open
+        assert item is not None and item["type"] in ("function_call", "custom_tool_call")
+        custom = item["type"] == "custom_tool_call"
+        item["input" if custom else "arguments"] += delta
+        return [self.event("response.custom_tool_call_input.delta" if custom
+                           else "response.function_call_arguments.delta", item_id=item["id"],
                            output_index=len(self.output) - 1, delta=delta)]
 
     def close(self, status: str = "completed") -> list[dict[str, Any]]:
@@ -178,6 +203,9 @@ class _EventStream:
             events = [self.event("response.output_text.done", item_id=item["id"],
                                  output_index=index, content_index=0, text=text, logprobs=[]),
                       self._part_event("response.content_part.done", item, text)]
+        elif item["type"] == "custom_tool_call":
+            events = [self.event("response.custom_tool_call_input.done", item_id=item["id"],
+                                 output_index=index, input=item["input"])]
         else:
             events = [self.event("response.function_call_arguments.done", item_id=item["id"],
                                  output_index=index, name=item["name"],
@@ -205,7 +233,7 @@ async def response_events(ctx: ModelContext, req: ResponsesRequest, prep: Prepar
     start = response_object(ctx, req, prep, status="in_progress", output=[], created_at=created)
     yield s.event("response.created", response=start)
     yield s.event("response.in_progress", response=start)
-    parser = make_parser(prep.tools.format) if prep.tools is not None else None
+    parser = prep.tools.parser() if prep.tools is not None else None
     final: RequestOutput | None = None
     try:
         async with aclosing(outputs) as it:  # type: ignore[type-var]
@@ -237,8 +265,9 @@ async def response_events(ctx: ModelContext, req: ResponsesRequest, prep: Prepar
     if not s.output:  # a blank reply is one message, as when not streamed
         for e in s.text("", force=True):
             yield e
-    is_message = s.open is not None and s.open["type"] == "message"
-    for e in s.close(status if is_message else "completed"):
+    # NOTE: as not streamed: a message or a custom call cut short is incomplete
+    cut = s.open is not None and s.open["type"] in ("message", "custom_tool_call")
+    for e in s.close(status if cut else "completed"):
         yield e
     chat_usage = B.final_usage([final])
     if on_usage is not None:

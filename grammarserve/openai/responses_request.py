@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError
 
@@ -33,15 +33,45 @@ class ResponsesFunctionTool(RequestBody):
     strict: bool | None = None
 
 
+class ResponsesCustomFormat(RequestBody):
+    """A custom tool's ``format``: ``{"type": "text"}`` or ``{"type": "grammar", "syntax",
+    "definition"}`` (flat; checked by the chat translation, which names the tool)."""
+
+    type: str
+    syntax: str | None = None
+    definition: str | None = None
+
+
+class ResponsesCustomTool(RequestBody):
+    """A custom tool, flat (``{"type": "custom", "name", "description", "format"}``)."""
+
+    type: Literal["custom"]
+    name: str
+    description: str | None = None
+    format: ResponsesCustomFormat | None = None
+
+
+ResponsesTool = Annotated[ResponsesFunctionTool | ResponsesCustomTool, Field(discriminator="type")]
+
+
 class ResponsesNamedTool(RequestBody):
     type: Literal["function"]
     name: str
 
 
+class ResponsesNamedCustomTool(RequestBody):
+    type: Literal["custom"]
+    name: str
+
+
+ResponsesNamed = Annotated[ResponsesNamedTool | ResponsesNamedCustomTool,
+                           Field(discriminator="type")]
+
+
 class ResponsesAllowedTools(RequestBody):
     type: Literal["allowed_tools"]
     mode: Literal["auto", "required"]
-    tools: list[ResponsesNamedTool]
+    tools: list[ResponsesNamed]
 
 
 class ResponsesTextFormat(RequestBody):
@@ -67,9 +97,9 @@ class ResponsesRequest(RequestBody):
     input: str | list[dict[str, Any]]
     instructions: str | None = None
     text: ResponsesText | None = None
-    tools: list[ResponsesFunctionTool] | None = None
+    tools: list[ResponsesTool] | None = None
     tool_choice: (Literal["none", "auto", "required"] | ResponsesNamedTool
-                  | ResponsesAllowedTools | None) = None
+                  | ResponsesNamedCustomTool | ResponsesAllowedTools | None) = None
     parallel_tool_calls: bool | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -102,8 +132,10 @@ _PARAMS = [
     (re.compile(r"^messages"), "input"),
     (re.compile(r"^max_completion_tokens"), "max_output_tokens"),
     (re.compile(r"^(tools\[\d+\])\.function"), r"\1"),
+    (re.compile(r"^(tools\[\d+\])\.custom\.format\.grammar"), r"\1.format"),
+    (re.compile(r"^(tools\[\d+\])\.custom"), r"\1"),
     (re.compile(r"^tool_choice\.allowed_tools"), "tool_choice"),
-    (re.compile(r"^tool_choice\.function"), "tool_choice"),
+    (re.compile(r"^tool_choice\.(function|custom)"), "tool_choice"),
 ]
 
 
@@ -158,8 +190,8 @@ def _text_of(content: Any, where: str) -> str:
 
 
 def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
-    """``instructions`` and ``input`` as chat messages (consecutive ``function_call`` items
-    become one assistant message with parallel ``tool_calls``)."""
+    """``instructions`` and ``input`` as chat messages (consecutive ``function_call`` /
+    ``custom_tool_call`` items become one assistant message with parallel ``tool_calls``)."""
     messages: list[dict[str, Any]] = []
     if req.instructions:
         messages.append({"role": "system", "content": req.instructions})
@@ -174,23 +206,48 @@ def input_messages(req: ResponsesRequest) -> list[dict[str, Any]]:
                 raise InvalidRequestError(f"{where}.role must be user, system, developer or "
                                           f"assistant, got {role!r}", param=f"{where}.role")
             messages.append({"role": role, "content": _text_of(item.get("content"), where)})
-        elif kind == "function_call":
-            call = {"id": str(item.get("call_id") or ""), "type": "function",
-                    "function": {"name": item.get("name"), "arguments": item.get("arguments")}}
+        elif kind in ("function_call", "custom_tool_call"):
+            call = _past_call(item)
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant" and last.get("tool_calls"):
                 last["tool_calls"].append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             output = item.get("output")
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"),
                              "content": _text_of(output, where) if output is not None else ""})
         else:
             raise InvalidRequestError(f"{where}: input items of type {kind!r} are not supported "
-                                      "(message, function_call and function_call_output are)",
+                                      "(message, function_call, function_call_output, "
+                                      "custom_tool_call and custom_tool_call_output are)",
                                       param=f"{where}.type")
     return messages
+
+
+def _past_call(item: dict[str, Any]) -> dict[str, Any]:
+    """A ``function_call`` / ``custom_tool_call`` input item as a chat tool call."""
+    call_id = str(item.get("call_id") or "")
+    if item.get("type") == "custom_tool_call":
+        return {"id": call_id, "type": "custom",
+                "custom": {"name": item.get("name"), "input": item.get("input")}}
+    return {"id": call_id, "type": "function",
+            "function": {"name": item.get("name"), "arguments": item.get("arguments")}}
+
+
+def _chat_tool(tool: ResponsesFunctionTool | ResponsesCustomTool) -> dict[str, Any]:
+    """A Responses tool (flat) as a chat tool."""
+    if isinstance(tool, ResponsesFunctionTool):
+        return {"type": "function", "function": tool.model_dump(exclude={"type"},
+                                                                exclude_none=True)}
+    custom: dict[str, Any] = {"name": tool.name}
+    if tool.description is not None:
+        custom["description"] = tool.description
+    fmt = tool.format
+    if fmt is not None:
+        custom["format"] = {"type": fmt.type} if fmt.type != "grammar" else {
+            "type": "grammar", "grammar": {"syntax": fmt.syntax, "definition": fmt.definition}}
+    return {"type": "custom", "custom": custom}
 
 
 def _response_format(req: ResponsesRequest) -> dict[str, Any] | None:
@@ -212,12 +269,16 @@ def _response_format(req: ResponsesRequest) -> dict[str, Any] | None:
 
 def _tool_choice(req: ResponsesRequest) -> Any:
     choice = req.tool_choice
-    if isinstance(choice, ResponsesNamedTool):
-        return {"type": "function", "function": {"name": choice.name}}
+    if isinstance(choice, (ResponsesNamedTool, ResponsesNamedCustomTool)):
+        return _named(choice)
     if isinstance(choice, ResponsesAllowedTools):
-        return {"type": "allowed_tools", "allowed_tools": {"mode": choice.mode, "tools": [
-            {"type": "function", "function": {"name": t.name}} for t in choice.tools]}}
+        return {"type": "allowed_tools", "allowed_tools": {
+            "mode": choice.mode, "tools": [_named(t) for t in choice.tools]}}
     return choice
+
+
+def _named(choice: ResponsesNamedTool | ResponsesNamedCustomTool) -> dict[str, Any]:
+    return {"type": choice.type, choice.type: {"name": choice.name}}
 
 
 def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
@@ -230,8 +291,7 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
         "top_p": req.top_p, "user": req.user, "seed": req.seed,
         "cache_namespace": req.cache_namespace, "stream": bool(req.stream)}
     if req.tools is not None:
-        body["tools"] = [{"type": "function", "function": t.model_dump(
-            exclude={"type"}, exclude_none=True)} for t in req.tools]
+        body["tools"] = [_chat_tool(t) for t in req.tools]
     try:
         return ChatCompletionRequest.model_validate(body)
     except ValidationError as e:

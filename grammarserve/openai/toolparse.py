@@ -17,6 +17,8 @@ import re
 import secrets
 import string
 from dataclasses import dataclass, field
+from enum import Enum
+from typing import Protocol
 
 from grammarserve.fsm.tools import END, TRIGGER
 
@@ -26,6 +28,14 @@ _ALNUM = string.ascii_letters + string.digits
 
 def new_call_id() -> str:
     return "call_" + "".join(secrets.choice(_ALNUM) for _ in range(24))
+
+
+class ToolKind(str, Enum):
+    """What a call calls: a function (JSON ``arguments``) or a custom tool (free-text ``input``,
+    :mod:`grammarserve.openai.custom_tools`)."""
+
+    FUNCTION = "function"
+    CUSTOM = "custom"
 
 
 @dataclass
@@ -38,12 +48,16 @@ class ToolCallStart:
     index: int
     id: str
     name: str
+    kind: ToolKind = ToolKind.FUNCTION
 
 
 @dataclass
 class ToolCallArgs:
+    """More of a call's arguments (a custom call's input)."""
+
     index: int
     text: str
+    kind: ToolKind = ToolKind.FUNCTION
 
 
 Event = ContentDelta | ToolCallStart | ToolCallArgs
@@ -53,7 +67,20 @@ Event = ContentDelta | ToolCallStart | ToolCallArgs
 class ParsedCall:
     id: str
     name: str
-    arguments: str = ""
+    arguments: str = ""  # the JSON arguments of a function call; a custom call's input
+    kind: ToolKind = ToolKind.FUNCTION
+
+
+class CallParser(Protocol):
+    """An incremental parser of a reply into content and calls: fed text deltas with
+    :meth:`feed`, then :meth:`finish` once (each returns the events of what it read)."""
+
+    calls: list[ParsedCall]
+    content: str  # the content released so far
+
+    def feed(self, text: str) -> list[Event]: ...
+
+    def finish(self) -> list[Event]: ...
 
 
 class JsonValueEnd:

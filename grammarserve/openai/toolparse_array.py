@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 
 from grammarserve.openai.toolparse import (
+    CallParser,
     ContentDelta,
     Event,
     JsonValueEnd,
@@ -150,7 +151,13 @@ def make_parser(fmt: str) -> ToolParser:
 
 def parse_calls(text: str, fmt: str = "hermes") -> tuple[str | None, list[ParsedCall]]:
     """Non-streaming: ``(content or None, calls)`` of a complete output in format ``fmt``."""
-    parser = make_parser(fmt)
+    return parse_with(make_parser(fmt), text)
+
+
+def parse_with(parser: CallParser, text: str
+               ) -> tuple[str | None, list[ParsedCall]]:
+    """Non-streaming: ``(content or None, calls)`` of a complete output, read by ``parser``
+    (a new one)."""
     parser.feed(text)
     parser.finish()
     content = parser.content if (parser.content or not parser.calls) else None

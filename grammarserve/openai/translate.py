@@ -4,19 +4,30 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from grammarserve.constraints import Constraint
 from grammarserve.errors import ErrorKind, GrammarError, InvalidRequestError
 from grammarserve.fsm.tools import END
+from grammarserve.openai.custom_tools import (
+    CustomInputParser,
+    CustomSyntax,
+    CustomToolSpec,
+    custom_specs,
+)
 from grammarserve.openai.protocol import (
     AllowedToolsChoice,
     ChatCompletionRequest,
     CompletionRequest,
+    NamedCustomToolChoice,
     NamedToolChoice,
+    Tool,
     _Generation,
 )
+from grammarserve.openai.toolparse import CallParser, ParsedCall
+from grammarserve.openai.toolparse_array import make_parser, parse_with
 from grammarserve.sampling_params import SamplingParams
 
 #: Fields other servers use for constraints; refused with a pointer instead of ignored.
@@ -32,10 +43,23 @@ TOOL_CALLS_DONE = END + "\n\n"
 class ToolsPlan:
     """Tools shown to the model and how their calls are constrained and parsed."""
 
-    tools: list[dict[str, Any]]
-    choice: Any  # "auto" | "required" | {"type": "function", "function": {"name": ...}}
+    tools: list[dict[str, Any]]  # the function tools (OpenAI format)
+    choice: Any  # "auto" | "required" | {"type": "function" | "custom", ...}
     parallel: bool
-    format: str = "hermes"  # how the calls are written: "hermes" | "json_array"
+    format: str = "hermes"  # how function calls are written: "hermes" | "json_array"
+    customs: tuple[CustomToolSpec, ...] = ()  # the custom tools (shown to the model)
+    #: The custom tool the whole reply is the input of (``tool_choice`` names it), else None.
+    custom: CustomToolSpec | None = None
+
+    def parser(self) -> CallParser:
+        """A new incremental parser of a reply into content and calls."""
+        if self.custom is not None:
+            return CustomInputParser(self.custom.name)
+        return make_parser(self.format)
+
+    def parse(self, text: str) -> tuple[str | None, list[ParsedCall]]:
+        """``(content or None, calls)`` of a complete reply."""
+        return parse_with(self.parser(), text)
 
 
 @dataclass(frozen=True)
@@ -104,12 +128,27 @@ def constraint_plan(req: _Generation, tools: ToolsPlan | None) -> ConstraintPlan
                                   "and 'choice'", param=found[1].param)
     if tools is None:
         return found[0] if found else None
+    if tools.custom is not None:
+        if found:
+            raise InvalidRequestError(f"'{found[0].param}' cannot be combined with a call of the "
+                                      f"custom tool {tools.custom.name!r}: the reply is its input, "
+                                      "constrained by its format", param=found[0].param)
+        return custom_constraint(tools.custom)
     if found and tools.choice == "auto":
         raise InvalidRequestError(f"'{found[0].param}' cannot be combined with tools and "
                                   "tool_choice 'auto'; use tool_choice 'required' or 'none'",
                                   param=found[0].param)
     return ConstraintPlan(Constraint.tool_calls(tools.tools, tools.choice, parallel=tools.parallel,
                                                 tool_format=tools.format), "tools")
+
+
+def custom_constraint(tool: CustomToolSpec) -> ConstraintPlan | None:
+    """The constraint of a custom tool's input (None for free text); ``label``: its name."""
+    if tool.syntax is CustomSyntax.LARK:
+        return ConstraintPlan(Constraint.grammar(tool.definition, "lark"), tool.param, tool.name)
+    if tool.syntax is CustomSyntax.REGEX:
+        return ConstraintPlan(Constraint.regex(tool.definition), tool.param, tool.name)
+    return None
 
 
 def tools_plan(req: ChatCompletionRequest, tool_format: str = "hermes") -> ToolsPlan | None:
@@ -121,30 +160,69 @@ def tools_plan(req: ChatCompletionRequest, tool_format: str = "hermes") -> Tools
             raise InvalidRequestError("tool_choice is only allowed when 'tools' are given",
                                       param="tool_choice")
         return None
+    tools = [t.model_dump(by_alias=True, exclude_none=True) for t in req.tools
+             if isinstance(t, Tool)]
+    names = [t["function"]["name"] for t in tools]
+    customs = custom_specs(req.tools, names)
     if choice == "none":
         return None
-    tools = [t.model_dump(by_alias=True, exclude_none=True) for t in req.tools]
-    names = [t["function"]["name"] for t in tools]
     parallel = req.parallel_tool_calls is not False
     if choice is None:
         choice = "auto"
+    if isinstance(choice, NamedCustomToolChoice):
+        return _custom_plan(tools, customs, choice.custom.name, "tool_choice")
     if isinstance(choice, AllowedToolsChoice):
-        allowed = [c.function.name for c in choice.allowed_tools.tools]
-        _check_names(allowed, names, "tool_choice.allowed_tools.tools")
-        tools = [t for t in tools if t["function"]["name"] in allowed]
         mode = choice.allowed_tools.mode
+        wanted = [c.custom.name if isinstance(c, NamedCustomToolChoice) else c.function.name
+                  for c in choice.allowed_tools.tools]
+        param = "tool_choice.allowed_tools.tools"
+        _check_names(wanted, names + [c.name for c in customs], param, "tool")
+        allowed = [c for c in customs if c.name in wanted]
+        if allowed and mode == "required" and len(wanted) == 1:
+            return _custom_plan(tools, customs, allowed[0].name, param)
+        if allowed:
+            _refuse_custom(allowed, f"allowed_tools in mode {mode!r} with {len(wanted)} tools")
+        tools = [t for t in tools if t["function"]["name"] in wanted]
         return ToolsPlan(tools, mode, parallel, "hermes" if mode == "auto" else tool_format)
     if isinstance(choice, NamedToolChoice):
         _check_names([choice.function.name], names, "tool_choice")
         return ToolsPlan(tools, {"type": "function", "function": {"name": choice.function.name}},
-                         False, tool_format)
+                         False, tool_format, customs)
+    if customs:
+        if choice == "required" and not tools and len(customs) == 1:
+            return _custom_plan(tools, customs, customs[0].name, "tool_choice")
+        _refuse_custom(customs, "'required' with several tools" if choice == "required" else
+                       "'auto'" + (" (the default)" if req.tool_choice is None else ""))
     return ToolsPlan(tools, choice, parallel, "hermes" if choice == "auto" else tool_format)
 
 
-def _check_names(wanted: list[str], names: list[str], param: str) -> None:
+def _custom_plan(tools: list[dict[str, Any]], customs: tuple[CustomToolSpec, ...], name: str,
+                 param: str) -> ToolsPlan:
+    """The plan of a reply that is the input of the custom tool ``name``."""
+    tool = next((c for c in customs if c.name == name), None)
+    if tool is None:
+        listed = ", ".join(c.name for c in customs) or "none"
+        raise InvalidRequestError(f"tool_choice names the custom tool {name!r}, which is not a "
+                                  f"custom tool in 'tools' (custom tools: {listed})", param=param)
+    return ToolsPlan(tools, {"type": "custom", "custom": {"name": name}}, False, "hermes",
+                     customs, tool)
+
+
+def _refuse_custom(customs: Sequence[CustomToolSpec], what: str) -> None:
+    """A custom tool the model would have to choose among others: refused, not dropped."""
+    names = ", ".join(repr(c.name) for c in customs)
+    raise InvalidRequestError(
+        f"tool_choice {what} is not supported with custom tools ({names}): grammarserve writes "
+        "a custom tool call only as the whole reply; name the custom tool in tool_choice "
+        f"(type 'custom', name {customs[0].name!r}), or make it the only tool with tool_choice "
+        "'required'", param="tool_choice")
+
+
+def _check_names(wanted: list[str], names: list[str], param: str, what: str = "function"
+                 ) -> None:
     for name in wanted:
         if name not in names:
-            raise InvalidRequestError(f"tool_choice names the function {name!r}, which is not "
+            raise InvalidRequestError(f"tool_choice names the {what} {name!r}, which is not "
                                       f"in 'tools' ({', '.join(names)})", param=param)
 
 
@@ -241,6 +319,9 @@ def grammar_error(e: GrammarError, plan: ConstraintPlan) -> InvalidRequestError:
     if plan.param.startswith("response_format"):
         detail = message.removeprefix("Invalid schema: ")
         message = f"Invalid schema for response_format '{plan.label or 'response'}': {detail}"
+    elif plan.param.startswith("tools[") and plan.label:  # a custom tool's grammar
+        message = (f"{plan.param.split('.', 1)[0]}: invalid grammar for the custom tool "
+                   f"{plan.label!r}: {message}")
     elif plan.param == "tools" and e.path and e.path.startswith("$."):
         param = e.path[2:]
         for cut in (".function.parameters", ".function.name"):
