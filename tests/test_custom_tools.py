@@ -33,6 +33,7 @@ from grammarserve.openai.responses_request import (
     _param,
     chat_request,
     input_messages,
+    prepare_response,
 )
 from grammarserve.openai.translate import (
     constraint_plan,
@@ -125,6 +126,8 @@ def test_a_custom_tool_among_choices_is_a_400_naming_tool_choice(choice: Any, wh
     ({"type": "grammar"}, "tools[0].custom.format.grammar", "has no 'grammar'"),
     ({"type": "grammar", "grammar": {"syntax": "lark", "definition": " "}},
      "tools[0].custom.format.grammar.definition", "is empty"),
+    ({"type": "grammar", "grammar": {"syntax": "lark"}},
+     "tools[0].custom.format.grammar.definition", "is missing"),
 ])
 def test_bad_custom_formats_name_the_tool(fmt: dict[str, Any], param: str, text: str) -> None:
     e = refusal(tools=[{"type": "custom", "custom": {"name": "calc", "format": fmt}}],
@@ -186,6 +189,31 @@ def test_responses_custom_tools_and_items_translate_to_chat() -> None:
     assert chat.tool_choice.model_dump() == named("calc")
     plan = tools_plan(chat)
     assert plan is not None and plan.custom is not None and plan.custom.definition == CALC_GRAMMAR
+
+
+@pytest.mark.parametrize(("tool", "choice", "param"), [
+    ({**R_CALC, "format": {"type": "grammar", "syntax": "ebnf", "definition": "x"}},
+     {"type": "custom", "name": "calc"}, "tools[0].format.syntax"),
+    ({**R_CALC, "format": {"type": "grammar", "syntax": "lark"}},
+     {"type": "custom", "name": "calc"}, "tools[0].format.definition"),
+    ({**R_CALC, "name": "a.b"}, {"type": "custom", "name": "a.b"}, "tools[0].name"),
+    (R_CALC, {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "custom",
+                                                                  "name": "calc"}]},
+     "tool_choice"),
+    (R_CALC, "required", None),  # the only tool: a named call
+])
+def test_responses_errors_name_the_responses_params(tool: dict[str, Any], choice: Any,
+                                                    param: str | None) -> None:
+    r = ResponsesRequest.model_validate({"model": "m", "input": "hi", "tools": [tool],
+                                         "tool_choice": choice})
+    ctx = ModelContext.create(None, None, max_model_len=512, max_n=1, model_name="m")
+    if param is None:
+        plan = tools_plan(chat_request(r))
+        assert plan is not None and plan.custom is not None and plan.custom.name == "calc"
+        return
+    with pytest.raises(InvalidRequestError) as e:
+        prepare_response(ctx, r)
+    assert e.value.param == param and repr(tool["name"]) in str(e.value)
 
 
 # -- the prompt ------------------------------------------------------------------------------

@@ -60,8 +60,8 @@ def custom_spec(tool: CustomTool, index: int) -> CustomToolSpec:
     where = f"tools[{index}].custom"
     name = tool.custom.name
     if not _NAME.fullmatch(name):
-        raise InvalidRequestError(f"{where}.name must match ^[a-zA-Z0-9_-]{{1,64}}$, got "
-                                  f"{name!r}", param=f"{where}.name")
+        raise InvalidRequestError(f"the name of custom tool {name!r} must match "
+                                  "^[a-zA-Z0-9_-]{1,64}$", param=f"{where}.name")
     fmt = tool.custom.format
     if fmt is None or fmt.type == "text":
         return CustomToolSpec(index, name, tool.custom.description, CustomSyntax.TEXT)
@@ -73,12 +73,13 @@ def custom_spec(tool: CustomTool, index: int) -> CustomToolSpec:
         raise InvalidRequestError(f"the format of custom tool {name!r} is of type 'grammar' but "
                                   "has no 'grammar'", param=f"{where}.format.grammar")
     if grammar.syntax not in (CustomSyntax.LARK.value, CustomSyntax.REGEX.value):
+        got = "none" if grammar.syntax is None else repr(grammar.syntax)
         raise InvalidRequestError(f"the grammar syntax of custom tool {name!r} must be 'lark' or "
-                                  f"'regex', got {grammar.syntax!r}",
-                                  param=f"{where}.format.grammar.syntax")
-    if not grammar.definition.strip():
-        raise InvalidRequestError(f"the grammar of custom tool {name!r} is empty",
-                                  param=f"{where}.format.grammar.definition")
+                                  f"'regex', got {got}", param=f"{where}.format.grammar.syntax")
+    if grammar.definition is None or not grammar.definition.strip():
+        raise InvalidRequestError(f"the grammar of custom tool {name!r} is "
+                                  f"{'missing' if grammar.definition is None else 'empty'} "
+                                  "(its 'definition')", param=f"{where}.format.grammar.definition")
     return CustomToolSpec(index, name, tool.custom.description, CustomSyntax(grammar.syntax),
                           grammar.definition)
 

@@ -135,11 +135,11 @@ class Tool(RequestBody):
 
 
 class CustomGrammar(RequestBody):
-    """A custom tool's grammar; ``syntax`` is checked by the translation (a 400 naming the
+    """A custom tool's grammar; its fields are checked by the translation (a 400 naming the
     tool), not here."""
 
-    syntax: str
-    definition: str
+    syntax: str | None = None
+    definition: str | None = None
 
 
 class CustomFormat(RequestBody):
