@@ -88,6 +88,17 @@ def test_responses_streamed_custom_call_is_the_sdk_event_types(client: openai.Op
     _parses(text)
 
 
+def test_responses_stream_helper_accumulates_the_custom_call(client: openai.OpenAI) -> None:
+    with client.responses.stream(model="m", input=ASK, tools=[R_CALC], temperature=0,
+                                 tool_choice={"type": "custom", "name": "calc"},
+                                 max_output_tokens=BUDGET) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.custom_tool_call_input.delta"]
+        final = stream.get_final_response()
+    call = final.output[0]
+    assert call.type == "custom_tool_call" and call.input == "".join(deltas)
+    _parses(call.input)
+
+
 def test_chat_custom_call_and_its_stream(client: openai.OpenAI) -> None:
     kw: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": ASK}],
                           "tools": [C_CALC], "max_tokens": BUDGET, "temperature": 0,
