@@ -82,6 +82,7 @@ def test_second_copy_is_taken_back_and_the_array_closes(compiler: GrammarCompile
     m = _guard(compiler, table, SCHEMA, repeats=1)
     kept, back = _feed(m, tokenizer, text)
     assert back > 0 and m.guarded == 1
+    assert m.take_guard_cuts() == 1 and m.take_guard_cuts() == 0
     head = _text(tokenizer, kept)  # the first item, without the token that closed it
     assert head.count('"a"') == 1, head
     allowed = _allowed_text(m, compiler, tokenizer)

@@ -284,6 +284,7 @@ def test_metrics(server: dict[str, Any], fired: dict[str, Future[Any]]) -> None:
     assert value("grammarserve_grammar_compile_seconds_total") > 0
     assert value("grammarserve_grammar_cache_hits_total") >= 0
     assert value("grammarserve_jump_forward_tokens_total") > 0
+    assert value("grammarserve_loop_guard_cuts_total") >= 0
     assert value("grammarserve_server_grammar_refused_total") >= 0  # front end only there
     assert 'grammarserve_http_requests_total{route="/v1/chat/completions",status="400"}' in text
 

@@ -367,6 +367,7 @@ class Engine:
             constrained_requests=g.constrained_requests,
             grammar_errors=g.grammar_errors, jump_forward_tokens=g.jump_forward_tokens,
             check_retries=g.check_retries, check_failures=g.check_failures,
+            loop_guard_cuts=g.loop_guard_cuts,
             mask_fill_s=g.mask_fill_s, mask_wait_s=g.mask_wait_s,
             grammar_cache_hits=cache.hits + cache.shared, grammar_cache_misses=cache.misses,
             grammar_compile_s=cache.compile_s_total)

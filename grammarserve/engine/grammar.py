@@ -36,6 +36,7 @@ class GrammarCounters:
     grammar_errors: int = 0
     jump_forward_tokens: int = 0
     check_retries: int = 0  # value checks that failed and were retried (rolled back)
+    loop_guard_cuts: int = 0  # array items the loop guard took back (copies of earlier ones)
     check_failures: int = 0  # requests ended because their value checks kept failing
     mask_fill_s: float = 0.0
     mask_wait_s: float = 0.0  # time the step waited for the bitmask after the forward
@@ -191,15 +192,21 @@ class GrammarRunner:
 
     def retraction(self, req: Req) -> int:
         """Tokens to take back from ``req`` after its last accepted token (a value check failed
-        and its matcher rolled back; that token counts), counted as one retry; 0, with
-        ``req.error``, if its matcher failed."""
+        and its matcher rolled back, or the loop guard took back a copied item; that token
+        counts), counted as one retry or one loop-guard cut; 0, with ``req.error``, if its
+        matcher failed."""
         m = req.matcher
         try:
             n = m.take_retraction() if m is not None else 0
         except Exception as e:  # noqa: BLE001 - fails this request only
             self._broken(req, "taking back a failed value", e)
             return 0
-        if n:
+        cuts = m.take_guard_cuts() if isinstance(m, LoopGuardMatcher) else 0
+        if cuts:
+            self.counters.loop_guard_cuts += cuts
+            log.info("request %s: the loop guard took back a copied array item",
+                     req.request_id)
+        elif n:
             self.counters.check_retries += 1
         return n
 

@@ -28,6 +28,7 @@ class EngineStats:
     jump_forward_tokens: int = 0  # output tokens fed without their own decode step
     check_retries: int = 0  # value checks that failed and were rolled back and retried
     check_failures: int = 0  # requests ended because their value checks kept failing
+    loop_guard_cuts: int = 0  # array items the loop guard took back (copies of earlier ones)
     mask_fill_s: float = 0.0  # time spent filling bitmasks (overlapped with the forward)
     mask_wait_s: float = 0.0  # time the step waited for bitmasks after the forward
     grammar_cache_hits: int = 0

@@ -109,6 +109,7 @@ class LoopGuardMatcher(Matcher):
         self._fire: int | None = None  # set by _accept: the token to go back to
         self._retracted = 0
         self.guarded = 0  # loops cut
+        self._cuts = 0  # loops cut since the last take_guard_cuts
 
     @property
     def exhausted(self) -> bool:  # type: ignore[override]
@@ -132,10 +133,17 @@ class LoopGuardMatcher(Matcher):
             self.rollback(n)
             self._retracted += n
             self.guarded += 1
+            self._cuts += 1
         return True
 
     def take_retraction(self) -> int:
         n, self._retracted = self._retracted, 0
+        return n
+
+    def take_guard_cuts(self) -> int:
+        """How many copies the guard took back since the last call (then reset): the part of
+        :meth:`take_retraction`'s tokens that were a loop, not a failed value check."""
+        n, self._cuts = self._cuts, 0
         return n
 
     def held_from(self) -> int | None:

@@ -43,6 +43,8 @@ _HELP = {
     "check_retries": ("Value checks (keywords no grammar holds, checked when the value closes) "
                       "that failed and were rolled back and retried"),
     "check_failures": "Requests ended because their value checks kept failing",
+    "loop_guard_cuts": ("Array items the loop guard took back (exact copies of an earlier "
+                        "item, --loop-guard), closing the array there"),
     "grammar_compile_s": "Engine time spent compiling grammars",
     "grammar_cache_hits": "Engine grammar cache hits",
     "grammar_cache_misses": "Engine grammar cache misses",
