@@ -64,3 +64,21 @@ def test_without_the_guard_the_array_runs_on(folder: Path) -> None:
     assert out.finish_reason == "length"
     assert out.text.count('{"a":"x"}') > 5
     assert llm.engine.stats().loop_guard_cuts == 0
+
+
+def test_the_stream_never_shows_the_copy(folder: Path) -> None:
+    """Streamed deltas add up to the final text: the copy taken back was held, never sent; the
+    KV pool is whole afterwards."""
+    llm = _engine(folder, 2)
+    engine = llm.engine
+    engine.add_request("s", [104, 105, 10], _params())
+    deltas, final = [], None
+    while engine.has_unfinished():
+        for out in engine.step():
+            deltas.append(out.delta_text)
+            final = out if out.finished else final
+    assert final is not None and final.finish_reason == "stop"
+    assert "".join(deltas) == final.text
+    assert json.loads(final.text) == {"items": [{"a": "x"}] * 2}
+    pool, cache = engine.runner.pool, engine.cache
+    assert pool.num_free + (cache.total_tokens if cache is not None else 0) == pool.capacity
