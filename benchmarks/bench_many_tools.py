@@ -34,9 +34,9 @@ from grammarserve.models.loader import resolve_model_folder
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from machine import cpu_name, revision  # noqa: E402
-from many_tools import tool_set  # noqa: E402
-from serverproc import ServerProcess, metrics  # noqa: E402
+from machine import cpu_name, revision
+from many_tools import tool_set
+from serverproc import ServerProcess, metrics
 
 TTFT = "grammarserve_time_to_first_token_seconds_sum"
 QUESTIONS = ("What's the weather in Lisbon right now, in celsius?",

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from openai.types.chat import ChatCompletion
 from openai.types.responses import Response, ResponseStreamEvent
-from openai_helpers import WEATHER, chat_req
+from openai_helpers import WEATHER, chat_req, engine_outputs, pieces_of
 from pydantic import TypeAdapter, ValidationError
 
 from grammarserve.engine.request import RequestOutput
@@ -265,14 +265,7 @@ def test_the_prompt_describes_the_custom_tool_and_past_calls(with_tools: bool) -
 
 # -- replies ---------------------------------------------------------------------------------
 def _outputs(text: str, finish: str, cut: int = 3) -> list[RequestOutput]:
-    pieces = [text[i:i + cut] for i in range(0, len(text), cut)] or [""]
-    outs, acc = [], ""
-    for k, piece in enumerate(pieces):
-        acc += piece
-        last = k == len(pieces) - 1
-        outs.append(RequestOutput("r", [1, 2, 3], list(range(k + 1)), acc, piece, last,
-                                  finish if last else None, num_cached_tokens=1))
-    return outs
+    return engine_outputs(pieces_of(text, cut), finish)
 
 
 def _ctx() -> ModelContext:

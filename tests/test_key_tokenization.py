@@ -8,9 +8,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from walk_helpers import allowed_tokens
 
 from grammarserve.fsm import GrammarCompiler
-from walk_helpers import allowed_tokens
 
 pytestmark = pytest.mark.model
 

@@ -8,11 +8,11 @@ import json
 from typing import Any
 
 import pytest
+from walk_helpers import allowed_tokens
 
 from grammarserve.fsm import GrammarCompiler
 from grammarserve.fsm.loop_guard import CommaTable, LoopGuardMatcher
 from grammarserve.fsm.matcher import Matcher
-from walk_helpers import allowed_tokens
 
 ITEM = {"type": "object", "properties": {"a": {"type": "string"}, "n": {"type": "integer"}},
         "required": ["a"]}
@@ -120,7 +120,7 @@ def test_streams_hold_back_what_the_guard_may_take(compiler: GrammarCompiler,
 def test_items_that_differ_are_left_alone(compiler: GrammarCompiler, table: CommaTable,
                                           tokenizer: Any, text: str) -> None:
     m = _guard(compiler, table, SCHEMA, repeats=1)
-    kept, back = _feed(m, tokenizer, text)
+    _, back = _feed(m, tokenizer, text)
     assert back == 0 and m.guarded == 0
     assert m.held_from() is None
 
@@ -130,7 +130,7 @@ def test_scalar_items_are_left_alone(compiler: GrammarCompiler, table: CommaTabl
     schema = {"type": "object", "properties": {"n": {"type": "array", "items": {
         "type": "integer"}}}, "required": ["n"]}
     m = _guard(compiler, table, schema, repeats=1)
-    kept, back = _feed(m, tokenizer, '{"n": [1, 1, 1, 1, 2]}')
+    _, back = _feed(m, tokenizer, '{"n": [1, 1, 1, 1, 2]}')
     assert back == 0
     assert m.accept_token(tokenizer.eos_token_id) and m.is_terminated()
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
-from openai_helpers import CALL, WEATHER, chat_req
+from openai_helpers import CALL, WEATHER, chat_req, engine_outputs
 
 from grammarserve.engine.request import RequestOutput
 from grammarserve.openai import ModelContext, Prepared, stream_chunks
@@ -31,14 +31,8 @@ async def _replay(outputs: list[tuple[int, RequestOutput]]):  # type: ignore[no-
 
 
 def _outputs(text: str, pieces: list[str], finish: str) -> list[RequestOutput]:
-    outs, acc = [], ""
-    for k, piece in enumerate(pieces):
-        acc += piece
-        last = k == len(pieces) - 1
-        outs.append(RequestOutput("r", [1, 2, 3], list(range(k + 1)), acc, piece, last,
-                                  finish if last else None, num_cached_tokens=2))
-    assert acc == text
-    return outs
+    assert "".join(pieces) == text
+    return engine_outputs(pieces, finish, cached=2)
 
 
 def _assemble(chunks: list[dict[str, Any]], tools: list[dict[str, Any]]) -> Any:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
+from openai_helpers import engine_outputs, pieces_of
 from pydantic import TypeAdapter
 
 from grammarserve.engine.request import RequestOutput
@@ -98,14 +99,7 @@ def _prepared(r: ResponsesRequest, tools: bool) -> Prepared:
 
 
 def _outputs(text: str, finish: str, cut: int = 7) -> list[RequestOutput]:
-    pieces = [text[i:i + cut] for i in range(0, len(text), cut)] or [""]
-    outs, acc = [], ""
-    for k, piece in enumerate(pieces):
-        acc += piece
-        last = k == len(pieces) - 1
-        outs.append(RequestOutput("r", [1, 2, 3], list(range(k + 1)), acc, piece, last,
-                                  finish if last else None, num_cached_tokens=1))
-    return outs
+    return engine_outputs(pieces_of(text, cut), finish)
 
 
 def _events(r: ResponsesRequest, prep: Prepared, outs: list[RequestOutput]

@@ -270,6 +270,7 @@ def main() -> None:
                                   "shots": args.shots, "max_tokens": args.max_tokens,
                                   "few_shot_style": args.few_shot_style,
                                   "workload": args.workload, "prompt_style": args.prompt_style,
+                                  "grammarserve_extra": args.grammarserve_extra,
                                   "git": revision(), "cpu": cpu_name(),
                                   "cpu_count": os.cpu_count(),
                                   "loadavg_start": [round(x, 2) for x in os.getloadavg()],

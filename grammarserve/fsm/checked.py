@@ -139,7 +139,6 @@ class _Failure:
 
 class CheckedMatcher(Matcher):
     """A matcher of a grammar plus its value checks (see the module docstring)."""
-
     retracts = True
 
     def __init__(self, vocab: VocabInfo, inner: Matcher, checks: CheckSet) -> None:

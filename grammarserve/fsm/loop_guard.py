@@ -156,6 +156,8 @@ class LoopGuardMatcher(Matcher):
     def _at_risk(self) -> int | None:
         """The first token the guard may still take back: the one that closed the last item
         of an open array one copy away from the guard."""
+        if self._repeats > 1 and not self._dups:
+            return None  # NOTE: the common case, checked on every step of a stream
         first: int | None = None
         for path, _ in self._tracker.open_values():
             if self._dups.get(path, 0) + 1 < self._repeats:
