@@ -21,6 +21,9 @@ from grammarserve.server.timeouts import ReadTimeouts, protocol_class
 def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="default",
                    help="'default' (embedded SmolLM2-135M-Instruct), a HF folder or a GGUF file")
+    p.add_argument("--chat-template", default=None,
+                   help="a Jinja chat template file (or its text) replacing the model's; the "
+                        "tool-call format and reasoning markers follow its family")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="weights and KV (auto: bfloat16 on CUDA, float32 on CPU)")
     p.add_argument("--attention-backend", default=EngineConfig.attention_backend,
@@ -211,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _config(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
+                        chat_template=args.chat_template,
                         attention_backend=args.attention_backend,
                         cuda_graphs=args.cuda_graphs,
                         kv_cache_tokens=args.kv_cache_tokens,

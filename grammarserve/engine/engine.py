@@ -58,7 +58,8 @@ class Engine:
         self.loaded = loaded or load_model(config.model, dtype=config.torch_dtype, device=device,
                                            cache_dir=config.cache_dir,
                                            gguf_blocks=config.gguf_blocks,
-                                           quant_activations=config.quant_activations)
+                                           quant_activations=config.quant_activations,
+                                           chat_template=config.chat_template)
         mc = self.loaded.config
         self.tokenizer = self.loaded.tokenizer
         self.kv_bytes_per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads,

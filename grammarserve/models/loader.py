@@ -88,17 +88,19 @@ def load_model(
     cache_dir: Path | None = None,
     gguf_blocks: bool = True,
     quant_activations: str = "int8x2",
+    chat_template: str | None = None,
 ) -> LoadedModel:
     """Load ``spec`` (``default``, a HF folder or a GGUF file) onto ``device`` in ``dtype``.
 
     With ``gguf_blocks`` (and a GGUF source, fp32 on CPU, an AVX2 CPU) the linears also get the
     GGUF's quantized blocks for decode batches (see :mod:`grammarserve.models.quant_weights`);
     ``quant_activations`` ("int8x2", "int8" or "fp32") picks how the kernels multiply them
-    (:func:`~grammarserve.models.quant_weights.set_quant_activations`).
+    (:func:`~grammarserve.models.quant_weights.set_quant_activations`); ``chat_template``
+    replaces the tokenizer's (:func:`load_tokenizer`).
     """
     folder = resolve_model_folder(spec, cache_dir)
     config = ModelConfig.from_folder(folder)
-    tokenizer = _load_tokenizer(folder)
+    tokenizer = load_tokenizer(folder, chat_template)
     with torch.device("meta"):
         model = LlamaModel(config)
     # NOTE: tensor by tensor, each read and converted straight to dtype on device: the host never
@@ -196,13 +198,30 @@ def _fused_state_dict(hf: _SafetensorsReader, cfg: ModelConfig) -> dict[str, tor
     return out
 
 
-def _load_tokenizer(folder: Path) -> Any:
+def load_tokenizer(folder: Path, chat_template: str | None = None) -> Any:
+    """The tokenizer in ``folder``; ``chat_template`` (a file's path or the template text,
+    ``EngineConfig.chat_template``) replaces its chat template."""
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(str(folder))
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
     except Exception as e:
         raise ModelLoadError(f"cannot load the tokenizer in {folder}: {_one_line(e)}") from None
+    if chat_template is not None:
+        tokenizer.chat_template = read_chat_template(chat_template)
+    return tokenizer
+
+
+def read_chat_template(spec: str) -> str:
+    """The template text of ``spec``: a file's path, or Jinja text itself (it holds ``{{`` or
+    ``{%``). A missing file is a :class:`ModelLoadError`."""
+    if "{{" in spec or "{%" in spec:
+        return spec
+    path = Path(spec).expanduser()
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise ModelLoadError(f"cannot read the chat template {spec!r}: {_one_line(e)}") from None
 
 
 def _one_line(e: Exception, limit: int = 300) -> str:

@@ -153,14 +153,12 @@ class ServerState:
     def _load_grammar(self) -> tuple[Any, GrammarCompiler]:
         """The tokenizer and the compiler whose front end checks constraints up front (the
         engine process compiles them; no backend is built here)."""
-        from transformers import AutoTokenizer
-
         from grammarserve.models.config import ModelConfig
-        from grammarserve.models.loader import resolve_model_folder
+        from grammarserve.models.loader import load_tokenizer, resolve_model_folder
 
         e = self.config.engine
         folder = resolve_model_folder(e.model, e.cache_dir)
-        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        tokenizer = load_tokenizer(folder, e.chat_template)
         compiler = GrammarCompiler(tokenizer, **e.grammar_options,
                                    vocab_size=ModelConfig.from_folder(folder).vocab_size)
         return tokenizer, compiler
