@@ -1,4 +1,5 @@
-"""What a request's output must match: a JSON schema, regex, grammar, choice or tool calls.
+"""What a request's output must match: a JSON schema, regex, grammar, choice, tool calls or a
+structural tag.
 
 A :class:`Constraint` travels inside :class:`~grammarserve.sampling_params.SamplingParams`; the
 engine compiles it with :class:`grammarserve.fsm.GrammarCompiler` (cached) and enforces it token
@@ -9,9 +10,39 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Literal
 
-ConstraintKind = Literal["json_schema", "regex", "grammar", "choice", "tool_calls"]
+ConstraintKind = Literal["json_schema", "regex", "grammar", "choice", "tool_calls",
+                         "structural_tag"]
+
+
+class StructuralFormat(str, Enum):
+    """The ``type`` of a format object of a structural tag (xgrammar's names, as vLLM and SGLang
+    accept them in ``response_format: {"type": "structural_tag", "format": {...}}``). Which of
+    them grammarserve compiles, and why not the others: ``grammarserve.fsm.structural_tag``."""
+
+    CONST_STRING = "const_string"
+    JSON_SCHEMA = "json_schema"
+    GRAMMAR = "grammar"
+    REGEX = "regex"
+    ANY_TEXT = "any_text"
+    SEQUENCE = "sequence"
+    OR = "or"
+    OPTIONAL = "optional"
+    PLUS = "plus"
+    STAR = "star"
+    REPEAT = "repeat"
+    TAG = "tag"
+    TRIGGERED_TAGS = "triggered_tags"
+    TAGS_WITH_SEPARATOR = "tags_with_separator"
+    DISPATCH = "dispatch"
+    TOKEN = "token"
+    EXCLUDE_TOKEN = "exclude_token"
+    ANY_TOKENS = "any_tokens"
+    TOKEN_TRIGGERED_TAGS = "token_triggered_tags"
+    TOKEN_DISPATCH = "token_dispatch"
+    QWEN_XML_PARAMETER = "qwen_xml_parameter"
 
 #: ``response_format: {"type": "json_object"}``: any JSON object.
 JSON_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
@@ -22,7 +53,8 @@ class Constraint:
     """One output constraint. Build it with the class methods.
 
     ``spec`` is the schema (dict or JSON text), the regex, the grammar text, the list of choices,
-    or the list of OpenAI tools, depending on ``kind``.
+    the list of OpenAI tools, or the structural tag (``{"format": {...}}``, or the legacy
+    ``{"structures": [...], "triggers": [...]}``; ``type`` optional), depending on ``kind``.
     """
 
     kind: ConstraintKind
@@ -62,6 +94,13 @@ class Constraint:
                    parallel: bool = True, tool_format: str = "hermes") -> Constraint:
         return cls("tool_calls", tools, tool_choice=tool_choice, parallel_tool_calls=parallel,
                    tool_format=tool_format)
+
+    @classmethod
+    def structural_tag(cls, tag: dict[str, Any] | str) -> Constraint:
+        """Free text and tagged structures (``grammarserve.fsm.structural_tag``): the
+        ``response_format`` object of type ``structural_tag``, as vLLM and SGLang take it (or
+        its JSON text)."""
+        return cls("structural_tag", tag)
 
     @property
     def may_repeat_calls(self) -> bool:

@@ -200,11 +200,18 @@ class GrammarCompiler:
         return self.compile_async("tool_calls", tools, mode, parallel=parallel,
                                   call_format=call_format).result()
 
+    def compile_structural_tag(self, tag: dict[str, Any] | str) -> CompiledGrammar:
+        """Compile a structural tag (xgrammar's format, as vLLM and SGLang take it): the
+        ``response_format`` object ``{"type": "structural_tag", "format": {...}}`` or the legacy
+        ``{"structures": [{"begin", "schema", "end"}], "triggers": [...]}`` (or its JSON
+        text). The grammar covers the whole output. See :mod:`grammarserve.fsm.structural_tag`."""
+        return self.compile_async("structural_tag", tag).result()
+
     def compile_async(self, kind: str, *args: Any, **kwargs: Any) -> Future[CompiledGrammar]:
         """Start compiling and return a future; identical in-flight requests share one future.
 
-        ``kind`` is ``"json_schema"``, ``"regex"``, ``"grammar"``, ``"choice"`` or
-        ``"tool_calls"``, with the arguments of the matching ``compile_*`` method. Front-end
+        ``kind`` is ``"json_schema"``, ``"regex"``, ``"grammar"``, ``"choice"``,
+        ``"tool_calls"`` or ``"structural_tag"``, with the arguments of the matching ``compile_*`` method. Front-end
         errors (bad schema, bad syntax) are delivered through the future too.
         """
         try:

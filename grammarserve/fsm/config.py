@@ -10,7 +10,8 @@ from grammarserve.fsm.limits import GrammarLimits
 from grammarserve.fsm.value_check import ValueCheck
 
 BackendName = Literal["auto", "xgrammar", "llguidance"]
-SpecKind = Literal["json_schema", "regex", "lark", "ebnf", "choice", "tool_calls"]
+SpecKind = Literal["json_schema", "regex", "lark", "ebnf", "choice", "tool_calls",
+                   "structural_tag"]
 #: How JSON separators and whitespace are written (see ``style.py``). ``auto`` follows the model:
 #: the candidate styles run in lock-step until the output shows one, which is then locked.
 #: ``indented`` is not a candidate: offered, SmolLM2 chose it even after spaced examples and then

@@ -1,7 +1,7 @@
 """The grammar layer's front ends: each ``compile_*`` call's arguments checked and turned into a
 :class:`GrammarSpec` (JSON schemas through meta-validation, rewrites, value checks, strict mode,
-closing and sharing; regexes, Lark/EBNF grammars, choices and tool formats through their own
-checks). No backend is involved: a spec's errors are the input's own faults."""
+closing and sharing; regexes, Lark/EBNF grammars, choices, tool formats and structural tags
+through their own checks). No backend is involved: a spec's errors are the input's own faults."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from grammarserve.fsm.rewrite import rewrite_schema
 from grammarserve.fsm.runs import MAX_DIGITS
 from grammarserve.fsm.share import share_leaves
 from grammarserve.fsm.strict import check_strict
+from grammarserve.fsm.structural_tag import TagChecks, normalize_structural_tag
 from grammarserve.fsm.text_finite import check_grammar_productive
 from grammarserve.fsm.tools import normalize_tools
 from grammarserve.fsm.value_check import ValueCheck
@@ -40,7 +41,7 @@ class SpecBuilder:
         builders: dict[str, Callable[..., GrammarSpec]] = {
             "json_schema": self.json_spec, "regex": self._regex_spec,
             "grammar": self._grammar_spec, "choice": self._choice_spec,
-            "tool_calls": self._tools_spec,
+            "tool_calls": self._tools_spec, "structural_tag": self._structural_spec,
         }
         if kind not in builders:
             raise ValueError(f"unknown grammar kind {kind!r}; use one of {sorted(builders)}")
@@ -142,3 +143,23 @@ class SpecBuilder:
                                fmt=call_format)
         source = canonical_json(spec)
         return GrammarSpec("tool_calls", source, self._json_options(source))
+
+    def _structural_spec(self, tag: Any) -> GrammarSpec:
+        checks = TagChecks(schema=lambda schema, path: self._check_schema(schema, False, path),
+                           regex=lambda pattern, path: _at(path, self._regex_spec, pattern),
+                           grammar=lambda text, path: _at(
+                               path, functools.partial(self._grammar_spec, syntax="ebnf"), text))
+        tree = normalize_structural_tag(tag, checks, self.config.limits.max_depth)
+        source = canonical_json(tree)
+        return GrammarSpec("structural_tag", source, self._json_options(source))
+
+
+def _at(path: str, check: Callable[[str], GrammarSpec], text: str) -> str:
+    """``check(text)``'s validated source, its refusal naming ``path`` instead of its own."""
+    try:
+        return check(text).source
+    except GrammarError as e:
+        own = e.path or "$"
+        e.path = path
+        e.args = (f"{path}: {str(e).replace(own, path)}",)
+        raise

@@ -46,6 +46,7 @@ AUTO_ORDER: dict[SpecKind, tuple[str, ...]] = {
     "ebnf": ("xgrammar", "llguidance"),
     "choice": ("llguidance", "xgrammar"),
     "tool_calls": ("llguidance",),
+    "structural_tag": ("llguidance",),
 }
 
 

@@ -22,6 +22,7 @@ from grammarserve.fsm.exact_numbers import unit_exclusive_range
 from grammarserve.fsm.freetext import FreeTextMasks, TextState
 from grammarserve.fsm.matcher import CompiledGrammar, Matcher, SharedMasks
 from grammarserve.fsm.runs import MAX_DIGITS, LexTracker, RunBudget, RunTracker, digit_budget
+from grammarserve.fsm.structural_lark import structural_tag_grammar
 from grammarserve.fsm.style_track import StyleTable, StyleTracker
 from grammarserve.fsm.tools import TRIGGER, tool_calls_lark
 from grammarserve.fsm.vocab import VocabInfo
@@ -213,12 +214,19 @@ class LLGuidanceBackend(GrammarBackend):
             lark = tool_calls_lark(json.loads(spec.source), self.json_options(style, max_ws),
                                    between)
             return str(llguidance.LLMatcher.grammar_from_lark(lark))
+        if spec.kind == "structural_tag":
+            if style == "either":  # NOTE: the tracker would read free text as JSON
+                raise GrammarBackendError("structural tags take a fixed JSON style",
+                                          backend=self.name)
+            return structural_tag_grammar(
+                json.loads(spec.source), self.json_options(style, max_ws),
+                no_forcing=not spec.option("force_tokenization", True))
         raise GrammarBackendError(f"llguidance cannot compile a {spec.kind!r} grammar",
                                   backend=self.name)
 
     def compile(self, spec: GrammarSpec, *, background: bool = False) -> CompiledGrammar:
         start = time.perf_counter()
-        if spec.kind in ("json_schema", "tool_calls"):
+        if spec.kind in ("json_schema", "tool_calls", "structural_tag"):
             trap = unit_exclusive_range(json.loads(spec.source))
             if trap is not None:  # NOTE: auto falls back to xgrammar, which is exact there
                 raise UnsupportedSchemaError(

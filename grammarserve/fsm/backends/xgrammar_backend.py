@@ -90,7 +90,7 @@ class XGrammarBackend(GrammarBackend):
         if len(spec.source) > self.config.limits.xgrammar_max_bytes:
             return False
         if spec.kind != "json_schema":
-            return spec.kind != "tool_calls"
+            return spec.kind not in ("tool_calls", "structural_tag")
         if spec.option("json_style") not in (*_SEPARATORS, "indented", "flexible"):
             return False
         try:
