@@ -208,12 +208,20 @@ class JSONSchemaFormat(RequestBody):
 
 
 class ResponseFormat(RequestBody):
-    """``text``, ``json_object`` or ``json_schema``; ``json_object`` with a top-level ``schema``
-    is the older instructor / llama.cpp shape, accepted as a (non-strict) JSON schema."""
+    """``text``, ``json_object``, ``json_schema`` or ``structural_tag``; ``json_object`` with a
+    top-level ``schema`` is the older instructor / llama.cpp shape, accepted as a (non-strict)
+    JSON schema. ``structural_tag`` (vLLM, SGLang): ``format`` (xgrammar's format objects), or
+    the legacy ``structures`` and ``triggers``; checked by the grammar layer, which names the
+    path of what it refuses."""
 
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JSONSchemaFormat | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    format: Any = Field(default=None, description="structural_tag: the format object")
+    structures: Any = Field(default=None, description="structural_tag (legacy): "
+                            "[{begin, schema, end}]")
+    triggers: Any = Field(default=None, description="structural_tag (legacy): the strings "
+                          "that start a structure")
 
 
 class StreamOptions(RequestBody):
@@ -240,6 +248,9 @@ class _Generation(RequestBody):
     regex: str | None = Field(default=None, description="the output must match this regex")
     grammar: str | None = Field(default=None, description="the output must match this Lark grammar")
     choice: list[str] | None = Field(default=None, description="the output is one of these")
+    structural_tag: str | dict[str, Any] | None = Field(
+        default=None, description="vLLM's older extra field: a structural tag (its JSON text or "
+        "object), as response_format of type structural_tag takes it")
     cache_namespace: str | None = Field(
         default=None, description="prefix-cache namespace: requests share cached prompt "
         "prefixes only within one namespace (tenant isolation)")

@@ -33,7 +33,7 @@ from grammarserve.sampling_params import SamplingParams
 #: Fields other servers use for constraints; refused with a pointer instead of ignored.
 _FOREIGN_CONSTRAINTS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
                         "guided_decoding_backend", "structured_outputs", "ebnf", "json_schema",
-                        "structural_tag", "functions", "function_call")
+                        "functions", "function_call")
 _MAX_STOP = 16
 #: Stop string added to tool-call requests (see ``sampling_params``).
 TOOL_CALLS_DONE = END + "\n\n"
@@ -95,6 +95,15 @@ def _format_constraint(req: _Generation) -> ConstraintPlan | None:
     rf = req.response_format
     if rf is None or rf.type == "text":
         return None
+    if rf.type == "structural_tag":
+        # NOTE: as sent (no dump: that would drop the nulls inside schemas); other fields,
+        # ``json_schema`` or a misspelt one, are refused by the grammar layer, naming them
+        tag: dict[str, Any] = {"type": rf.type, **{k: v for k, v in (
+            ("format", rf.format), ("structures", rf.structures), ("triggers", rf.triggers),
+            ("json_schema", rf.json_schema and rf.json_schema.model_dump(by_alias=True)),
+            ("schema", rf.schema_)) if v is not None},
+            **(rf.model_extra or {})}
+        return ConstraintPlan(Constraint.structural_tag(tag), "response_format")
     if rf.type == "json_object":
         if rf.schema_ is not None:  # older instructor / llama.cpp shape
             return ConstraintPlan(Constraint.json_schema(rf.schema_), "response_format.schema")
@@ -123,9 +132,13 @@ def constraint_plan(req: _Generation, tools: ToolsPlan | None) -> ConstraintPlan
         found.append(ConstraintPlan(Constraint.grammar(req.grammar), "grammar"))
     if req.choice is not None:
         found.append(ConstraintPlan(Constraint.choice(req.choice), "choice"))
+    if req.structural_tag is not None:
+        found.append(ConstraintPlan(Constraint.structural_tag(req.structural_tag),
+                                    "structural_tag"))
     if len(found) > 1:
-        raise InvalidRequestError("use only one of response_format (json), 'regex', 'grammar' "
-                                  "and 'choice'", param=found[1].param)
+        raise InvalidRequestError("use only one of response_format (json or structural_tag), "
+                                  "'regex', 'grammar', 'choice' and 'structural_tag'",
+                                  param=found[1].param)
     if tools is None:
         return found[0] if found else None
     if tools.custom is not None:
@@ -316,6 +329,8 @@ def grammar_error(e: GrammarError, plan: ConstraintPlan) -> InvalidRequestError:
     """A compile error as a 400 naming the field (and, in the message, the keyword path)."""
     message = str(e)
     param = plan.param
+    if plan.constraint.kind == "structural_tag":
+        return _structural_error(e, plan.param)
     if plan.param.startswith("response_format"):
         detail = message.removeprefix("Invalid schema: ")
         message = f"Invalid schema for response_format '{plan.label or 'response'}': {detail}"
@@ -328,6 +343,20 @@ def grammar_error(e: GrammarError, plan: ConstraintPlan) -> InvalidRequestError:
             if cut in param:
                 param = param[:param.index(cut) + len(cut)]
     return InvalidRequestError(message, param=param)
+
+
+def _structural_error(e: GrammarError, base: str) -> InvalidRequestError:
+    """A structural tag's refusal: its paths (``$`` the tag object) written from ``base``, the
+    param named down to the format object or schema that holds the problem."""
+    message, path = str(e), e.path or "$"
+    if message.startswith("$"):  # NOTE: the grammar layer's messages lead with their path
+        message = base + message[1:]
+    param = base + path[1:] if path.startswith("$") else base
+    for cut in (".json_schema", ".schema"):
+        if cut in param:
+            param = param[:param.index(cut) + len(cut)]
+            break
+    return InvalidRequestError(f"Invalid structural_tag: {message}", param=param)
 
 
 def completion_prompts(req: CompletionRequest, tokenizer: Any) -> list[list[int]]:
