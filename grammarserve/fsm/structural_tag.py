@@ -59,6 +59,8 @@ _FIELDS: dict[F, tuple[str, ...]] = {
     F.DISPATCH: ("rules", "loop", "excludes"),
 }
 _MAX_COUNT = 2**31 - 1
+#: ``optional``, ``plus`` and ``star`` as ``repeat`` bounds (-1: unbounded).
+_REPEATS = {F.OPTIONAL: (0, 1), F.PLUS: (1, -1), F.STAR: (0, -1)}
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,8 @@ class _Reader:
             _fail(path, f"format type '{kind.value}' is not supported by grammarserve: "
                         f"{_REFUSED[kind]}")
         _only(value, ("type", *_FIELDS[kind]), path)
+        if kind in _REPEATS:
+            return self._repeated(value, path, follow, depth + 1, *_REPEATS[kind])
         read: Callable[..., dict[str, Any]] = getattr(self, f"_{kind.value}")
         return read(value, path, follow, depth + 1)
 
@@ -203,16 +207,6 @@ class _Reader:
         items = _list(v.get("elements"), f"{path}.elements")
         return {"type": F.OR.value, "elements": [
             self.format(e, f"{path}.elements[{i}]", follow, depth) for i, e in enumerate(items)]}
-
-    def _optional(self, v: dict[str, Any], path: str, follow: Follow, depth: int
-                  ) -> dict[str, Any]:
-        return self._repeated(v, path, follow, depth, 0, 1)
-
-    def _plus(self, v: dict[str, Any], path: str, follow: Follow, depth: int) -> dict[str, Any]:
-        return self._repeated(v, path, follow, depth, 1, -1)
-
-    def _star(self, v: dict[str, Any], path: str, follow: Follow, depth: int) -> dict[str, Any]:
-        return self._repeated(v, path, follow, depth, 0, -1)
 
     def _repeat(self, v: dict[str, Any], path: str, follow: Follow, depth: int
                 ) -> dict[str, Any]:
