@@ -108,11 +108,11 @@ def test_think_then_tool_calls_and_excludes(compiler: GrammarCompiler, tokenizer
         "<think>x</thin</think>" + CALL_T + CALL_W,
     ], bad=["no think", "<think>never closed", "<think>a</think>b<think>", "<think></think>" +
             "<function=nope>"])
-    # any_text inside a tag: the first end closes it; its own excludes and a character bound
-    bounded = {"format": {"type": "tag", "begin": "<r>", "content": {
-        "type": "any_text", "excludes": ["bad"], "max_chars": 5}, "end": ["</r>", "</s>"]}}
-    _check(compiler, tokenizer, bounded, good=["<r>abcde</r>", "<r></s>", "<r>é</r>"],
-           bad=["<r>abcdef</r>", "<r>a bad</r>", "<r>ab</r>c", "<r>ab</r></r>"])
+    # any_text inside a tag: the first of its ends closes it; its own excludes
+    text = {"format": {"type": "tag", "begin": "<r>", "content": {
+        "type": "any_text", "excludes": ["bad"]}, "end": ["</r>", "</s>"]}}
+    _check(compiler, tokenizer, text, good=["<r>abc de</r>", "<r></s>", "<r>é</r>", "<r></</r>"],
+           bad=["<r>a bad</r>", "<r>ab</r>c", "<r>ab</r></r>", "<r>ab"])
 
 
 @pytest.mark.model
@@ -188,7 +188,10 @@ def _legacy(schema: Any = None, triggers: Any = ("<f=",), begin: str = "<f=a>") 
                  "content": {"type": "any_text"}}}, "$.format.begin", "a token as 'begin'"),
     ({"format": {"type": "json_schema", "json_schema": {}, "style": "qwen_xml"}},
      "$.format.style", "'qwen_xml' is not supported"),
-    ({"format": {"type": "any_text", "max_tokens": 10}}, "$.format.max_tokens", "max_chars"),
+    ({"format": {"type": "any_text", "max_tokens": 10}}, "$.format.max_tokens", "length bound"),
+    ({"format": {"type": "any_text", "max_chars": 10}}, "$.format.max_chars", "length bound"),
+    ({"format": {"type": "repeat", "min": 2000, "max": -1, "content": {
+        "type": "const_string", "value": "a"}}}, "$.format.min", "from 0 to 1024"),
     ({"format": {"type": "any_text", "exclude": ["x"]}}, "$.format.exclude", "unknown field"),
     ({"format": {"type": "sequence", "elements": [{"type": "any_text"}, {
         "type": "const_string", "value": "a"}]}}, "$.format.elements[0]", "'any_text' is free"),

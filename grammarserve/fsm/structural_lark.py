@@ -101,18 +101,16 @@ class _Builder:
         return _q(ends[0]) if len(ends) == 1 else _alts(ends)
 
     # -- free text -------------------------------------------------------------------------
-    def free(self, excludes: list[str], max_chars: int | None = None) -> str:
-        """Text (at most ``max_chars`` characters) in which no string of ``excludes`` occurs."""
-        base = _ANY if max_chars is None else f"/(?s:.){{0,{max_chars}}}/"
+    def free(self, excludes: list[str]) -> str:
+        """Text in which no string of ``excludes`` occurs."""
         if not excludes:
-            return self.terminal(base)
-        return self.terminal(f"{base} & ~({_ANY} {_alts(sorted(set(excludes)))} {_ANY})")
+            return self.terminal(_ANY)
+        return self.terminal(f"{_ANY} & ~({_ANY} {_alts(sorted(set(excludes)))} {_ANY})")
 
-    def closed(self, excludes: list[str], ends: tuple[str, ...],
-               max_chars: int | None = None) -> str:
+    def closed(self, excludes: list[str], ends: tuple[str, ...]) -> str:
         """Free text (no ``excludes``, no ``ends``), then one of ``ends``; at the end of the
         output (``ends`` empty), the free text alone."""
-        free = self.free([*excludes, *ends], max_chars)
+        free = self.free([*excludes, *ends])
         return self.terminal(f"{free} {self.lit(ends)}") if ends else free
 
     def head(self, trigger: str, stops: list[str]) -> str:
@@ -137,7 +135,7 @@ class _Builder:
             self.subgrammars.append({"name": name, "lark_grammar": any_to_lark(n["grammar"])})
             return _join(f"@{name}", self.lit(ends))
         if kind is F.ANY_TEXT:
-            return self.closed(n["excludes"], ends, n["max_chars"])
+            return self.closed(n["excludes"], ends)
         if kind is F.SEQUENCE:
             last = len(n["elements"]) - 1
             return _join(*(self.node(e, ends if i == last else ())

@@ -10,18 +10,16 @@ Two request shapes (``"type": "structural_tag"`` optional in both):
 - ``{"format": {...}}``: a tree of format objects (``StructuralFormat``).
 
 Compiled exactly: ``const_string``, ``json_schema`` (style ``json``), ``regex``, ``grammar``
-(EBNF), ``any_text`` (``excludes``, ``max_chars``), ``sequence``, ``or``, ``optional``, ``plus``,
-``star``, ``repeat``, ``tag`` (string ``begin`` and ``end``), ``triggered_tags``,
-``tags_with_separator`` and ``dispatch``. Refused, naming the type and its path: the token-level
-formats (they match token ids, which grammarserve's text grammars do not), the XML argument
-styles, ``any_order``, ``any_text.max_tokens``, and free text (``any_text``, ``triggered_tags``,
-``dispatch``) anywhere but at the end of the output or of a ``tag``'s content: xgrammar ends it
-where the tag's ``end`` appears (or at the end of the output), which a lexeme can hold; free
-text followed by other output is ambiguous, which it cannot.
+(EBNF), ``any_text``, ``sequence``, ``or``, ``optional``, ``plus``, ``star``, ``repeat``, ``tag``
+(string ``begin`` and ``end``), ``triggered_tags``, ``tags_with_separator`` and ``dispatch``.
+Refused, naming the type or field and its path: token-level formats (they match token ids), XML
+argument styles, ``any_order``, ``any_text``'s length bounds, ``repeat`` counts over 1024, and
+free text (``any_text``, ``triggered_tags``, ``dispatch``) other output follows: xgrammar ends
+free text where the enclosing tag's ``end`` appears (or at the end of the output), which one
+lexeme holds; free text followed by other output is ambiguous, which a lexeme cannot hold.
 
-Every JSON schema inside passes the same front end as ``response_format`` ``json_schema``, and
-its refusals name the path inside the structural tag. The normalized tree has the same format
-types, but ``optional``/``plus``/``star`` are ``repeat`` and every default is explicit.
+Every JSON schema passes the front end of ``response_format`` ``json_schema``, its refusals
+naming the path inside the tag. The normalized tree: ``optional``/``plus``/``star`` as ``repeat``.
 """
 
 from __future__ import annotations
@@ -58,7 +56,8 @@ _FIELDS: dict[F, tuple[str, ...]] = {
     F.TAGS_WITH_SEPARATOR: ("tags", "separator", "at_least_one", "stop_after_first"),
     F.DISPATCH: ("rules", "loop", "excludes"),
 }
-_MAX_COUNT = 2**31 - 1
+#: Bound of ``repeat`` counts: llguidance walked ``min: 10000`` at seconds per token.
+_MAX_REPEAT = 1024
 #: ``optional``, ``plus`` and ``star`` as ``repeat`` bounds (-1: unbounded).
 _REPEATS = {F.OPTIONAL: (0, 1), F.PLUS: (1, -1), F.STAR: (0, -1)}
 
@@ -188,11 +187,15 @@ class _Reader:
     def _any_text(self, v: dict[str, Any], path: str, follow: Follow, depth: int
                   ) -> dict[str, Any]:
         _free_here(F.ANY_TEXT, path, follow)
-        if v.get("max_tokens") is not None:
-            _fail(f"{path}.max_tokens", "counts tokens, which grammarserve's text grammars do "
-                                        "not; bound the text with max_chars instead")
-        return {"type": F.ANY_TEXT.value, "excludes": _excludes(v, path),
-                "max_chars": _count(v.get("max_chars"), f"{path}.max_chars", optional=True)}
+        for bound in ("max_tokens", "max_chars"):
+            if v.get(bound) is not None:
+                # NOTE: a counted text next to the excluded strings and the enclosing end
+                # made llguidance's lexer give up ("too many expressions constructed") from
+                # 128 characters on, so no length bound is compiled rather than a fragile one
+                _fail(f"{path}.{bound}", "a length bound on free text is not supported by "
+                                         "grammarserve; leave it out (the request's max_tokens "
+                                         "bounds the reply)")
+        return {"type": F.ANY_TEXT.value, "excludes": _excludes(v, path)}
 
     # -- composition ----------------------------------------------------------------------
     def _sequence(self, v: dict[str, Any], path: str, follow: Follow, depth: int
@@ -210,10 +213,10 @@ class _Reader:
 
     def _repeat(self, v: dict[str, Any], path: str, follow: Follow, depth: int
                 ) -> dict[str, Any]:
-        low = _count(v.get("min"), f"{path}.min")
+        low = _count(v.get("min"), f"{path}.min", _MAX_REPEAT)
         high = v.get("max")
         if high != -1:
-            high = _count(high, f"{path}.max")
+            high = _count(high, f"{path}.max", _MAX_REPEAT)
             if high < low:
                 _fail(f"{path}.max", f"must be -1 (unbounded) or at least min ({low}), got "
                                      f"{high}")
@@ -354,11 +357,9 @@ def _flag(v: dict[str, Any], name: str, path: str) -> bool:
     return value
 
 
-def _count(value: Any, path: str, optional: bool = False) -> Any:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_COUNT:
-        _fail(path, f"must be an integer from 0 to {_MAX_COUNT}, got {value!r}")
+def _count(value: Any, path: str, most: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
+        _fail(path, f"must be an integer from 0 to {most}, got {value!r}")
     return value
 
 
