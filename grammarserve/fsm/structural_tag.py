@@ -56,9 +56,7 @@ _FIELDS: dict[F, tuple[str, ...]] = {
     F.TAGS_WITH_SEPARATOR: ("tags", "separator", "at_least_one", "stop_after_first"),
     F.DISPATCH: ("rules", "loop", "excludes"),
 }
-#: Bound of ``repeat`` counts: llguidance walked ``min: 10000`` at seconds per token.
-_MAX_REPEAT = 1024
-#: ``optional``, ``plus`` and ``star`` as ``repeat`` bounds (-1: unbounded).
+_MAX_REPEAT = 1024  # NOTE: llguidance took 56 s over the shortest text of ``min: 10000``
 _REPEATS = {F.OPTIONAL: (0, 1), F.PLUS: (1, -1), F.STAR: (0, -1)}
 
 
