@@ -58,11 +58,12 @@ def test_top_level_structural_tag_field_replaces_the_old_refusal() -> None:
     with pytest.raises(InvalidRequestError, match="only one") as e:
         constraint_plan(chat_req(structural_tag=LEGACY, regex="a"), None)
     assert e.value.param == "structural_tag"
-    # vLLM's newer extra body is still refused, not ignored
-    with pytest.raises(InvalidRequestError) as e:
-        check_common(chat_req(structured_outputs={"structural_tag": json.dumps(LEGACY)}),
-                     max_n=4)
-    assert e.value.param == "structured_outputs"
+    # vLLM's newer extra body carries it too
+    req = chat_req(structured_outputs={"structural_tag": json.dumps(LEGACY)})
+    check_common(req, max_n=4)
+    plan = constraint_plan(req, None)
+    assert plan is not None and plan.param == "structured_outputs.structural_tag"
+    assert plan.constraint.kind == "structural_tag"
 
 
 @pytest.mark.parametrize("rf, param, words", [

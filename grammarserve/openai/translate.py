@@ -26,13 +26,15 @@ from grammarserve.openai.protocol import (
     Tool,
     _Generation,
 )
+from grammarserve.openai.structured_outputs import FIELD as SO_FIELD
+from grammarserve.openai.structured_outputs import structured_outputs_constraint
 from grammarserve.openai.toolparse import CallParser, ParsedCall
 from grammarserve.openai.toolparse_array import make_parser, parse_with
 from grammarserve.sampling_params import SamplingParams
 
 #: Fields other servers use for constraints; refused with a pointer instead of ignored.
 _FOREIGN_CONSTRAINTS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                        "guided_decoding_backend", "structured_outputs", "ebnf", "json_schema",
+                        "guided_decoding_backend", "ebnf", "json_schema",
                         "functions", "function_call")
 _MAX_STOP = 16
 #: Stop string added to tool-call requests (see ``sampling_params``).
@@ -135,9 +137,13 @@ def constraint_plan(req: _Generation, tools: ToolsPlan | None) -> ConstraintPlan
     if req.structural_tag is not None:
         found.append(ConstraintPlan(Constraint.structural_tag(req.structural_tag),
                                     "structural_tag"))
+    vllm = structured_outputs_constraint((req.model_extra or {}).get(SO_FIELD))
+    if vllm is not None:
+        found.append(ConstraintPlan(*vllm))
     if len(found) > 1:
         raise InvalidRequestError("use only one of response_format (json or structural_tag), "
-                                  "'regex', 'grammar', 'choice' and 'structural_tag'",
+                                  "'regex', 'grammar', 'choice', 'structural_tag' and "
+                                  "'structured_outputs'",
                                   param=found[1].param)
     if tools is None:
         return found[0] if found else None
