@@ -119,3 +119,33 @@ class Constraint:
             return "tool_calls", (self.spec, self.tool_choice), {
                 "parallel": self.parallel_tool_calls, "call_format": self.tool_format}
         return self.kind, (self.spec,), {}
+
+
+@dataclass(frozen=True)
+class ReasoningSpan:
+    """The free-text reasoning span a reply starts with; the request's constraint (if any)
+    applies from its end on (``grammarserve.fsm.reasoning``).
+
+    ``open`` is forced first (the prompt did not open the span; empty: the reply starts inside
+    it). The span ends where the model writes ``end`` (on a token boundary), or where
+    ``budget`` tokens of it have been written: then ``close`` (which ends with ``end``) is
+    forced. ``after`` is forced after ``end``, before the answer. ``strict``: no stop token
+    and none of ``banned`` (tool-call markers) inside the span; a constrained reply never
+    stops inside it either way.
+    """
+
+    end: str
+    open: str = ""
+    close: str = ""
+    after: str = ""
+    budget: int | None = None
+    strict: bool = False
+    banned: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.end:
+            raise ValueError("a reasoning span needs its end marker")
+        if self.close and not self.close.endswith(self.end):
+            raise ValueError(f"the forced close {self.close!r} must end with {self.end!r}")
+        if self.budget is not None and (isinstance(self.budget, bool) or self.budget < 0):
+            raise ValueError(f"the thinking budget must be an integer >= 0, got {self.budget!r}")

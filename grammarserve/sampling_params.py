@@ -6,7 +6,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from grammarserve.constraints import Constraint
+from grammarserve.constraints import Constraint, ReasoningSpan
 from grammarserve.errors import InvalidRequestError
 
 #: The accepted range of ``repetition_penalty``.
@@ -56,6 +56,9 @@ class SamplingParams:
         ``[0, 100]`` (0: off; None: the engine's default, ``EngineConfig.dry_multiplier`` for
         constrained requests, off otherwise), ``base`` in ``[1, 10]``, ``allowed_length`` >= 1
         (repeats up to this many tokens are free).
+    reasoning:
+        The reply starts with this free-text reasoning span; ``constraint`` applies after it
+        (its thinking budget forces the span closed).
     top_logprobs:
         Also return, for each generated token, this many (0..20) most likely tokens with their
         log-probabilities, under the distribution the token was drawn from; only tokens the
@@ -82,6 +85,7 @@ class SamplingParams:
     dry_multiplier: float | None = None
     dry_base: float = 1.75
     dry_allowed_length: int = 2
+    reasoning: ReasoningSpan | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
@@ -102,6 +106,9 @@ class SamplingParams:
         if self.constraint is not None and not isinstance(self.constraint, Constraint):
             raise InvalidRequestError("constraint must be a grammarserve.Constraint",
                                       param="constraint")
+        if self.reasoning is not None and not isinstance(self.reasoning, ReasoningSpan):
+            raise InvalidRequestError("reasoning must be a grammarserve.constraints.ReasoningSpan",
+                                      param="reasoning")
         self._check_controls()
 
     def _check_controls(self) -> None:
