@@ -194,4 +194,5 @@ def test_the_loop_guard_sees_only_the_answer(compiler, tables, tokenizer) -> Non
         taken += m.take_retraction()
     assert taken > 0  # NOTE: the copy was taken back inside the answer
     assert m.in_answer and not m.is_error()
-    assert _take(m, _ids(tokenizer, "]}")) and m.accept_token(tokenizer.eos_token_id)
+    # NOTE: the guard took back the copy and the "}" before it: the model ends the item
+    assert _take(m, _ids(tokenizer, "}]}")) and m.accept_token(tokenizer.eos_token_id)
