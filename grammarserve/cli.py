@@ -13,6 +13,7 @@ from pathlib import Path
 from grammarserve.batch import cli as batch_cli
 from grammarserve.config import EngineConfig
 from grammarserve.errors import GrammarserveError, ModelLoadError
+from grammarserve.fsm.reasoning_formats import NAMES as REASONING_NAMES
 from grammarserve.sampling_params import SamplingParams
 from grammarserve.server.config import RestartPolicy, ServerConfig
 from grammarserve.server.timeouts import ReadTimeouts, protocol_class
@@ -89,6 +90,14 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    choices=["json_array", "hermes"],
                    help="tool calls for tool_choice required/named: one JSON array of "
                         "{name, parameters} (json_array) or <tool_call> blocks (hermes)")
+    p.add_argument("--reasoning-parser", default=EngineConfig.reasoning_parser,
+                   choices=REASONING_NAMES,
+                   help="the reasoning format of the model's replies (vLLM's names; none: "
+                        "no reasoning span; default: read from the chat template)")
+    p.add_argument("--strict-thinking", default=EngineConfig.strict_thinking,
+                   action=argparse.BooleanOptionalAction,
+                   help="no stop token and no tool-call marker inside the reasoning span, for "
+                        "requests that do not set strict_thinking")
     p.add_argument("--tool-call-dedupe", default=EngineConfig.tool_call_dedupe,
                    action=argparse.BooleanOptionalAction,
                    help="end a reply when a tool call repeats an earlier one byte for byte")
@@ -237,7 +246,9 @@ def _config(args: argparse.Namespace) -> EngineConfig:
                         adaptive_threads=args.adaptive_threads,
                         adaptive_batch=args.adaptive_batch,
                         tool_call_format=args.tool_call_format,
-                        tool_call_dedupe=args.tool_call_dedupe, gguf_blocks=args.gguf_blocks,
+                        tool_call_dedupe=args.tool_call_dedupe,
+                        reasoning_parser=args.reasoning_parser,
+                        strict_thinking=args.strict_thinking, gguf_blocks=args.gguf_blocks,
                         quant_activations=args.quant_activations,
                         decode_attention_kernel=args.decode_attention_kernel,
                         decode_stack_kernel=args.decode_stack_kernel)

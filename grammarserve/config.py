@@ -109,6 +109,14 @@ class EngineConfig:
         ``"json_array"`` (default: one JSON array of ``{"name", "parameters"}`` objects, like
         vLLM's required mode) or ``"hermes"`` (``<tool_call>`` blocks). ``"auto"`` always uses
         ``hermes``. Chat templates without tool support get a tool description in the format.
+    reasoning_parser:
+        The reasoning format of the model's replies, by vLLM's ``--reasoning-parser`` names
+        (``qwen3``, ``deepseek_r1``, ``deepseek_v3``, ``mistral``, ``openai_gptoss``; ``none``:
+        no reasoning span); None: read from the chat template
+        (``grammarserve.fsm.reasoning_formats``).
+    strict_thinking:
+        The default of the request parameter ``strict_thinking``: no stop token and no
+        tool-call marker inside the reasoning span.
     tool_call_dedupe:
         End a reply when a tool call repeats an earlier call of the same reply byte for byte;
         the repeat is not returned (small models otherwise repeat their call until
@@ -210,6 +218,8 @@ class EngineConfig:
     dry_multiplier: float = 0.8
     tool_call_format: Literal["hermes", "json_array"] = "json_array"
     tool_call_dedupe: bool = True
+    reasoning_parser: str | None = None
+    strict_thinking: bool = False
     gguf_blocks: bool = True
     quant_activations: Literal["int8x2", "int8", "fp32"] = "int8x2"
     decode_attention_kernel: bool = True

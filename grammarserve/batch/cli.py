@@ -64,7 +64,9 @@ def main(args: argparse.Namespace, config: EngineConfig) -> int:
     ctx = ModelContext.create(engine.tokenizer, engine.grammar.compiler,
                               max_model_len=engine.max_model_len, max_n=args.max_n,
                               model_name=model_name(config, str(engine.loaded.folder)),
-                              tool_call_format=config.tool_call_format)
+                              tool_call_format=config.tool_call_format,
+                              reasoning_parser=config.reasoning_parser,
+                              strict_thinking=config.strict_thinking)
     print(f"grammarserve batch: loaded {config.model} in {time.perf_counter() - t0:.1f}s",
           file=sys.stderr)
     bar: Any = None

@@ -91,7 +91,9 @@ class BatchActor:
         ctx = ModelContext.create(self.engine.tokenizer, self.engine.grammar.compiler,
                                   max_model_len=self.engine.max_model_len, max_n=max_n,
                                   model_name=model_name(config, str(self.engine.loaded.folder)),
-                                  tool_call_format=config.tool_call_format)
+                                  tool_call_format=config.tool_call_format,
+                                  reasoning_parser=config.reasoning_parser,
+                                  strict_thinking=config.strict_thinking)
         self.runner = BatchRunner(self.engine, ctx)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:

@@ -148,6 +148,8 @@ class Engine:
             req.repeat_guard = CallRepeatGuard(params.constraint.tool_format)
         self.requests[request_id] = req
         if params.constraint is None:
+            if params.reasoning is not None:  # NOTE: only a reasoning span to enforce
+                req.matcher = self.grammar.reasoning_only(req)
             self.scheduler.add(req)
             return
         self.grammar.start_compile(req)

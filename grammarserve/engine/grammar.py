@@ -24,6 +24,7 @@ from grammarserve.fsm import GrammarCompiler
 from grammarserve.fsm.canonical import CanonicalSpans
 from grammarserve.fsm.loop_guard import CommaTable, LoopGuardMatcher
 from grammarserve.fsm.matcher import Matcher
+from grammarserve.fsm.reasoning import ReasoningMatcher, ReasoningTables
 
 log = logging.getLogger(__name__)
 #: A filled bitmask and the requests whose row could not be filled (with why)
@@ -63,6 +64,7 @@ class GrammarRunner:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-mask")
         self.counters = GrammarCounters()
         self._commas: CommaTable | None = None  # the loop guard's, built on first use
+        self._reasoning: ReasoningTables | None = None  # reasoning markers, built on first use
 
     def warm_up(self) -> None:
         """Build the grammar backends' tokenizer tables and the loop guard's table now rather
@@ -100,7 +102,7 @@ class GrammarRunner:
             return False
         req.grammar_future = None
         try:
-            req.matcher = self._guarded(req, fut.result().matcher())
+            req.matcher = self._reasoned(req, self._guarded(req, fut.result().matcher()))
         except GrammarError as e:
             req.fail(ErrorKind.CONSTRAINT_INVALID, f"invalid constraint: {e}", (str(e), e.path))
             self.counters.grammar_errors += 1
@@ -120,6 +122,22 @@ class GrammarRunner:
             return matcher
         table = self._comma_table()
         return LoopGuardMatcher(matcher.vocab, matcher, table, self.loop_guard)
+
+    def reasoning_only(self, req: Req) -> Matcher:
+        """The matcher of an unconstrained request with a reasoning span to enforce (its
+        thinking budget, or strict thinking)."""
+        return self._reasoned(req, None)
+
+    def _reasoned(self, req: Req, inner: Matcher | None) -> Matcher:
+        """``inner`` behind the request's reasoning span, if it has one."""
+        span = req.params.reasoning
+        if span is None:
+            assert inner is not None
+            return inner
+        if self._reasoning is None:
+            self._reasoning = ReasoningTables(self.compiler.vocab.tokenizer,
+                                              self.compiler.token_bytes())
+        return ReasoningMatcher(self.compiler.vocab, inner, span, self._reasoning)
 
     def fill_async(self, reqs: list[Req]) -> Future[Filled | None]:
         """Fill the bitmask rows of ``reqs`` (one row each, in order) on the worker thread.
@@ -201,7 +219,8 @@ class GrammarRunner:
         except Exception as e:  # noqa: BLE001 - fails this request only
             self._broken(req, "taking back a failed value", e)
             return 0
-        cuts = m.take_guard_cuts() if isinstance(m, LoopGuardMatcher) else 0
+        guard = m.inner if isinstance(m, ReasoningMatcher) else m
+        cuts = guard.take_guard_cuts() if isinstance(guard, LoopGuardMatcher) else 0
         if cuts:
             self.counters.loop_guard_cuts += cuts
             log.info("request %s: the loop guard took back a copied array item",
@@ -266,6 +285,8 @@ class GrammarRunner:
         schema's key names only with ``json_schema_spans``); the final stop token is fed
         without a decode step either way."""
         c = req.params.constraint
+        if isinstance(req.matcher, ReasoningMatcher) and req.matcher.forcing:
+            return True  # NOTE: the span's opening or close, and what follows it
         return self.json_spans or c is None or c.kind != "json_schema"
 
     def _only_stop(self, req: Req) -> int | None:

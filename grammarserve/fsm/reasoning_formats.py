@@ -80,8 +80,12 @@ class ReasoningFormat:
         return PromptState.NONE
 
 
-_THINK = dict(start="<think>", end="</think>", open_text="<think>\n", close_text="\n</think>",
-              after_end="\n\n")
+def _think(name: str, fingerprint: tuple[str, ...], *aliases: str) -> ReasoningFormat:
+    """A format of ``<think>`` tags (the span, then a blank line, then the answer)."""
+    return ReasoningFormat(name, "<think>", "</think>", open_text="<think>\n",
+                           close_text="\n</think>", after_end="\n\n",
+                           fingerprints=(fingerprint,), aliases=aliases)
+
 
 #: Every format, most specific fingerprint first (``detect`` takes the first that matches).
 FORMATS: tuple[ReasoningFormat, ...] = (
@@ -92,12 +96,9 @@ FORMATS: tuple[ReasoningFormat, ...] = (
                     aliases=("gpt_oss", "gpt-oss")),
     ReasoningFormat("mistral", "[THINK]", "[/THINK]", open_text="[THINK]", close_text="[/THINK]",
                     special_markers=True, fingerprints=(("[THINK]", "[/THINK]"),)),
-    ReasoningFormat("deepseek_v3", **_THINK, fingerprints=(("<｜Assistant｜>", "<think></think>"),),
-                    aliases=("deepseek-v3",)),
-    ReasoningFormat("deepseek_r1", **_THINK, fingerprints=(("<｜Assistant｜>", "<think>"),),
-                    aliases=("deepseek-r1",)),
-    ReasoningFormat("qwen3", **_THINK, fingerprints=(("<think>", "</think>"),),
-                    aliases=("qwen3-thinking",)),
+    _think("deepseek_v3", ("<｜Assistant｜>", "<think></think>"), "deepseek-v3"),
+    _think("deepseek_r1", ("<｜Assistant｜>", "<think>"), "deepseek-r1"),
+    _think("qwen3", ("<think>", "</think>"), "qwen3-thinking"),
 )
 
 _BY_NAME = {n: f for f in FORMATS for n in (f.name, *f.aliases)}

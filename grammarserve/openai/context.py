@@ -8,6 +8,7 @@ from typing import Any
 
 from grammarserve.config import EngineConfig
 from grammarserve.fsm import GrammarCompiler
+from grammarserve.fsm.reasoning_formats import ReasoningFormat, resolve
 from grammarserve.openai.limits import prompt_char_bound
 from grammarserve.openai.logprobs import TokenTexts
 
@@ -39,6 +40,11 @@ class ModelContext:
         derives it from the context (:func:`~grammarserve.openai.limits.prompt_char_bound`).
     max_choices:
         Engine requests (prompts x ``n``) one request may ask for (``None``: no limit).
+    reasoning_format:
+        The reasoning span of the model's replies (``EngineConfig.reasoning_parser``, else read
+        from the chat template), or None.
+    strict_thinking:
+        The default of ``strict_thinking`` (``EngineConfig.strict_thinking``).
     """
 
     tokenizer: Any
@@ -50,19 +56,26 @@ class ModelContext:
     token_texts: TokenTexts
     max_prompt_chars: int | None = None
     max_choices: int | None = None
+    reasoning_format: ReasoningFormat | None = None
+    strict_thinking: bool = False
 
     @classmethod
     def create(cls, tokenizer: Any, compiler: GrammarCompiler | None, *, max_model_len: int,
                max_n: int, model_name: str,
                tool_call_format: str = EngineConfig.tool_call_format,
                max_prompt_chars: int | None = None,
-               max_choices: int | None = None) -> ModelContext:
+               max_choices: int | None = None,
+               reasoning_parser: str | None = EngineConfig.reasoning_parser,
+               strict_thinking: bool = EngineConfig.strict_thinking) -> ModelContext:
         """A context for ``tokenizer`` (its token texts built once; ``max_prompt_chars``
         derived from the context when not given)."""
         if max_prompt_chars is None and tokenizer is not None:
             max_prompt_chars = prompt_char_bound(tokenizer, max_model_len)
+        template = getattr(tokenizer, "chat_template", None)
+        reasoning = resolve(reasoning_parser, template if isinstance(template, str) else None)
         return cls(tokenizer, compiler, max_model_len, max_n, model_name, tool_call_format,
-                   TokenTexts(tokenizer), max_prompt_chars, max_choices)
+                   TokenTexts(tokenizer), max_prompt_chars, max_choices, reasoning,
+                   strict_thinking)
 
     @property
     def vocab_size(self) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from grammarserve.engine.request import RequestOutput
 from grammarserve.errors import ErrorKind, GrammarError, InvalidRequestError, RequestFailedError
@@ -20,6 +21,7 @@ from grammarserve.openai.bodies import new_id
 from grammarserve.openai.context import ModelContext
 from grammarserve.openai.limits import check_choices, check_prompt_chars, prompt_texts, text_chars
 from grammarserve.openai.protocol import ChatCompletionRequest, CompletionRequest, RequestBody
+from grammarserve.openai.reasoning import ReasoningPlan, reasoning_ask, reasoning_plan
 from grammarserve.openai.render import content_text, render_chat
 from grammarserve.openai.translate import (
     ConstraintPlan,
@@ -61,6 +63,8 @@ class Prepared:
     rename: Callable[[str | None], str | None] | None = None
     #: The request as the client sent it, when it was translated (a Responses request).
     source: RequestBody | None = None
+    #: How the replies' reasoning span is enforced and split (None: no span).
+    reasoning: ReasoningPlan | None = None
 
     @property
     def chat(self) -> bool:
@@ -124,17 +128,18 @@ def _front_end(ctx: ModelContext, plan: ConstraintPlan | None
     return replace(plan, constraint=replace(plan.constraint, prepared=spec)), None
 
 
-def chat_prompt(ctx: ModelContext, req: ChatCompletionRequest, tools: ToolsPlan | None
-                ) -> list[int]:
-    """The token ids of a chat request's prompt (messages and tools through the template)."""
-    text = render_chat(ctx.tokenizer, req.messages,
+def chat_prompt(ctx: ModelContext, req: ChatCompletionRequest, tools: ToolsPlan | None,
+                template_kwargs: dict[str, Any] | None = None) -> str:
+    """The text of a chat request's prompt (messages and tools through the template, with
+    ``template_kwargs``)."""
+    return render_chat(ctx.tokenizer, req.messages,
                        tools=tools.tools if tools else None,
                        tool_choice=tools.choice if tools else "auto",
                        parallel=tools.parallel if tools else True,
                        tool_format=tools.format if tools else "hermes",
                        customs=tools.customs if tools else (),
-                       custom=tools.custom if tools else None)
-    return list(ctx.tokenizer.encode(text, add_special_tokens=False))
+                       custom=tools.custom if tools else None,
+                       template_kwargs=template_kwargs)
 
 
 def prepare_chat(ctx: ModelContext, req: ChatCompletionRequest) -> Prepared:
@@ -146,7 +151,9 @@ def prepare_chat(ctx: ModelContext, req: ChatCompletionRequest) -> Prepared:
     check_chat_logprobs(req)
     tools = tools_plan(req, ctx.tool_call_format)
     plan, refusal = _front_end(ctx, constraint_plan(req, tools))
-    prompt = chat_prompt(ctx, req, tools)
+    ask = reasoning_ask(req, ctx.reasoning_format, ctx.strict_thinking)
+    text = chat_prompt(ctx, req, tools, ask.template_kwargs)
+    prompt = list(ctx.tokenizer.encode(text, add_special_tokens=False))
     check_json_mode(req, [content_text(m.content, f"messages[{i}]")
                           for i, m in enumerate(req.messages)])
     requested = req.max_completion_tokens or req.max_tokens
@@ -154,7 +161,15 @@ def prepare_chat(ctx: ModelContext, req: ChatCompletionRequest) -> Prepared:
     n = req.n or 1
     params = sampling_params(req, max_tokens=max_tokens, plan=plan, n=n,
                              vocab_size=ctx.vocab_size)
-    return Prepared(new_id("chatcmpl"), req, [prompt] * n, params, plan, tools, [], refusal)
+    reasoning = reasoning_plan(ctx.reasoning_format, ask, text,
+                               plan.constraint if plan is not None else None)
+    if reasoning is not None:
+        keep = reasoning.format.special_markers  # NOTE: else decoding drops the markers
+        params = [replace(p, reasoning=reasoning.span,
+                          skip_special_tokens=p.skip_special_tokens and not keep)
+                  for p in params]
+    return Prepared(new_id("chatcmpl"), req, [prompt] * n, params, plan, tools, [], refusal,
+                    reasoning=reasoning)
 
 
 def prepare_completion(ctx: ModelContext, req: CompletionRequest) -> Prepared:

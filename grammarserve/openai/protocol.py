@@ -228,6 +228,10 @@ class StreamOptions(RequestBody):
     include_usage: bool | None = None
 
 
+#: ``reasoning_effort``'s values (the OpenAI SDK's ``ReasoningEffort``).
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]
+
+
 class _Generation(RequestBody):
     """Fields shared by chat and completions (OpenAI sampling plus grammarserve extensions)."""
 
@@ -278,6 +282,20 @@ class ChatCompletionRequest(_Generation):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     max_tokens: int | None = Field(default=None, ge=1)
+    # reasoning (grammarserve.openai.reasoning; vLLM's and SGLang's names)
+    reasoning_effort: ReasoningEffort | None = None
+    thinking_token_budget: int | None = Field(
+        default=None, ge=0, le=2**31 - 1,
+        description="vLLM's name: reasoning tokens before the span is closed")
+    thinking_budget: int | None = Field(default=None, ge=0, le=2**31 - 1,
+                                        description="the same, SGLang's and Qwen's name")
+    strict_thinking: bool | None = Field(
+        default=None, description="no stop token and no tool-call marker inside the "
+        "reasoning span (unset: the server's --strict-thinking)")
+    include_reasoning: bool | None = None
+    separate_reasoning: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        default=None, description="more arguments for the chat template (enable_thinking, ...)")
 
 
 class CompletionRequest(_Generation):

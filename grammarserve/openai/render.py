@@ -201,16 +201,18 @@ def render_chat(tokenizer: Any, messages: list[ChatMessage], *,
                 tools: list[dict[str, Any]] | None = None, tool_choice: Any = "auto",
                 parallel: bool = True, add_generation_prompt: bool = True,
                 tool_format: str = "hermes", customs: Sequence[CustomToolSpec] = (),
-                custom: CustomToolSpec | None = None) -> str:
+                custom: CustomToolSpec | None = None,
+                template_kwargs: dict[str, Any] | None = None) -> str:
     """Prompt text for ``messages``; ``tools`` (function tools, OpenAI format) are shown to the
     model unless None, with the call format ``tool_format`` (``"hermes"`` or ``"json_array"``),
     and the custom tools ``customs``; with ``custom``, the reply is that custom tool's input
-    (described in the built-in block, as a template's tools block asks for function calls)."""
+    (described in the built-in block, as a template's tools block asks for function calls).
+    ``template_kwargs`` (``chat_template_kwargs``: ``enable_thinking``, ...) go to the template."""
     if not getattr(tokenizer, "chat_template", None):
         raise InvalidRequestError("this model has no chat template; use /v1/completions with a "
                                   "formatted prompt", param="messages")
     msgs = openai_messages(messages)
-    kwargs: dict[str, Any] = {}
+    kwargs: dict[str, Any] = dict(template_kwargs or {})
     if template_supports_tools(tokenizer) and custom is None:
         if tools:
             kwargs["tools"] = tools

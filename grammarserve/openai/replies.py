@@ -12,6 +12,7 @@ from grammarserve.openai import bodies as B
 from grammarserve.openai.context import ModelContext
 from grammarserve.openai.prepare import Prepared
 from grammarserve.openai.protocol import ChatCompletionRequest, CompletionRequest
+from grammarserve.openai.reasoning_split import ReasoningSplitter, reasoning_tokens, split
 from grammarserve.openai.toolparse import ContentDelta, Event, ParsedCall
 
 #: Receives a reply's usage once it is known (the server counts tokens in its metrics).
@@ -28,7 +29,7 @@ def completion_body(ctx: ModelContext, prep: Prepared, outs: list[RequestOutput]
         prep.check_output(out)
     if prep.chat:
         choices = [_chat_choice(ctx, prep, i, o) for i, o in enumerate(outs)]
-        return B.chat_completion(prep.id, ctx.model_name, choices, B.final_usage(outs))
+        return B.chat_completion(prep.id, ctx.model_name, choices, chat_usage(ctx, prep, outs))
     req = prep.req
     assert isinstance(req, CompletionRequest)
     n = prep.n
@@ -42,16 +43,48 @@ def completion_body(ctx: ModelContext, prep: Prepared, outs: list[RequestOutput]
                         B.final_usage(outs, num_prompts=len(outs) // n))
 
 
+def reply_parts(prep: Prepared, text: str) -> tuple[str | None, str]:
+    """``(reasoning or None, content)`` of a reply's text (all content without a span)."""
+    if prep.reasoning is None:
+        return None, text
+    reasoning, content, _ = split(prep.reasoning.format, text, opened=prep.reasoning.opened)
+    return reasoning, content
+
+
+def chat_usage(ctx: ModelContext, prep: Prepared, outs: list[RequestOutput]) -> dict[str, Any]:
+    """The usage of a chat reply, its reasoning tokens counted."""
+    usage = B.final_usage(outs)
+    plan = prep.reasoning
+    if plan is not None:
+        usage["completion_tokens_details"]["reasoning_tokens"] = sum(
+            reasoning_tokens(ctx.token_texts, o.token_ids, o.text,
+                             split(plan.format, o.text, opened=plan.opened)[2]) for o in outs)
+    return usage
+
+
+def _with_reasoning(prep: Prepared, message: dict[str, Any], reasoning: str | None
+                    ) -> dict[str, Any]:
+    """``message`` with ``reasoning_content`` (DeepSeek's, SGLang's and older vLLM's name) and
+    ``reasoning`` (vLLM's now), when the reply's reasoning is shown."""
+    if prep.reasoning is not None and prep.reasoning.include:
+        message["reasoning_content"] = message["reasoning"] = reasoning or None
+    return message
+
+
 def _chat_choice(ctx: ModelContext, prep: Prepared, i: int, out: RequestOutput
                  ) -> dict[str, Any]:
-    content: str | None = out.text
+    reasoning, text = reply_parts(prep, out.text)
+    content: str | None = text
     calls: list[ParsedCall] = []
     if prep.tools is not None:
-        content, calls = prep.tools.parse(out.text)
+        content, calls = prep.tools.parse(text)
     lps = None
     if getattr(prep.req, "logprobs", None):
         lps = ctx.token_texts.chat_logprobs(out.token_ids, out.logprobs, out.top_logprobs)
-    return B.chat_choice(i, content, calls, B.finish_reason(out.finish_reason, bool(calls)), lps)
+    choice = B.chat_choice(i, content, calls, B.finish_reason(out.finish_reason, bool(calls)),
+                           lps)
+    _with_reasoning(prep, choice["message"], reasoning)
+    return choice
 
 
 def _completion_logprobs(ctx: ModelContext, req: CompletionRequest, out: RequestOutput,
@@ -87,6 +120,9 @@ async def _chat_chunks(ctx: ModelContext, prep: Prepared, outputs: Outputs,
     maker = B.ChunkMaker(prep.id, ctx.model_name, chat=True, include_usage=include_usage)
     n = len(prep.prompts)
     parsers = [tools.parser() if tools is not None else None for _ in range(n)]
+    plan = prep.reasoning
+    splitters = [ReasoningSplitter(plan.format, opened=plan.opened) if plan is not None else None
+                 for _ in range(n)]
     sent = [0] * n  # tokens whose logprobs were sent
     finals: dict[int, RequestOutput] = {}
     first = {"role": "assistant", "content": None if tools is not None else "", "refusal": None}
@@ -95,16 +131,27 @@ async def _chat_chunks(ctx: ModelContext, prep: Prepared, outputs: Outputs,
     texts = ctx.token_texts
     async with aclosing(outputs) as it:  # type: ignore[type-var]
         async for i, out in it:
-            parser = parsers[i]
+            parser, splitter = parsers[i], splitters[i]
+            thought, delta = "", out.delta_text
+            if splitter is not None:
+                thought, delta = splitter.feed(delta)
+                if out.finished:
+                    more = splitter.finish()
+                    thought, delta = thought + more[0], delta + more[1]
             if parser is None:
-                events: list[Event] = [ContentDelta(out.delta_text)] if out.delta_text else []
+                events: list[Event] = [ContentDelta(delta)] if delta else []
             else:
-                events = parser.feed(out.delta_text) + (parser.finish() if out.finished else [])
+                events = parser.feed(delta) + (parser.finish() if out.finished else [])
+            shown = _with_reasoning(prep, {}, thought) if thought else {}
             lps = None
-            if req.logprobs and len(out.token_ids) > sent[i] and (events or out.finished):
+            if req.logprobs and len(out.token_ids) > sent[i] and (
+                    events or shown or out.finished):
                 lps = texts.chat_logprobs(out.token_ids[sent[i]:], out.logprobs[sent[i]:],
                                           out.top_logprobs[sent[i]:])
                 sent[i] = len(out.token_ids)
+            if shown:
+                yield maker.delta(i, shown, logprobs=lps)
+                lps = None  # NOTE: sent with the reasoning
             for k, ev in enumerate(events):
                 yield maker.delta(i, _event_delta(ev), logprobs=lps if k == 0 else None)
             if out.finished:
@@ -112,7 +159,7 @@ async def _chat_chunks(ctx: ModelContext, prep: Prepared, outputs: Outputs,
                 calls = bool(parser is not None and parser.calls)
                 yield maker.delta(i, {}, reason=B.finish_reason(out.finish_reason, calls),
                                   logprobs=lps if not events else None)
-    usage = B.final_usage([finals[i] for i in range(n)])
+    usage = chat_usage(ctx, prep, [finals[i] for i in range(n)])
     if on_usage is not None:
         on_usage(usage)
     if include_usage:

@@ -14,11 +14,11 @@ from typing import Any
 
 from grammarserve.engine.request import RequestOutput
 from grammarserve.errors import GrammarserveError
-from grammarserve.openai import bodies as B
 from grammarserve.openai.context import ModelContext
 from grammarserve.openai.errors import error_response
 from grammarserve.openai.prepare import Prepared
-from grammarserve.openai.replies import OnUsage, Outputs
+from grammarserve.openai.reasoning_split import ReasoningSplitter
+from grammarserve.openai.replies import OnUsage, Outputs, chat_usage, reply_parts
 from grammarserve.openai.responses_request import ResponsesRequest
 from grammarserve.openai.toolparse import (
     ContentDelta,
@@ -34,15 +34,16 @@ def _item_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-def usage(chat_usage: dict[str, Any]) -> dict[str, Any]:
+def usage(totals: dict[str, Any]) -> dict[str, Any]:
     """A chat ``usage`` in the Responses shape (input / output tokens)."""
-    return {"input_tokens": chat_usage["prompt_tokens"],
+    return {"input_tokens": totals["prompt_tokens"],
             "input_tokens_details": {
-                "cached_tokens": chat_usage["prompt_tokens_details"]["cached_tokens"],
+                "cached_tokens": totals["prompt_tokens_details"]["cached_tokens"],
                 "cache_write_tokens": 0},
-            "output_tokens": chat_usage["completion_tokens"],
-            "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": chat_usage["total_tokens"]}
+            "output_tokens": totals["completion_tokens"],
+            "output_tokens_details": {"reasoning_tokens": totals[
+                "completion_tokens_details"]["reasoning_tokens"]},
+            "total_tokens": totals["total_tokens"]}
 
 
 def response_object(ctx: ModelContext, req: ResponsesRequest, prep: Prepared, *, status: str,
@@ -62,7 +63,9 @@ def response_object(ctx: ModelContext, req: ResponsesRequest, prep: Prepared, *,
         "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
         "max_tool_calls": None, "model": ctx.model_name, "output": output,
         "parallel_tool_calls": req.parallel_tool_calls is not False,
-        "previous_response_id": None, "reasoning": {"effort": None, "summary": None},
+        "previous_response_id": None,
+        "reasoning": {"effort": req.reasoning.effort if req.reasoning is not None else None,
+                      "summary": None},
         "store": False,
         "temperature": 1.0 if req.temperature is None else req.temperature,
         "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True) if fmt is not None
@@ -77,6 +80,16 @@ def response_object(ctx: ModelContext, req: ResponsesRequest, prep: Prepared, *,
 def _message(item_id: str, text: str, status: str) -> dict[str, Any]:
     return {"id": item_id, "type": "message", "role": "assistant", "status": status,
             "content": [_text_part(text)]}
+
+
+def _reasoning_item(item_id: str, text: str, status: str) -> dict[str, Any]:
+    """A ``reasoning`` item: the span's text as its one ``reasoning_text`` part (no summary)."""
+    return {"id": item_id, "type": "reasoning", "summary": [],
+            "content": [_reasoning_part(text)], "encrypted_content": None, "status": status}
+
+
+def _reasoning_part(text: str) -> dict[str, Any]:
+    return {"type": "reasoning_text", "text": text}
 
 
 def _text_part(text: str) -> dict[str, Any]:
@@ -113,17 +126,21 @@ def response_body(ctx: ModelContext, req: ResponsesRequest, prep: Prepared,
                   out: RequestOutput, created_at: int) -> dict[str, Any]:
     """The ``response`` of a finished request (raises the typed error of a failed one)."""
     prep.check_output(out)
-    content: str | None = out.text
+    reasoning, text = reply_parts(prep, out.text)
+    content: str | None = text
     calls: list[ParsedCall] = []
     if prep.tools is not None:
-        content, calls = prep.tools.parse(out.text)
+        content, calls = prep.tools.parse(text)
     status = _status(out)
     output = []
+    if reasoning and prep.reasoning is not None and prep.reasoning.include:
+        cut = status if not (content or calls) else "completed"
+        output.append(_reasoning_item(_item_id("rs"), reasoning, cut))
     if (content and content.strip()) or not calls:
         output.append(_message(_item_id("msg"), content or "", status))
     output += [_call_item(c, status) for c in calls]
     return response_object(ctx, req, prep, status=status, output=output, created_at=created_at,
-                           usage_=usage(B.final_usage([out])))
+                           usage_=usage(chat_usage(ctx, prep, [out])))
 
 
 class _EventStream:
@@ -144,8 +161,8 @@ class _EventStream:
         self.open = item
         self.output.append(item)
         return [self.event("response.output_item.added", output_index=len(self.output) - 1,
-                           item=dict(item, content=[]) if item["type"] == "message" else
-                           dict(item))]
+                           item=dict(item, content=[]) if item["type"] in (
+                               "message", "reasoning") else dict(item))]
 
     def text(self, delta: str, *, force: bool = False) -> list[dict[str, Any]]:
         """Text of the reply; opens a message item at its first non-blank text (``force``:
@@ -166,6 +183,23 @@ class _EventStream:
             events.append(self.event("response.output_text.delta", item_id=item["id"],
                                      output_index=len(self.output) - 1, content_index=0,
                                      delta=delta, logprobs=[]))
+        return events
+
+    def reasoning(self, delta: str) -> list[dict[str, Any]]:
+        """Text of the reasoning span (a ``reasoning`` item, opened at its first text)."""
+        events: list[dict[str, Any]] = []
+        if self.open is None or self.open["type"] != "reasoning":
+            events += self.close()
+            events += self.add(_reasoning_item(_item_id("rs"), "", "in_progress"))
+            events.append(self.event("response.content_part.added", item_id=self.output[-1]["id"],
+                                     output_index=len(self.output) - 1, content_index=0,
+                                     part=_reasoning_part("")))
+        item = self.open
+        assert item is not None
+        item["content"][0]["text"] += delta
+        events.append(self.event("response.reasoning_text.delta", item_id=item["id"],
+                                 output_index=len(self.output) - 1, content_index=0,
+                                 delta=delta))
         return events
 
     def _part_event(self, type_: str, item: dict[str, Any] | None, text: str
@@ -198,7 +232,14 @@ class _EventStream:
             return []
         index = len(self.output) - 1
         item["status"] = status
-        if item["type"] == "message":
+        if item["type"] == "reasoning":
+            text = item["content"][0]["text"]
+            events = [self.event("response.reasoning_text.done", item_id=item["id"],
+                                 output_index=index, content_index=0, text=text),
+                      self.event("response.content_part.done", item_id=item["id"],
+                                 output_index=index, content_index=0,
+                                 part=_reasoning_part(text))]
+        elif item["type"] == "message":
             text = item["content"][0]["text"]
             events = [self.event("response.output_text.done", item_id=item["id"],
                                  output_index=index, content_index=0, text=text, logprobs=[]),
@@ -234,15 +275,25 @@ async def response_events(ctx: ModelContext, req: ResponsesRequest, prep: Prepar
     yield s.event("response.created", response=start)
     yield s.event("response.in_progress", response=start)
     parser = prep.tools.parser() if prep.tools is not None else None
+    plan = prep.reasoning
+    splitter = ReasoningSplitter(plan.format, opened=plan.opened) if plan is not None else None
     final: RequestOutput | None = None
     try:
         async with aclosing(outputs) as it:  # type: ignore[type-var]
             async for _, out in it:
+                thought, delta = "", out.delta_text
+                if splitter is not None:
+                    thought, delta = splitter.feed(delta)
+                    if out.finished:
+                        more = splitter.finish()
+                        thought, delta = thought + more[0], delta + more[1]
+                if thought and plan is not None and plan.include:
+                    for item in s.reasoning(thought):
+                        yield item
                 if parser is None:
-                    events: list[Event] = [ContentDelta(out.delta_text)] if out.delta_text else []
+                    events: list[Event] = [ContentDelta(delta)] if delta else []
                 else:
-                    events = parser.feed(out.delta_text) + (
-                        parser.finish() if out.finished else [])
+                    events = parser.feed(delta) + (parser.finish() if out.finished else [])
                 for ev in events:
                     for item in _apply(s, ev):
                         yield item
@@ -262,17 +313,22 @@ async def response_events(ctx: ModelContext, req: ResponsesRequest, prep: Prepar
         return
     assert final is not None
     status = _status(final)
-    if not s.output:  # a blank reply is one message, as when not streamed
+    if all(item["type"] == "reasoning" for item in s.output):
+        # NOTE: a blank reply is one message, as when not streamed (after its reasoning)
+        if s.open is not None:
+            for e in s.close(status):
+                yield e
         for e in s.text("", force=True):
             yield e
-    # NOTE: as not streamed: a message or a custom call cut short is incomplete
-    cut = s.open is not None and s.open["type"] in ("message", "custom_tool_call")
+    # NOTE: as not streamed: a message, a custom call or a reasoning item cut short is
+    # incomplete
+    cut = s.open is not None and s.open["type"] in ("message", "custom_tool_call", "reasoning")
     for e in s.close(status if cut else "completed"):
         yield e
-    chat_usage = B.final_usage([final])
+    totals = chat_usage(ctx, prep, [final])
     if on_usage is not None:
-        on_usage(chat_usage)
+        on_usage(totals)
     done = response_object(ctx, req, prep, status=status, output=s.output, created_at=created,
-                           usage_=usage(chat_usage))
+                           usage_=usage(totals))
     yield s.event("response.completed" if status == "completed" else "response.incomplete",
                   response=done)

@@ -20,7 +20,7 @@ from grammarserve.openai.bodies import new_id
 from grammarserve.openai.context import ModelContext
 from grammarserve.openai.errors import validation_error
 from grammarserve.openai.prepare import Prepared, prepare_chat
-from grammarserve.openai.protocol import ChatCompletionRequest, RequestBody
+from grammarserve.openai.protocol import ChatCompletionRequest, ReasoningEffort, RequestBody
 
 
 class ResponsesFunctionTool(RequestBody):
@@ -89,6 +89,15 @@ class ResponsesText(RequestBody):
     format: ResponsesTextFormat | None = None
 
 
+class ResponsesReasoning(RequestBody):
+    """``reasoning``: its ``effort`` becomes the chat ``reasoning_effort`` (a thinking budget,
+    ``grammarserve.openai.reasoning``); ``summary`` is accepted (no summaries are written: the
+    reasoning item carries the span's text)."""
+
+    effort: ReasoningEffort | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+
+
 class ResponsesRequest(RequestBody):
     """The body of ``POST /v1/responses`` (the fields grammarserve honours; unknown fields are
     accepted and ignored, stateful ones refused)."""
@@ -112,6 +121,12 @@ class ResponsesRequest(RequestBody):
     # grammarserve extensions, as in chat
     seed: int | None = Field(default=None, ge=-(2**63), le=2**63 - 1)
     cache_namespace: str | None = None
+    reasoning: ResponsesReasoning | None = None
+    # reasoning extensions, as in chat (vLLM's and SGLang's names)
+    thinking_token_budget: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    thinking_budget: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    strict_thinking: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 #: Fields of other routes (or stateful ones) that would change the reply; refused with a pointer.
@@ -131,6 +146,7 @@ _PARAMS = [
     (re.compile(r"^response_format(\.json_schema)?(\.schema)?"), "text.format"),
     (re.compile(r"^messages"), "input"),
     (re.compile(r"^max_completion_tokens"), "max_output_tokens"),
+    (re.compile(r"^reasoning_effort"), "reasoning.effort"),
     (re.compile(r"^(tools\[\d+\])\.function"), r"\1"),
     (re.compile(r"^(tools\[\d+\])\.custom\.format\.grammar"), r"\1.format"),
     (re.compile(r"^(tools\[\d+\])\.custom"), r"\1"),
@@ -289,7 +305,11 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
         "tool_choice": _tool_choice(req), "parallel_tool_calls": req.parallel_tool_calls,
         "max_completion_tokens": req.max_output_tokens, "temperature": req.temperature,
         "top_p": req.top_p, "user": req.user, "seed": req.seed,
-        "cache_namespace": req.cache_namespace, "stream": bool(req.stream)}
+        "cache_namespace": req.cache_namespace, "stream": bool(req.stream),
+        "reasoning_effort": req.reasoning.effort if req.reasoning is not None else None,
+        "thinking_token_budget": req.thinking_token_budget,
+        "thinking_budget": req.thinking_budget, "strict_thinking": req.strict_thinking,
+        "chat_template_kwargs": req.chat_template_kwargs}
     if req.tools is not None:
         body["tools"] = [_chat_tool(t) for t in req.tools]
     try:

@@ -139,6 +139,8 @@ class ServerState:
         self.context = ModelContext.create(
             tokenizer, compiler, max_model_len=self.max_model_len, max_n=self.config.max_n,
             model_name=self.model_name, tool_call_format=self.config.engine.tool_call_format,
+            reasoning_parser=self.config.engine.reasoning_parser,
+            strict_thinking=self.config.engine.strict_thinking,
             max_prompt_chars=self.config.max_prompt_chars,
             max_choices=self.config.request_choices_limit)
         self.status = "ready"
