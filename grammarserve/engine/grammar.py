@@ -253,7 +253,9 @@ class GrammarRunner:
         if m is None or not (self.jump_forward and req.params.jump_forward):
             return [], 0
         span = m.forced_tokens() if self._spans_for(req) else []
-        if self.spans is not None and span:
+        # NOTE: a reasoning span's forced markers are taken as the matcher tokenized them
+        marker = isinstance(m, ReasoningMatcher) and m.forcing
+        if self.spans is not None and span and not marker:
             span = self.spans.canonical(req.output_ids, span)
         for i, tok in enumerate(span):
             ok = m.accept_token(tok)
