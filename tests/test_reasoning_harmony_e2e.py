@@ -36,7 +36,7 @@ def test_the_analysis_channel_then_the_final_json(tmp_path: Path) -> None:
             extra_body={"thinking_token_budget": 16})
     message = r.choices[0].message
     assert r.choices[0].finish_reason == "stop"
-    reasoning = getattr(message, "reasoning_content")
+    reasoning = message.reasoning_content
     assert reasoning and "<|channel|>" not in reasoning and "<|end|>" not in reasoning
     jsonschema.validate(json.loads(message.content), SCHEMA)
     assert r.usage.completion_tokens_details.reasoning_tokens >= 16

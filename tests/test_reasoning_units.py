@@ -61,13 +61,13 @@ def test_prompt_state(fmt: Any, prompt: str, state: PromptState) -> None:
 REPLIES = [
     (QWEN3, False, "<think>\nLet me see: {\"a\" is 1}.\n</think>\n\n{\"a\": 1}",
      "Let me see: {\"a\" is 1}.", "{\"a\": 1}"),
-    (QWEN3, True, "I reason here </thi and go on.\n</think>\n\nYes.", "I reason here </thi and "
-     "go on.", "Yes."),
+    (QWEN3, True, "I reason here </thi and go on.\n</think>\n\nYes.",
+     "I reason here </thi and go on.", "Yes."),
     (QWEN3, False, "No thinking at all.", None, "No thinking at all."),
     (QWEN3, False, "<think>\ncut off by max_tokens", "cut off by max_tokens", ""),
     (QWEN3, False, "<think>\nx\n</think>\nonly one newline", "x", "only one newline"),
-    (GPT_OSS, False, "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant"
-     "<|channel|>final<|message|>{\"k\": []}", "Think.", "{\"k\": []}"),
+    (GPT_OSS, False, ("<|channel|>analysis<|message|>Think.<|end|><|start|>assistant"
+                      "<|channel|>final<|message|>{\"k\": []}"), "Think.", "{\"k\": []}"),
     (MISTRAL, False, "[THINK]short[/THINK]Answer.", "short", "Answer."),
 ]
 
