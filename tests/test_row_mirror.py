@@ -147,3 +147,62 @@ def test_a_tight_budget_grows_by_what_fits_not_by_one_tile() -> None:
         assert _step(mirror, table, {0: 0, 1: 1}, lens) is not None
     assert (mirror.reallocations, mirror.capacity) == (grown + 1, 160)  # not 128, 144, 160
     _check(mirror, table, 0, 0, lens[0])
+
+
+def _check_pool(mirror: RowMirror, pool: KVPool, table: ReqToTokenPool, mrow: int, trow: int,
+                n: int) -> None:
+    """Mirror row ``mrow`` holds exactly the pool's K/V at table row ``trow``'s first n slots."""
+    slots = table.table[trow, :n]
+    for layer in range(LAYERS):
+        assert torch.equal(untile_keys(mirror.k[layer])[mrow, :, :n],
+                           pool.k[layer][slots].transpose(0, 1))
+        assert torch.equal(mirror.v[layer][mrow, :, :n], pool.v[layer][slots].transpose(0, 1))
+
+
+def test_a_new_sequence_behind_a_finished_ones_prefix_gathers_only_the_rest() -> None:
+    pool, table, mirror = _setup()
+    _add(pool, table, 0, 100)
+    lens = {1: 90}
+    for _ in range(3):
+        _step(mirror, table, {1: 0}, lens)
+    # 1 finished; 2 shares its first 80 slots (the prefix cache), then slots of its own
+    table.write(1, 0, table.table[0, :80].clone())
+    table.write(1, 80, pool.alloc(30))
+    gathered = mirror.gathered_positions
+    rows = _step(mirror, table, {2: 1}, {2: 95})
+    assert rows == [0] and mirror.reused_positions == 80
+    assert mirror.gathered_positions == gathered + 15  # positions 80 .. 95 only
+    _check_pool(mirror, pool, table, 0, 1, 96)
+    _check(mirror, table, 0, 1, 96)
+
+
+def test_reallocated_slots_are_gathered_again_not_reused() -> None:
+    pool, table, mirror = _setup()
+    _add(pool, table, 0, 100)
+    _step(mirror, table, {1: 0}, {1: 90})
+    prefix = table.table[0, :80].clone()
+    rest = pool.alloc(pool.num_free)  # so that the next alloc hands out the slots freed now
+    pool.free(prefix[70:].clone())
+    again = pool.alloc(10)
+    assert torch.equal(again, prefix[70:])
+    for layer in range(LAYERS):  # the new owner's K/V in those slots
+        pool.k[layer][again] = 7.0 + layer
+        pool.v[layer][again] = -7.0 - layer
+    pool.free(rest[:40].clone())
+    table.write(1, 0, prefix)
+    table.write(1, 80, pool.alloc(20))
+    rows = _step(mirror, table, {2: 1}, {2: 85})
+    assert rows == [0] and mirror.reused_positions == 70  # up to the first reallocated slot
+    _check_pool(mirror, pool, table, 0, 1, 86)
+
+
+def test_a_row_of_another_prefix_is_not_taken_for_reuse() -> None:
+    pool, table, mirror = _setup()
+    for r in range(3):
+        _add(pool, table, r, 100)
+    lens = {1: 90, 2: 90}
+    _step(mirror, table, {1: 0, 2: 1}, lens)
+    table.write(2, 0, table.table[1, :70].clone())  # 3 shares 2's prefix, not 1's
+    rows = _step(mirror, table, {3: 2}, {3: 75})
+    assert rows == [1] and mirror.reused_positions == 70
+    _check_pool(mirror, pool, table, 1, 2, 76)

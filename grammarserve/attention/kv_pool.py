@@ -34,6 +34,12 @@ class KVPool:
         self.k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
         self._free = torch.arange(1, capacity + 1, dtype=torch.int64, device=self.device)
+        # Per slot, the serial number of the alloc() that last handed it out (0: never): a
+        # slot's K/V is written once after its alloc and read-only until it is freed, so a copy
+        # made while the slot had stamp t is still the slot's K/V while its stamp is t
+        # (``RowMirror`` reuses a finished row's copy of a prefix that way).
+        self.stamp = torch.zeros(capacity + 1, dtype=torch.int64, device=self.device)
+        self._serial = 0
 
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int,
@@ -51,6 +57,9 @@ class KVPool:
         if n > self.num_free:
             raise OutOfMemoryError(f"KV pool has {self.num_free} free slots, {n} requested")
         out, self._free = self._free[:n], self._free[n:]
+        if n:
+            self._serial += 1
+            self.stamp[out] = self._serial
         return out
 
     def free(self, slots: torch.Tensor) -> None:
