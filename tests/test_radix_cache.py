@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from grammarserve.attention.kv_pool import KVPool
-from grammarserve.engine.radix_cache import RadixCache
+from grammarserve.engine.radix_cache import RadixCache, _common_len
 
 CAPACITY = 64
 
@@ -148,3 +148,17 @@ def _path_slots(node: object) -> list[int]:
 
 TestRadixMachine = RadixMachine.TestCase
 TestRadixMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_common_len_of_long_runs_matches_a_token_by_token_scan() -> None:
+    key = list(range(1000))
+    for start in (0, 3):
+        for diff in (0, 1, 255, 256, 257, 511, 700, 999, None):
+            tokens = [-1] * start + key[:900 if diff is None else 1000]
+            if diff is not None:
+                tokens[start + diff] = -7
+            want = 0
+            while (want < min(len(key), len(tokens) - start)
+                   and key[want] == tokens[start + want]):
+                want += 1
+            assert _common_len(key, tokens, start) == want == (900 if diff is None else diff)
