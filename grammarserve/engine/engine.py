@@ -39,6 +39,7 @@ from grammarserve.engine.threads import ThreadTuner
 from grammarserve.errors import ErrorKind, InvalidRequestError
 from grammarserve.fsm.repeats import CallRepeatGuard
 from grammarserve.models.loader import LoadedModel, load_model
+from grammarserve.models.prompt_tokens import encode_prompt
 from grammarserve.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -132,8 +133,7 @@ class Engine:
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use",
                                       param="request_id")
-        ids = self.tokenizer.encode(prompt, add_special_tokens=False) if isinstance(
-            prompt, str) else list(prompt)
+        ids = encode_prompt(self.tokenizer, prompt) if isinstance(prompt, str) else list(prompt)
         self._check_prompt(ids)
         self._check_bias(params)
         if params.dry_multiplier is None:  # NOTE: the engine's default, for constrained replies
