@@ -9,6 +9,10 @@ the name), the tool-call grammar's compile time cold and cached (in this process
 grammar options), and whether each call validates against its tool's schema.
 
     .venv/bin/python benchmarks/bench_many_tools.py --tools 3,30,60
+    .venv/bin/python benchmarks/bench_many_tools.py --tools 3,60 --repeat 5
+    .venv/bin/python benchmarks/make_long_context_model.py /tmp/smollm2-32k-random   # then:
+    .venv/bin/python benchmarks/bench_many_tools.py --model /tmp/smollm2-32k-random \
+        --tools 3,60,160 --repeat 3
 
 Prints one JSON line (git revision, CPU, time).
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -41,6 +46,15 @@ from serverproc import ServerProcess, metrics
 TTFT = "grammarserve_time_to_first_token_seconds_sum"
 QUESTIONS = ("What's the weather in Lisbon right now, in celsius?",
              "Send an e-mail to ana@example.com saying the report is ready.")
+# Further next questions (--repeat): each new after the tool block, so none is cached itself.
+MORE_NEXT = ("Book a table for four at Lumi tomorrow evening, please.",
+             "Track the parcel 1Z999AA10123456784 for me.",
+             "Create a ticket about the broken login page, high priority.",
+             "Convert 12 miles into kilometres.",
+             "Find Italian restaurants near Alfama.",
+             "List my unread e-mails in the inbox.",
+             "Refund payment pay_123 in full, the customer was charged twice.",
+             "Deploy api version 2.1 to staging.")
 
 
 def _ask(client: OpenAI, url: str, tools: list[dict[str, Any]], question: str, namespace: str,
@@ -95,17 +109,37 @@ def _compile_times(tools: list[dict[str, Any]], tokenizer: Any) -> dict[str, flo
     return out
 
 
+def _spread(key: str, asks: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median and range of the server TTFT and the first call delta over repeated asks."""
+    out: dict[str, Any] = {}
+    for what in ("server_ttft", "first_call_delta"):
+        vals = sorted(a[f"{what}_s"] for a in asks)
+        out[f"{key}_{what}_median_s"] = round(statistics.median(vals), 3)
+        out[f"{key}_{what}_range_s"] = [vals[0], vals[-1]]
+    out[f"{key}_valid"] = f"{sum(a['valid'] for a in asks)}/{len(asks)}"
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tools", default="3,30,60", help="comma-separated tool-set sizes")
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--server-arg", action="append", default=[])
+    ap.add_argument("--model", default="default",
+                    help="the server's model (a folder with random weights of a longer context)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="per size, ask the cached request and a new next question this often "
+                         "(medians and ranges reported)")
     args = ap.parse_args()
     sizes = [int(s) for s in args.tools.split(",")]
     rows: dict[str, Any] = {}
-    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_folder("default")))
+    nexts = (QUESTIONS[1], *MORE_NEXT)
+    if args.repeat > len(nexts):
+        ap.error(f"--repeat is at most {len(nexts)}")
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_folder(args.model)))
     with tempfile.TemporaryDirectory() as tmp:
-        server = ServerProcess(Path(tmp) / "server.log", *args.server_arg)
+        server = ServerProcess(Path(tmp) / "server.log", "--model", args.model,
+                               *args.server_arg)
         server.start()
         try:
             client = OpenAI(base_url=server.url + "/v1", api_key="x", max_retries=0)
@@ -113,10 +147,16 @@ def main() -> int:
             for n in sizes:
                 tools, ns = tool_set(n), uuid.uuid4().hex
                 cold = _ask(client, server.url, tools, QUESTIONS[0], ns, args.max_tokens)
-                cached = _ask(client, server.url, tools, QUESTIONS[0], ns, args.max_tokens)
-                nxt = _ask(client, server.url, tools, QUESTIONS[1], ns, args.max_tokens)
-                rows[str(n)] = {"cold": cold, "cached": cached, "next_question": nxt,
+                cached, nxt = [], []
+                for i in range(args.repeat):  # side by side: cached, next, cached, next, ...
+                    cached.append(_ask(client, server.url, tools, QUESTIONS[0], ns,
+                                       args.max_tokens))
+                    nxt.append(_ask(client, server.url, tools, nexts[i], ns, args.max_tokens))
+                rows[str(n)] = {"cold": cold, "cached": cached[0], "next_question": nxt[0],
                                 "grammar_compile": _compile_times(tools, tokenizer)}
+                if args.repeat > 1:
+                    rows[str(n)] |= {"cached_all": cached, "next_question_all": nxt,
+                                     **_spread("cached", cached), **_spread("next", nxt)}
                 print(f"# {n} tools: {rows[str(n)]}", file=sys.stderr)
         finally:
             server.stop()
@@ -126,7 +166,14 @@ def main() -> int:
             if base:
                 row[f"{key}_ttft_vs_smallest"] = round(
                     row[key]["server_ttft_s"] / max(base[key]["server_ttft_s"], 1e-6), 2)
+        for key in ("cached", "next"):
+            for what in ("server_ttft", "first_call_delta"):
+                med = f"{key}_{what}_median_s"
+                if base and med in row:
+                    row[f"{key}_{what}_median_vs_smallest"] = round(
+                        row[med] / max(base[med], 1e-6), 2)
     print(json.dumps({"bench": "many_tools", "git": revision(), "cpu": cpu_name(),
+                      "model": args.model, "repeat": args.repeat,
                       "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "sizes": rows}))
     return 0
 

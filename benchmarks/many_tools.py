@@ -1,7 +1,8 @@
 """A large, realistic tool set for one request (issue 34, item 5): the kinds of tools an agent
-carries (calendar, mail, files, tickets, payments, shipping, databases, ...), each an OpenAI
-function tool with a typed, strict-style JSON schema. ``tool_set(n)`` returns the first ``n``
-(cycling with numbered variants past the table, so any size can be asked for).
+carries (calendar, mail, files, tickets, payments, shipping, databases, devops, CRM, HR,
+travel, smart home, ...), each an OpenAI function tool with a typed, strict-style JSON schema:
+161 distinct tools. ``tool_set(n)`` returns the first ``n`` (cycling with numbered variants past
+the table, so any size can be asked for).
 
 Each line of ``_TABLE`` is ``name | description | params``; params are ``,``-separated
 ``name:type`` with ``?`` for optional, types ``str``, ``int``, ``num``, ``bool``, ``date``
@@ -73,6 +74,107 @@ create_document | Create a document from a title and text. | title:str, text:str
 share_document | Share a document with people. | document_id:str, emails:[str], role:viewer|editor
 get_time | Current time in a time zone. | timezone:str
 lookup_definition | Dictionary definition of a word. | word:str, language:str?
+get_air_quality | Air quality index for a city. | city:str
+get_sunrise_sunset | Sunrise and sunset times for a place and date. | location:str, date:date
+archive_email | Move an e-mail to the archive. | message_id:str
+reply_email | Reply to an e-mail. | message_id:str, body:str, reply_all:bool?
+forward_email | Forward an e-mail to someone. | message_id:str, to:email, note:str?
+add_contact | Add a contact to the address book. | name:str, email:email, phone:str?
+search_contacts | Search the address book. | query:str
+reschedule_event | Move a calendar event to new times. | event_id:str, start:date, end:date
+find_free_slot | Find a free slot shared by attendees. | attendees:[str], duration_minutes:int, before:date?
+add_ticket_comment | Add a comment to a ticket. | ticket_id:str, body:str, internal:bool?
+merge_tickets | Merge duplicate tickets into one. | primary_id:str, duplicate_ids:[str]
+get_ticket_history | The change history of a ticket. | ticket_id:str
+return_order | Start a return for items of an order. | order_id:str, skus:[str], reason:damaged|wrong_item|not_needed
+list_orders | List a customer's orders. | customer_id:str, status:pending|shipped|delivered|cancelled?
+charge_card | Charge a saved card. | customer_id:str, amount:num, currency:USD|EUR|GBP
+list_payments | List payments in a date range. | start:date, end:date, status:succeeded|failed|refunded?
+send_invoice_reminder | Remind a customer of an unpaid invoice. | invoice_id:str, message:str?
+get_account_balance | Balance of a ledger account. | account_id:str, as_of:date?
+transfer_funds | Transfer money between two accounts. | from_account:str, to_account:str, amount:num, memo:str?
+schedule_pickup | Schedule a carrier pickup. | address:str, date:date, parcels:int
+estimate_shipping | Estimate shipping cost and time. | origin_zip:str, destination_zip:str, weight_kg:num
+create_lead | Create a sales lead. | name:str, company:str, email:email, source:web|event|referral|outbound?
+update_deal_stage | Move a deal to another pipeline stage. | deal_id:str, stage:qualified|proposal|negotiation|won|lost
+log_call | Log a call with a contact. | contact_id:str, summary:str, minutes:int
+get_price_history | Price history of a product. | sku:str, days:int
+create_discount | Create a discount code. | code:str, percent:int, expires:date?
+reorder_stock | Place a purchase order with a supplier. | sku:str, quantity:int, supplier_id:str
+explain_query | Show the query plan of a SQL query. | query:str, database:str
+create_table | Create a database table from a column list. | database:str, table:str, columns:[str]
+backup_database | Start a database backup. | database:str, destination:str
+delete_file | Delete a file. | path:str
+move_file | Move or rename a file. | source:str, destination:str
+file_info | Size and modification time of a file. | path:str
+git_log | Recent commits of a branch. | branch:str?, limit:int?
+git_checkout | Switch to a branch. | branch:str, create:bool?
+review_pull_request | Approve or request changes on a pull request. | pr_number:int, decision:approve|request_changes|comment, body:str?
+merge_pull_request | Merge a pull request. | pr_number:int, method:merge|squash|rebase?
+run_linter | Run the linter on a path. | path:str, fix:bool?
+rollback_deploy | Roll a service back to its previous version. | service:str, environment:staging|production
+scale_service | Set the number of replicas of a service. | service:str, replicas:int
+get_logs | Recent log lines of a service. | service:str, level:debug|info|warning|error?, lines:int?
+create_alert | Create a metric alert. | service:str, metric:str, threshold:num, comparison:above|below
+silence_alert | Silence an alert for some hours. | alert_id:str, hours:int, reason:str?
+list_incidents | List open incidents. | severity:low|high|critical?
+restart_pod | Restart a Kubernetes pod. | namespace:str, pod:str
+detect_language | Detect the language of a text. | text:str
+spell_check | Check the spelling of a text. | text:str, language:str?
+extract_entities | Extract people, places and organizations from a text. | text:str
+classify_sentiment | Classify the sentiment of a text. | text:str
+get_news | Latest news headlines on a topic. | topic:str, max_results:int?
+get_crypto_price | Latest price of a cryptocurrency. | symbol:str, currency:USD|EUR?
+get_company_profile | A listed company's profile. | symbol:str
+generate_password | Generate a random password. | length:int, symbols:bool?
+shorten_url | Shorten a URL. | url:str
+create_qr_code | Create a QR code for a text or URL. | content:str, size:int?
+start_timer | Start a countdown timer. | minutes:int, label:str?
+list_tasks | List tasks of a to-do list. | list:str?, done:bool?
+delete_task | Delete a task. | task_id:str
+create_note | Create a note. | title:str, body:str, tags:[str]?
+search_notes | Search notes. | query:str
+get_traffic | Traffic conditions on a route. | origin:str, destination:str
+find_parking | Find parking near a place. | location:str, max_price:num?
+book_taxi | Book a taxi. | pickup:str, destination:str, at:date?
+get_train_times | Train departures between two stations. | origin:str, destination:str, date:date
+book_flight | Book a flight found by search. | flight_id:str, passengers:int, seat_class:economy|premium|business
+cancel_booking | Cancel a travel booking. | booking_id:str
+check_visa | Visa requirements for a trip. | nationality:str, destination_country:str
+get_menu | A restaurant's menu. | restaurant_id:str
+order_food | Order food for delivery. | restaurant_id:str, items:[str], address:str
+update_user_profile | Update a user's profile fields. | user_id:str, display_name:str?, email:email?
+deactivate_user | Deactivate a user account. | user_id:str, reason:str?
+list_users | List users of a team. | team:str, role:admin|member|guest?
+grant_permission | Grant a user a role on a project. | user_id:str, project:str, role:viewer|editor|owner
+remove_from_cart | Remove a product from the cart. | sku:str
+checkout_cart | Check out the cart. | payment_method:card|paypal|invoice, address:str
+list_channels | List chat channels. | include_archived:bool?
+create_channel | Create a chat channel. | name:str, private:bool?, members:[str]?
+send_direct_message | Send a direct message to a user. | user:str, text:str
+upload_file | Upload a local file to shared storage. | path:str, folder:str?
+list_documents | List documents in a folder. | folder:str
+export_document | Export a document to another format. | document_id:str, format:pdf|docx|markdown
+convert_time_zone | Convert a time between time zones. | time:str, from_zone:str, to_zone:str
+get_holidays | Public holidays of a country in a year. | country:str, year:int
+request_time_off | Request days off. | start:date, end:date, kind:vacation|sick|personal, note:str?
+get_payslip | A payslip of a month. | employee_id:str, month:str
+submit_expense | Submit an expense for reimbursement. | amount:num, currency:USD|EUR|GBP, category:travel|meals|equipment|other, receipt_url:str?
+approve_expense | Approve or reject an expense. | expense_id:str, approve:bool, comment:str?
+post_job_opening | Publish a job opening. | title:str, department:str, location:str, remote:bool?
+schedule_interview | Schedule an interview with a candidate. | candidate_id:str, interviewer:str, start:date
+set_thermostat | Set a thermostat's target temperature. | device_id:str, celsius:num
+turn_on_light | Switch a light on or off. | device_id:str, on:bool, brightness:int?
+lock_door | Lock or unlock a smart lock. | device_id:str, locked:bool
+play_music | Play music by artist, album or playlist. | query:str, shuffle:bool?
+create_playlist | Create a playlist. | name:str, tracks:[str]?
+log_workout | Log a workout. | kind:run|ride|swim|strength, minutes:int, distance_km:num?
+find_doctor | Find doctors by specialty near a place. | specialty:str, location:str
+book_appointment | Book an appointment with a provider. | provider_id:str, start:date, reason:str?
+enroll_course | Enroll a student in a course. | student_id:str, course_id:str
+get_grades | A student's grades for a term. | student_id:str, term:str
+search_listings | Search property listings. | city:str, max_price:num?, bedrooms:int?
+schedule_viewing | Schedule a property viewing. | listing_id:str, date:date
 """
 
 _SIMPLE = {"str": {"type": "string"}, "int": {"type": "integer"}, "num": {"type": "number"},
