@@ -63,7 +63,7 @@ class Constraint:
     syntax: str = "lark"  # grammar: "lark" or "ebnf"
     tool_choice: Any = "required"  # tool_calls: "auto" | "required" | {"type": "function", ...}
     parallel_tool_calls: bool = True
-    tool_format: str = "hermes"  # tool_calls: "hermes" | "json_array" (grammarserve.fsm.tools)
+    tool_format: str = "hermes"  # tool_calls: a name of grammarserve.fsm.tool_formats.FORMATS
     #: The grammar layer's validated form of this constraint (a ``GrammarSpec``), when the
     #: caller already made it with a compiler of the same options (the server's, for the
     #: engine process): the engine compiles it without running the front end again.
@@ -107,7 +107,8 @@ class Constraint:
         """A tool-call constraint that allows more than one call (``required`` or ``auto`` with
         parallel calls): the engine's repeated-call stop applies to it."""
         return (self.kind == "tool_calls" and self.parallel_tool_calls
-                and self.tool_choice in ("auto", "required"))
+                and self.tool_choice in ("auto", "required")
+                and self.tool_format in ("hermes", "json_array"))  # the guard's formats
 
     def compile_args(self) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
         """``(kind, args, kwargs)`` for :meth:`GrammarCompiler.compile_async`."""

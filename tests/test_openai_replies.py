@@ -14,9 +14,7 @@ from openai_helpers import CALL, WEATHER, chat_req, engine_outputs
 from grammarserve.engine.request import RequestOutput
 from grammarserve.openai import ModelContext, Prepared, stream_chunks
 from grammarserve.openai.bodies import final_usage
-from grammarserve.openai.toolparse import (
-    parse_tool_calls,
-)
+from grammarserve.openai.toolparse_array import parse_tool_calls
 from grammarserve.openai.translate import (
     ToolsPlan,
 )

@@ -8,13 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openai_helpers import CALL
 
-from grammarserve.openai.toolparse import (
-    ContentDelta,
-    ToolCallArgs,
-    ToolCallParser,
-    ToolCallStart,
-    parse_tool_calls,
-)
+from grammarserve.openai.toolparse import ContentDelta, ToolCallArgs, ToolCallStart
+from grammarserve.openai.toolparse_array import ToolCallParser, parse_tool_calls
 
 # -- tool-call parsing -----------------------------------------------------------------------
 TEXTS = [

@@ -20,7 +20,10 @@ not end a call.
 
 from __future__ import annotations
 
-from grammarserve.fsm.tools import END, FORMATS, TRIGGER
+from grammarserve.fsm.tools import END, TRIGGER
+
+#: The formats the guard reads (the others run without it).
+FORMATS = ("hermes", "json_array")
 
 
 class _JsonDepth:

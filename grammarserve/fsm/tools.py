@@ -1,27 +1,31 @@
-"""Tool-call grammars in two formats (``FORMATS``):
+"""Tool-call grammars, in every format of the table :mod:`grammarserve.fsm.tool_formats`.
 
-- ``"hermes"``: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` blocks;
-- ``"json_array"``: one JSON array of calls, ``[{"name": ..., "parameters": {...}}, ...]``, like
-  vLLM's ``required`` mode for chat templates without tool support (no ``auto`` mode: plain text
-  and an array could not be told apart).
-
-``normalize_tools`` validates OpenAI ``tools`` + ``tool_choice`` into a JSON description;
-``tool_calls_lark`` renders it as an llguidance Lark grammar with embedded ``%json`` schemas
-(each call object ``{"name": <const>, "arguments" | "parameters": <that tool's parameters>}``).
+``normalize_tools`` validates OpenAI ``tools`` + ``tool_choice`` + the format's name into a JSON
+description; ``tool_calls_lark`` renders it as an llguidance Lark grammar driven by the format's
+row: its literal envelope (list open/close, call open, the name, separators, call close), each
+call's arguments from :mod:`grammarserve.fsm.tool_args` (``%json`` of the tool's parameters, or
+per-property rules for XML and pythonic arguments), and for formats whose call is a JSON object
+holding the name (Hermes, Llama 3 JSON, the JSON arrays) one ``%json`` call object per tool
+``{"name": <const>, "arguments" | "parameters": <that tool's parameters>}``; formats whose calls
+form one JSON array (``json_array``, pre-v11 Mistral) have the whole array as one ``%json``.
 
 Modes (every grammar covers the *whole* output)
 ------------------------------------------------
-- ``"required"``: one or more calls (one if ``parallel`` is False).
+- ``"required"``: one or more calls (one if ``parallel`` is False or the format is single).
 - named (``{"type": "function", "function": {"name": "f"}}``): exactly one call to ``f``.
-- ``"auto"``: either plain text that never contains ``<tool_call>`` (possibly empty), or free
-  text (possibly empty) up to the first ``<tool_call>``, then the calls.
+- ``"auto"``: either plain text, or calls. For a trigger that may come anywhere (Hermes'
+  ``<tool_call>``): plain text that never contains it (possibly empty), or free text (possibly
+  empty) up to its first occurrence, then the calls. For calls that must start the reply
+  (llama3_json, pythonic): plain text that does not start with a trigger, or the calls.
+  Formats without triggers (``json_array``) have no ``auto`` mode.
 
-Between two calls and after the last one only whitespace is allowed (bounded like JSON
-whitespace), then the stop token. The grammar works on bytes, so a token may straddle any
-boundary: ``.<`` (text, then the trigger's first byte), ``>\\n{"`` (trigger, newline, JSON), or
-``}}\\n</`` (JSON, then the end tag). The free text before the trigger is one *lazy* lexeme
-``/(?s:.*)<tool_call>/``: it ends at the first occurrence of the trigger, which then must be
-followed by a call. No trigger detection is needed outside the grammar.
+Between two calls whitespace is allowed before the separator, and after the last call only
+whitespace (bounded like JSON whitespace), then the stop token. The grammar works on bytes, so a
+token may straddle any boundary: ``.<`` (text, then the trigger's first byte), ``>\\n{"``
+(trigger, newline, JSON), or ``}}\\n</`` (JSON, then the end tag). The free text before a
+trigger is one *lazy* lexeme ``/(?s:.*)<tool_call>/``: it ends at the first occurrence of the
+trigger, which then must be followed by a call. No trigger detection is needed outside the
+grammar.
 """
 
 from __future__ import annotations
@@ -33,10 +37,13 @@ from typing import Any
 
 from grammarserve.errors import GrammarError
 from grammarserve.fsm.json_schema import rebase_refs
+from grammarserve.fsm.tool_args import RAW_RULE, args_rules, check_args, lit
+from grammarserve.fsm.tool_formats import FORMATS as _TABLE
+from grammarserve.fsm.tool_formats import HERMES, ToolFormat, tool_format
 
-TRIGGER = "<tool_call>"
-END = "</tool_call>"
-FORMATS = ("hermes", "json_array")
+TRIGGER = HERMES.triggers[0]
+END = HERMES.call_close.strip()
+FORMATS = tuple(_TABLE)
 _NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 
 SchemaCheck = Callable[[Any, bool, str], dict[str, Any]]
@@ -49,12 +56,14 @@ def normalize_tools(tools: list[dict[str, Any]], mode: Any, *, parallel: bool,
     ``check_schema(schema, strict, path)`` validates each tool's ``parameters`` (the JSON Schema
     front end). Returns ``{"tools": [{"name", "parameters"}], "mode", "parallel", "format"}``.
     """
-    if fmt not in FORMATS:
+    try:
+        form = tool_format(fmt)
+    except (KeyError, TypeError):
         raise GrammarError(f"tool call format must be one of {', '.join(FORMATS)}, got {fmt!r}",
-                           path="$.format")
-    if fmt == "json_array" and mode == "auto":
-        raise GrammarError("the json_array tool-call format has no 'auto' mode (text and calls "
-                           "could not be told apart); use the hermes format",
+                           path="$.format") from None
+    if mode == "auto" and not form.has_auto:
+        raise GrammarError(f"the {form.name} tool-call format has no 'auto' mode (text and "
+                           "calls could not be told apart); use the hermes format",
                            path="$.tool_choice")
     if not isinstance(tools, list) or not tools:
         raise GrammarError("'tools' must be a non-empty list of function tools", path="$.tools")
@@ -75,6 +84,7 @@ def normalize_tools(tools: list[dict[str, Any]], mode: Any, *, parallel: bool,
         params = fn.get("parameters") or {"type": "object", "properties": {}}
         _check_object_schema(params, name, f"{where}.function.parameters")
         schema = check_schema(params, bool(fn.get("strict")), f"{where}.function.parameters")
+        check_args(form.args, name, schema, f"{where}.function.parameters")
         out.append({"name": name, "parameters": schema})
     if mode in ("auto", "required"):
         kind = mode
@@ -88,7 +98,8 @@ def normalize_tools(tools: list[dict[str, Any]], mode: Any, *, parallel: bool,
     else:
         raise GrammarError(f"tool_choice must be 'auto', 'required' or {{'type': 'function', "
                            f"'function': {{'name': ...}}}}, got {mode!r}", path="$.tool_choice")
-    return {"tools": out, "mode": kind, "parallel": bool(parallel), "format": fmt}
+    parallel = bool(parallel) and not form.single
+    return {"tools": out, "mode": kind, "parallel": parallel, "format": form.name}
 
 
 def _check_object_schema(params: Any, name: str, where: str) -> None:
@@ -102,28 +113,31 @@ def _check_object_schema(params: Any, name: str, where: str) -> None:
                            f"of 'type: \"object\"', got 'type: \"{shown}\"'.", path=where)
 
 
-def call_schema(tool: dict[str, Any], json_options: dict[str, Any]) -> dict[str, Any]:
+def call_schema(tool: dict[str, Any], json_options: dict[str, Any], name_key: str = "name",
+                args_key: str = "arguments") -> dict[str, Any]:
     """JSON Schema of one call object ``{"name": <const>, "arguments": <parameters>}``."""
     return {
         "type": "object",
-        "properties": {"name": {"const": tool["name"]}, "arguments": {"$ref": "#/$defs/args"}},
-        "required": ["name", "arguments"],
+        "properties": {name_key: {"const": tool["name"]}, args_key: {"$ref": "#/$defs/args"}},
+        "required": [name_key, args_key],
         "additionalProperties": False,
         "$defs": {"args": rebase_refs(tool["parameters"], "#/$defs/args")},
         "x-guidance": json_options,
     }
 
 
-def calls_array_schema(spec: dict[str, Any], json_options: dict[str, Any]) -> dict[str, Any]:
-    """JSON Schema of the ``json_array`` format: ``[{"name": <const>, "parameters": ...}, ...]``,
-    one item unless ``parallel``. Separators come from ``json_options`` like any JSON value."""
+def calls_array_schema(spec: dict[str, Any], json_options: dict[str, Any],
+                       args_key: str = "parameters") -> dict[str, Any]:
+    """JSON Schema of the calls as one JSON array: ``[{"name": <const>, "parameters": ...},
+    ...]``, one item unless ``parallel``. Separators come from ``json_options`` like any JSON
+    value."""
     defs: dict[str, Any] = {}
     for i, tool in enumerate(spec["tools"]):
         defs[f"call{i}"] = {
             "type": "object",
             "properties": {"name": {"const": tool["name"]},
-                           "parameters": {"$ref": f"#/$defs/args{i}"}},
-            "required": ["name", "parameters"], "additionalProperties": False}
+                           args_key: {"$ref": f"#/$defs/args{i}"}},
+            "required": ["name", args_key], "additionalProperties": False}
         defs[f"args{i}"] = rebase_refs(tool["parameters"], f"#/$defs/args{i}")
     schema: dict[str, Any] = {
         "type": "array", "minItems": 1,
@@ -140,32 +154,77 @@ def _ws(max_ws: int | None) -> str:
     return r"[\x20\x0A\x0D\x09]" + ("*" if max_ws is None else f"{{0,{max_ws}}}")
 
 
+def lex(text: str) -> str:
+    """``text`` as the body of a Lark regex: ASCII punctuation and space as ``\\xHH``."""
+    return "".join(c if c.isalnum() or ord(c) > 127 else f"\\x{ord(c):02X}" for c in text)
+
+
+def _calls(fmt: ToolFormat, spec: dict[str, Any], json_options: dict[str, Any],
+           max_ws: int | None) -> tuple[list[str], str]:
+    """``(rules, calls)``: the rules of the calls and the expansion of the calls after the
+    format's opening (``list_open + call_open`` of the first call)."""
+    if fmt.json_array:
+        schema = calls_array_schema(spec, json_options, fmt.args_key)
+        return [f"calls: %json {json.dumps(schema, ensure_ascii=False)}"], "calls"
+    rules: list[str] = []
+    for i, tool in enumerate(spec["tools"]):
+        if fmt.name_key is not None:
+            obj = call_schema(tool, json_options, fmt.name_key, fmt.args_key)
+            rules.append(f"fn{i}: %json {json.dumps(obj, ensure_ascii=False)}")
+            continue
+        args, empty = args_rules(fmt.args, tool["name"], tool["parameters"], f"args{i}",
+                                 json_options)
+        rules += args
+        parts = [lit(tool["name"] + fmt.name_close)]
+        if args:
+            parts.append(f"args{i}?" if empty else f"args{i}")
+        if fmt.call_close:
+            parts.append(lit(fmt.call_close))
+        rules.append(f"fn{i}: " + " ".join(parts))
+    if any("xml_raw" in r for r in rules):
+        rules.append(RAW_RULE)
+    fn = "fn"
+    rules.append("fn: " + " | ".join(f"fn{i}" for i in range(len(spec["tools"]))))
+    if fmt.name_key is not None and fmt.call_close:
+        fn = f"fn {lit(fmt.call_close)}"
+    body = fn
+    if spec["parallel"]:
+        between = (fmt.sep + fmt.call_open).lstrip()
+        rules.append(f"SEP: /{_ws(max_ws)}{lex(between)}/")
+        body += f" (SEP {fn})*"
+    if fmt.list_close:
+        body += f" {lit(fmt.list_close)}"
+    return rules, body
+
+
 def tool_calls_lark(spec: dict[str, Any], json_options: dict[str, Any],
                     max_ws: int | None = None) -> str:
     """The llguidance Lark grammar for a normalized tool-call spec (whole output).
 
     ``max_ws`` bounds the whitespace between calls and after the last one (``None``: unbounded).
     """
-    if spec.get("format", "hermes") == "json_array":
-        return "\n".join([
-            "start: calls TAIL",
-            f"calls: %json {json.dumps(calls_array_schema(spec, json_options))}",
-            f"TAIL: /{_ws(max_ws)}/"]) + "\n"
-    fns = [f"fn{i}: %json {json.dumps(call_schema(tool, json_options))}"
-           for i, tool in enumerate(spec["tools"])]
-    more = " (SEP call)*" if spec["parallel"] else ""
-    if spec["mode"] == "auto":
+    fmt = tool_format(spec.get("format", "hermes"))
+    rules, calls = _calls(fmt, spec, json_options, max_ws)
+    # NOTE: a JSON array's ``[`` is part of its ``%json``, not of the literal opening.
+    opening = fmt.opening[:-1] if fmt.json_array else fmt.opening
+    if spec["mode"] == "auto" and fmt.trigger_anywhere:
+        trigger = fmt.triggers[0]
+        rest = opening[len(trigger):]
         # NOTE: TEXT is plain text without the trigger; ``head`` is lazy, so it ends at the
-        # first ``<tool_call>``, after which only a call may follow.
-        start = [f"start: TEXT | head call{more} TAIL",
-                 r"TEXT: /(?s:.*)/ & ~/(?s:.*)<tool_call>(?s:.*)/",
-                 r"head[lazy]: /(?s:.*)<tool_call>/"]
+        # first trigger, after which only calls may follow.
+        start = [f"start: TEXT | head {lit(rest) + ' ' if rest else ''}{calls} TAIL",
+                 rf"TEXT: /(?s:.*)/ & ~/(?s:.*){lex(trigger)}(?s:.*)/",
+                 rf"head[lazy]: /(?s:.*){lex(trigger)}/"]
     else:
-        start = [f'start: "{TRIGGER}" call{more} TAIL']
-    return "\n".join([
-        *start,
-        f'call: "\\n" fn "\\n{END}"',
-        f"SEP: /{_ws(max_ws)}{TRIGGER}/",
-        f"TAIL: /{_ws(max_ws)}/",
-        f'fn: {" | ".join(f"fn{i}" for i in range(len(fns)))}',
-        *fns]) + "\n"
+        head = ""
+        if fmt.open_optional and fmt.list_open:
+            head = f"{lit(fmt.list_open)}? " + (f"{lit(fmt.call_open)} " if fmt.call_open
+                                                else "")
+        elif opening:
+            head = f"{lit(opening)} "
+        start = [f"start: {head}{calls} TAIL"]
+        if spec["mode"] == "auto":
+            starts = "|".join(lex(t) for t in fmt.triggers)
+            start = [f"start: TEXT | {head}{calls} TAIL",
+                     rf"TEXT: /(?s:.*)/ & ~/({starts})(?s:.*)/"]
+    return "\n".join([*start, *rules, f"TAIL: /{_ws(max_ws)}/"]) + "\n"

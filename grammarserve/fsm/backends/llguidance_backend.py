@@ -24,7 +24,8 @@ from grammarserve.fsm.matcher import CompiledGrammar, Matcher, SharedMasks
 from grammarserve.fsm.runs import MAX_DIGITS, LexTracker, RunBudget, RunTracker, digit_budget
 from grammarserve.fsm.structural_lark import structural_tag_grammar
 from grammarserve.fsm.style_track import StyleTable, StyleTracker
-from grammarserve.fsm.tools import TRIGGER, tool_calls_lark
+from grammarserve.fsm.tool_formats import tool_format
+from grammarserve.fsm.tools import tool_calls_lark
 from grammarserve.fsm.vocab import VocabInfo
 
 _WS = r"[\x20\x0A\x0D\x09]"
@@ -242,9 +243,11 @@ class LLGuidanceBackend(GrammarBackend):
             raise _refusal(spec, proto.get_error())
         vocab, shared = self.vocab, SharedMasks()
         free = None
-        auto_tools = spec.kind == "tool_calls" and json.loads(spec.source)["mode"] == "auto"
-        if auto_tools:
-            free = FreeTextMasks(TRIGGER.encode(), self.token_bytes())
+        tools = json.loads(spec.source) if spec.kind == "tool_calls" else None
+        auto_tools = tools is not None and tools["mode"] == "auto"
+        form = tool_format(tools.get("format", "hermes")) if tools is not None else None
+        if auto_tools and form is not None and form.trigger_anywhere:
+            free = FreeTextMasks(form.triggers[0].encode(), self.token_bytes())
         # NOTE: the digit bound reads the output as JSON lexemes; the free text before an
         # ``auto`` tool call is prose, so it gets none.
         digits = spec.option("max_digits")
