@@ -14,6 +14,7 @@ from grammarserve.batch import cli as batch_cli
 from grammarserve.config import EngineConfig
 from grammarserve.errors import GrammarserveError, ModelLoadError
 from grammarserve.fsm.reasoning_formats import NAMES as REASONING_NAMES
+from grammarserve.openai.tool_detect import PARSER_NAMES
 from grammarserve.sampling_params import SamplingParams
 from grammarserve.server.config import RestartPolicy, ServerConfig
 from grammarserve.server.timeouts import ReadTimeouts, protocol_class
@@ -98,6 +99,10 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    action=argparse.BooleanOptionalAction,
                    help="no stop token and no tool-call marker inside the reasoning span, for "
                         "requests that do not set strict_thinking")
+    p.add_argument("--tool-call-parser", default=EngineConfig.tool_call_parser,
+                   choices=PARSER_NAMES,
+                   help="the model family's tool-call format (vLLM's names); auto: read from the "
+                        "chat template, else --tool-call-format")
     p.add_argument("--tool-call-dedupe", default=EngineConfig.tool_call_dedupe,
                    action=argparse.BooleanOptionalAction,
                    help="end a reply when a tool call repeats an earlier one byte for byte")
@@ -246,6 +251,7 @@ def _config(args: argparse.Namespace) -> EngineConfig:
                         adaptive_threads=args.adaptive_threads,
                         adaptive_batch=args.adaptive_batch,
                         tool_call_format=args.tool_call_format,
+                        tool_call_parser=args.tool_call_parser,
                         tool_call_dedupe=args.tool_call_dedupe,
                         reasoning_parser=args.reasoning_parser,
                         strict_thinking=args.strict_thinking, gguf_blocks=args.gguf_blocks,

@@ -117,6 +117,13 @@ class EngineConfig:
     strict_thinking:
         The default of the request parameter ``strict_thinking``: no stop token and no
         tool-call marker inside the reasoning span.
+    tool_call_parser:
+        The tool-call format of the model family, like vLLM's ``--tool-call-parser``: ``"auto"``
+        (default) reads it from the chat template (``grammarserve.openai.tool_detect``), a
+        format's name (``hermes``, ``llama3_json``, ``mistral``, ``qwen3_coder``,
+        ``deepseek_v3``, ``deepseek_v31``, ``pythonic``, ``harmony``/``openai``, ...) forces
+        it. The family's format is used for every ``tool_choice`` and constrained by the tools'
+        schemas; templates without one keep ``tool_call_format`` as above.
     tool_call_dedupe:
         End a reply when a tool call repeats an earlier call of the same reply byte for byte;
         the repeat is not returned (small models otherwise repeat their call until
@@ -217,6 +224,7 @@ class EngineConfig:
     canonical_spans: bool = True
     dry_multiplier: float = 0.8
     tool_call_format: Literal["hermes", "json_array"] = "json_array"
+    tool_call_parser: str = "auto"
     tool_call_dedupe: bool = True
     reasoning_parser: str | None = None
     strict_thinking: bool = False

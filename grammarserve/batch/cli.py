@@ -66,7 +66,8 @@ def main(args: argparse.Namespace, config: EngineConfig) -> int:
                               model_name=model_name(config, str(engine.loaded.folder)),
                               tool_call_format=config.tool_call_format,
                               reasoning_parser=config.reasoning_parser,
-                              strict_thinking=config.strict_thinking)
+                              strict_thinking=config.strict_thinking,
+                              tool_call_parser=config.tool_call_parser)
     print(f"grammarserve batch: loaded {config.model} in {time.perf_counter() - t0:.1f}s",
           file=sys.stderr)
     bar: Any = None

@@ -93,7 +93,8 @@ class BatchActor:
                                   model_name=model_name(config, str(self.engine.loaded.folder)),
                                   tool_call_format=config.tool_call_format,
                                   reasoning_parser=config.reasoning_parser,
-                                  strict_thinking=config.strict_thinking)
+                                  strict_thinking=config.strict_thinking,
+                                  tool_call_parser=config.tool_call_parser)
         self.runner = BatchRunner(self.engine, ctx)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:

@@ -4,7 +4,8 @@
   prepared it).
 - ``XML`` (Qwen3-Coder): ``<parameter=P>\\nVALUE\\n</parameter>\\n`` per property, in the
   schema's order, required ones always, optional ones maybe. A ``string`` value is raw text (up
-  to the first ``\\n</parameter>``; an ``enum``/``const`` of strings is its literals); any other
+  to the first ``\\n</parameter>``; an ``enum``/``const`` of strings is its literals), a
+  ``boolean`` ``true``/``false`` or, as the template writes it, ``True``/``False``; any other
   value is JSON under its own sub-schema.
 - ``PYTHONIC``: ``P=VALUE`` pairs joined by ``", "``, in the same order; ``True``/``False``/
   ``None`` for booleans and null, JSON (which is then the same Python literal) for strings,
@@ -45,8 +46,10 @@ def lit(text: str) -> str:
 
 
 def _refuse(tool: str, where: str, what: str, keyword: str, encoding: Args) -> GrammarError:
-    return GrammarError(f"tool {tool!r}: {what}; the {encoding.value} tool-call format cannot "
-                        f"express it faithfully (keyword '{keyword}')", path=where)
+    label = "qwen3_coder" if encoding is Args.XML else encoding.value
+    return GrammarError(f"tool {tool!r}: {what}; the {label} tool-call format cannot express it "
+                        f"faithfully ({encoding.value} arguments, keyword '{keyword}')",
+                        path=where)
 
 
 def resolve_ref(schema: Any, root: dict[str, Any]) -> Any:
@@ -104,6 +107,8 @@ def _xml_value(tool: str, name: str, sub: Any, root: dict[str, Any], where: str
     if types is None or ("string" in types and len(types) > 1):
         raise _refuse(tool, f"{where}.properties.{name}", f"parameter {name!r} may be a string "
                       "or another type (strings are written raw)", "type", Args.XML)
+    if types == {"boolean"} and set(target) <= _ANNOTATIONS:  # NOTE: the template's own True
+        return " | ".join(lit(v + "\n</parameter>\n") for v in ("true", "false", "True", "False"))
     if types != {"string"}:
         return ""
     values = target.get("enum") if isinstance(target.get("enum"), list) else (

@@ -136,12 +136,21 @@ def python_literal(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
+def _xml_value(value: Any) -> str:
+    """An XML parameter's value as Qwen3-Coder's template writes it (``|string`` of scalars,
+    ``tojson`` of arrays and objects)."""
+    if isinstance(value, str):
+        return value
+    if value is True or value is False or value is None:
+        return repr(value)
+    return json.dumps(value, ensure_ascii=False)
+
+
 def args_text(fmt: ToolFormat, args: Any) -> str:
     """A call's arguments (a JSON value, normally an object) as ``fmt`` writes them."""
     if fmt.args is Args.XML and isinstance(args, dict):
-        return "".join(f"<parameter={k}>\n"
-                       f"{v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)}"
-                       "\n</parameter>\n" for k, v in args.items())
+        return "".join(f"<parameter={k}>\n{_xml_value(v)}\n</parameter>\n"
+                       for k, v in args.items())
     if fmt.args is Args.PYTHONIC and isinstance(args, dict):
         return ", ".join(f"{k}={python_literal(v)}" for k, v in args.items())
     return args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)

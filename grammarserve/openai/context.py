@@ -11,6 +11,7 @@ from grammarserve.fsm import GrammarCompiler
 from grammarserve.fsm.reasoning_formats import ReasoningFormat, resolve
 from grammarserve.openai.limits import prompt_char_bound
 from grammarserve.openai.logprobs import TokenTexts
+from grammarserve.openai.tool_detect import resolve_tool_parser
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,10 @@ class ModelContext:
         The ``model`` reported in replies.
     tool_call_format:
         The engine's format for ``required`` and named tool calls (``EngineConfig``).
+    tool_call_parser:
+        The model family's tool-call format for every mode (a name of the formats table),
+        resolved by :meth:`create` from ``EngineConfig.tool_call_parser`` and the chat
+        template; None: ``tool_call_format``, and Hermes for ``auto``.
     token_texts:
         Token texts for logprobs (built from ``tokenizer`` by :meth:`create`).
     max_prompt_chars:
@@ -58,6 +63,7 @@ class ModelContext:
     max_choices: int | None = None
     reasoning_format: ReasoningFormat | None = None
     strict_thinking: bool = False
+    tool_call_parser: str | None = None
 
     @classmethod
     def create(cls, tokenizer: Any, compiler: GrammarCompiler | None, *, max_model_len: int,
@@ -66,16 +72,20 @@ class ModelContext:
                max_prompt_chars: int | None = None,
                max_choices: int | None = None,
                reasoning_parser: str | None = EngineConfig.reasoning_parser,
-               strict_thinking: bool = EngineConfig.strict_thinking) -> ModelContext:
+               strict_thinking: bool = EngineConfig.strict_thinking,
+               tool_call_parser: str = EngineConfig.tool_call_parser) -> ModelContext:
         """A context for ``tokenizer`` (its token texts built once; ``max_prompt_chars``
         derived from the context when not given)."""
         if max_prompt_chars is None and tokenizer is not None:
             max_prompt_chars = prompt_char_bound(tokenizer, max_model_len)
         template = getattr(tokenizer, "chat_template", None)
-        reasoning = resolve(reasoning_parser, template if isinstance(template, str) else None)
+        template = template if isinstance(template, str) else None
+        reasoning = resolve(reasoning_parser, template)
+        family = resolve_tool_parser(tool_call_parser, template)
         return cls(tokenizer, compiler, max_model_len, max_n, model_name, tool_call_format,
-                   TokenTexts(tokenizer), max_prompt_chars, max_choices, reasoning,
-                   strict_thinking)
+                   TokenTexts(tokenizer), max_prompt_chars, max_choices,
+                   reasoning_format=reasoning, strict_thinking=strict_thinking,
+                   tool_call_parser=family)
 
     @property
     def vocab_size(self) -> int:

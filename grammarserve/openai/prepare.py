@@ -150,7 +150,7 @@ def prepare_chat(ctx: ModelContext, req: ChatCompletionRequest) -> Prepared:
     check_prompt_chars(text_chars(req.messages) + text_chars(req.tools), ctx.max_prompt_chars,
                        "messages")
     check_chat_logprobs(req)
-    tools = tools_plan(req, ctx.tool_call_format)
+    tools = tools_plan(req, ctx.tool_call_format, ctx.tool_call_parser)
     plan, refusal = _front_end(ctx, constraint_plan(req, tools))
     ask = reasoning_ask(req, ctx.reasoning_format, ctx.strict_thinking)
     text = chat_prompt(ctx, req, tools, ask.template_kwargs)

@@ -1,9 +1,12 @@
 """Chat messages (+ tools) to prompt text, through the model's chat template.
 
 A template that handles ``tools`` itself gets them as ``tools=``; otherwise the tools are described
-in a Hermes-style system block and past tool calls / results are written in the same format the
-model is asked (and constrained) to produce: ``<tool_call>`` blocks, or one JSON array of
-``{"name", "parameters"}`` objects (the ``json_array`` format), and ``<tool_response>`` blocks.
+in a Hermes-style system block that asks for calls in the request's format (a row of
+:mod:`grammarserve.fsm.tool_formats`). A template that renders ``tool_calls`` gets the past calls
+and results OpenAI-shaped, adapted to what it accepts (:mod:`grammarserve.openai.render_tools`);
+otherwise they are written as text in the same format the model is asked (and constrained) to
+produce (``<tool_call>`` blocks, one JSON array of ``{"name", "parameters"}`` objects, ...), and
+results as ``<tool_response>`` blocks.
 Custom tools are described in the system message (name, description, grammar or regex of the
 input) and past custom calls written as ``<custom_tool_call name="...">`` blocks; when the reply
 is a custom tool's input, the built-in block says so, whatever the template.
@@ -16,9 +19,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from grammarserve.errors import InvalidRequestError
+from grammarserve.fsm.tool_formats import calls_text as format_calls_text
+from grammarserve.fsm.tool_formats import tool_format as format_of
 from grammarserve.fsm.tools import END, TRIGGER
 from grammarserve.openai.custom_tools import CustomSyntax, CustomToolSpec
 from grammarserve.openai.protocol import ChatMessage, CustomToolCall
+from grammarserve.openai.render_tools import adapt_history, format_footer
 
 FUNCTIONS_LISTED = ("You are provided with function signatures within <tools></tools> XML tags:\n"
                     "<tools>\n")
@@ -81,7 +87,8 @@ def tools_system_block(tools: list[dict[str, Any]], tool_choice: Any, parallel: 
         rules.append(f"You must call the function {tool_choice['function']['name']!r}.")
     if not parallel:
         rules.append("Call at most one function.")
-    footer = JSON_ARRAY_FOOTER if tool_format == "json_array" else TOOLS_FOOTER
+    footer = (JSON_ARRAY_FOOTER if tool_format == "json_array" else TOOLS_FOOTER
+              if tool_format == "hermes" else format_footer(format_of(tool_format)))
     described = "\n\n" + custom_tools_text(customs, None) if customs else ""
     return (TOOLS_HEADER + lines + footer + described
             + ("\n\n" + " ".join(rules) if rules else ""))
@@ -125,11 +132,7 @@ def _call_args(call: dict[str, Any]) -> tuple[str, Any]:
 
 def calls_text(calls: list[dict[str, Any]], tool_format: str = "hermes") -> str:
     """Past OpenAI ``tool_calls`` as the model writes them in ``tool_format``."""
-    if tool_format == "json_array":
-        return json.dumps([{"name": n, "parameters": a} for n, a in map(_call_args, calls)],
-                          ensure_ascii=False)
-    return "\n".join(f"{TRIGGER}\n" + json.dumps({"name": n, "arguments": a}, ensure_ascii=False)
-                     + f"\n{END}" for n, a in map(_call_args, calls))
+    return format_calls_text(format_of(tool_format), map(_call_args, calls))
 
 
 def openai_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
@@ -212,27 +215,65 @@ def render_chat(tokenizer: Any, messages: list[ChatMessage], *,
         raise InvalidRequestError("this model has no chat template; use /v1/completions with a "
                                   "formatted prompt", param="messages")
     msgs = openai_messages(messages)
-    kwargs: dict[str, Any] = dict(template_kwargs or {})
-    if template_supports_tools(tokenizer) and custom is None:
-        if tools:
-            kwargs["tools"] = tools
-        for m in msgs:
-            for c in m.get("tool_calls") or []:
-                try:
-                    c["function"]["arguments"] = json.loads(c["function"]["arguments"] or "{}")
-                except json.JSONDecodeError:
-                    pass
+    template = str(tokenizer.chat_template)
+    own_tools = template_supports_tools(tokenizer) and custom is None and bool(tools)
+    extra = dict(template_kwargs or {})
+    text = _render(tokenizer, msgs, template, tools, tool_choice, parallel,
+                   add_generation_prompt, tool_format, customs, custom, own_tools, extra)
+    if text is None and own_tools:  # NOTE: a template that cannot render the tools themselves
+        text = _render(tokenizer, msgs, template, tools, tool_choice, parallel,
+                       add_generation_prompt, tool_format, customs, custom, False, extra)
+    if isinstance(text, Exception) or text is None:
+        raise InvalidRequestError(f"the chat template cannot render these messages: {text}",
+                                  param="messages")
+    return text
+
+
+def _render(tokenizer: Any, msgs: list[dict[str, Any]], template: str,
+            tools: list[dict[str, Any]] | None, tool_choice: Any, parallel: bool,
+            add_generation_prompt: bool, tool_format: str, customs: Sequence[CustomToolSpec],
+            custom: CustomToolSpec | None, own_tools: bool,
+            template_kwargs: dict[str, Any]) -> str | Exception | None:
+    """The prompt, the template describing the tools (``own_tools``) or the built-in block
+    doing it, ``template_kwargs`` passed to the template; None when the template failed on its
+    tools, the error when it failed else."""
+    kwargs: dict[str, Any] = dict(template_kwargs)
+    block: str | None = None
+    if own_tools:
+        kwargs["tools"] = [described(t) for t in tools or []]
         if customs:
-            msgs = with_system(msgs, custom_tools_text(customs, None))
+            block = custom_tools_text(customs, None)
+    elif tools or customs:
+        block = tools_system_block(tools or [], tool_choice, parallel, tool_format, customs,
+                                   custom)
+    if "tool_calls" in template and custom is None:  # NOTE: the template writes past calls
+        msgs = adapt_history(msgs, template)
+        if block is not None:
+            msgs = with_system(msgs, block)
     else:
-        block = (tools_system_block(tools or [], tool_choice, parallel, tool_format, customs,
-                                    custom) if tools or customs else None)
         msgs = hermes_messages(msgs, block, tool_format)
     try:
-        text = tokenizer.apply_chat_template(msgs, tokenize=False,
-                                             add_generation_prompt=add_generation_prompt,
-                                             **kwargs)
-    except Exception as e:  # jinja raises for conversations the template refuses
-        raise InvalidRequestError(f"the chat template cannot render these messages: {e}",
-                                  param="messages") from None
-    return str(text)
+        return str(tokenizer.apply_chat_template(msgs, tokenize=False,
+                                                 add_generation_prompt=add_generation_prompt,
+                                                 **kwargs))
+    except Exception as e:  # noqa: BLE001 - jinja raises for conversations it refuses
+        if own_tools and _renders(tokenizer, msgs, add_generation_prompt):
+            return None  # NOTE: the conversation renders without the tools: they were refused
+        return e
+
+
+def _renders(tokenizer: Any, msgs: list[dict[str, Any]], add_generation_prompt: bool) -> bool:
+    try:
+        tokenizer.apply_chat_template(msgs, tokenize=False,
+                                      add_generation_prompt=add_generation_prompt)
+    except Exception:  # noqa: BLE001 - any template error
+        return False
+    return True
+
+
+def described(tool: dict[str, Any]) -> dict[str, Any]:
+    """``tool`` with a ``description`` (empty if it has none: some templates need one)."""
+    fn = tool.get("function")
+    if isinstance(fn, dict) and "description" not in fn:
+        return {**tool, "function": {"description": "", **fn}}
+    return tool

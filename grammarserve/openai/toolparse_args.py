@@ -129,7 +129,9 @@ class XmlArgs(ArgsDecoder):
             if rest.startswith(_XML_DONE):
                 return pos, pieces + [self._close()], True
             m = _XML_PARAM.match(text, pos)
-            if m is None or m.end() == len(text):
+            if m is not None and m.end() == len(text):  # NOTE: its newline may follow
+                return pos, pieces, None
+            if m is None:
                 if not rest or _is_prefix(rest, _XML_DONE) or _is_prefix(rest, "<parameter=") \
                         or (rest.startswith("<parameter=") and "\n" not in rest):
                     return pos, pieces, None

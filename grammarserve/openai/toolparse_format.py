@@ -236,6 +236,8 @@ class FormatParser:
                 return False
             self._whole, self._whole_start, self._whole_end = JsonValueEnd(), start, start
             return self._parse_whole(events, complete=True)
+        while self._pos < len(region) and region[self._pos].isspace():
+            self._pos += 1
         m = _NAME.match(region, self._pos)
         if m is None:
             return None if self._pos >= len(region) else False

@@ -10,7 +10,7 @@ from typing import Any
 
 from grammarserve.constraints import Constraint
 from grammarserve.errors import ErrorKind, GrammarError, InvalidRequestError
-from grammarserve.fsm.tools import END
+from grammarserve.fsm.tool_formats import tool_format
 from grammarserve.openai.custom_tools import (
     CustomInputParser,
     CustomSyntax,
@@ -37,8 +37,6 @@ _FOREIGN_CONSTRAINTS = ("guided_json", "guided_regex", "guided_choice", "guided_
                         "guided_decoding_backend", "ebnf", "json_schema",
                         "functions", "function_call")
 _MAX_STOP = 16
-#: Stop string added to tool-call requests (see ``sampling_params``).
-TOOL_CALLS_DONE = END + "\n\n"
 
 
 @dataclass(frozen=True)
@@ -48,7 +46,7 @@ class ToolsPlan:
     tools: list[dict[str, Any]]  # the function tools (OpenAI format)
     choice: Any  # "auto" | "required" | {"type": "function" | "custom", ...}
     parallel: bool
-    format: str = "hermes"  # how function calls are written: "hermes" | "json_array"
+    format: str = "hermes"  # how function calls are written (a name of the formats table)
     customs: tuple[CustomToolSpec, ...] = ()  # the custom tools (shown to the model)
     #: The custom tool the whole reply is the input of (``tool_choice`` names it), else None.
     custom: CustomToolSpec | None = None
@@ -57,7 +55,8 @@ class ToolsPlan:
         """A new incremental parser of a reply into content and calls."""
         if self.custom is not None:
             return CustomInputParser(self.custom.name)
-        return make_parser(self.format)
+        return make_parser(self.format, {t["function"]["name"]: t["function"].get("parameters")
+                                         or {} for t in self.tools})
 
     def parse(self, text: str) -> tuple[str | None, list[ParsedCall]]:
         """``(content or None, calls)`` of a complete reply."""
@@ -170,9 +169,14 @@ def custom_constraint(tool: CustomToolSpec) -> ConstraintPlan | None:
     return None
 
 
-def tools_plan(req: ChatCompletionRequest, tool_format: str = "hermes") -> ToolsPlan | None:
-    """None when no tool may be called (no tools, or tool_choice 'none'). ``tool_format`` is
-    the server's format for ``required`` and named calls; ``auto`` always uses ``hermes``."""
+def tools_plan(req: ChatCompletionRequest, tool_format: str = "hermes",
+               family: str | None = None) -> ToolsPlan | None:
+    """None when no tool may be called (no tools, or tool_choice 'none'). ``family`` is the
+    model family's format, for every mode (``ModelContext.tool_call_parser``); without it
+    ``tool_format`` is the server's format for ``required`` and named calls, and ``auto``
+    uses ``hermes``."""
+    auto_format = family or "hermes"
+    tool_format = family or tool_format
     choice = req.tool_choice
     if not req.tools:
         if choice not in (None, "none"):
@@ -202,7 +206,7 @@ def tools_plan(req: ChatCompletionRequest, tool_format: str = "hermes") -> Tools
         if allowed:
             _refuse_custom(allowed, f"allowed_tools in mode {mode!r} with {len(wanted)} tools")
         tools = [t for t in tools if t["function"]["name"] in wanted]
-        return ToolsPlan(tools, mode, parallel, "hermes" if mode == "auto" else tool_format)
+        return ToolsPlan(tools, mode, parallel, auto_format if mode == "auto" else tool_format)
     if isinstance(choice, NamedToolChoice):
         _check_names([choice.function.name], names, "tool_choice")
         return ToolsPlan(tools, {"type": "function", "function": {"name": choice.function.name}},
@@ -212,7 +216,7 @@ def tools_plan(req: ChatCompletionRequest, tool_format: str = "hermes") -> Tools
             return _custom_plan(tools, customs, customs[0].name, "tool_choice")
         _refuse_custom(customs, "'required' with several tools" if choice == "required" else
                        "'auto'" + (" (the default)" if req.tool_choice is None else ""))
-    return ToolsPlan(tools, choice, parallel, "hermes" if choice == "auto" else tool_format)
+    return ToolsPlan(tools, choice, parallel, auto_format if choice == "auto" else tool_format)
 
 
 def _custom_plan(tools: list[dict[str, Any]], customs: tuple[CustomToolSpec, ...], name: str,
@@ -307,11 +311,13 @@ def sampling_params(req: _Generation, *, max_tokens: int, plan: ConstraintPlan |
     if top_p == 0.0:
         temperature, top_p = 0.0, 1.0
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
-    if plan is not None and plan.constraint.kind == "tool_calls":
+    done = (tool_format(plan.constraint.tool_format).stop
+            if plan is not None and plan.constraint.kind == "tool_calls" else None)
+    if done is not None:
         # NOTE: with grammar_max_whitespace > 0 the tool-call grammar allows whitespace after
         # the last call before the stop token, and small models fill it with newlines; a blank
-        # line after a call ends the calls (the parser does not need the last end tag).
-        stop.append(TOOL_CALLS_DONE)
+        # line after a call's end tag ends the calls (the parser does not need the last tag).
+        stop.append(done)
     bias = logit_bias(req, vocab_size)
     out = []
     for i in range(n):

@@ -141,6 +141,7 @@ class ServerState:
             model_name=self.model_name, tool_call_format=self.config.engine.tool_call_format,
             reasoning_parser=self.config.engine.reasoning_parser,
             strict_thinking=self.config.engine.strict_thinking,
+            tool_call_parser=self.config.engine.tool_call_parser,
             max_prompt_chars=self.config.max_prompt_chars,
             max_choices=self.config.request_choices_limit)
         self.status = "ready"
