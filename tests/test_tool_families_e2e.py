@@ -21,7 +21,7 @@ import jsonschema
 import pytest
 from openai.lib.streaming.chat import ChatCompletionStreamState
 from openai.types.chat import ChatCompletionChunk
-from test_tool_formats import DETECTED, PARAMS, _template_form
+from test_tool_formats import PARAMS, template_form
 
 from grammarserve.config import EngineConfig
 from grammarserve.engine.engine import Engine
@@ -147,7 +147,7 @@ def _round_trip(ctx: ModelContext, fmt: str, calls: list[tuple[str, dict[str, An
         for i in range(len(calls))]]
     rendered = render_chat(ctx.tokenizer, history, tools=TOOLS, tool_format=fmt)
     for name, args in calls:
-        _template_form(fmt, name, args, rendered)
+        template_form(fmt, name, args, rendered)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])

@@ -64,7 +64,7 @@ def test_every_template_is_detected_as_its_family() -> None:
         resolve_tool_parser("granite", small)
 
 
-def _template_form(fmt: str, name: str, args: dict[str, Any], rendered: str) -> str:
+def template_form(fmt: str, name: str, args: dict[str, Any], rendered: str) -> str:
     """The call as the family's template wrote it in ``rendered``, checked against what the
     format writes; returns the text the grammar must accept."""
     ours = calls_text(tool_format(fmt), [(name, args)])
@@ -114,7 +114,7 @@ def test_the_templates_past_call_is_the_formats_call(template: str, tokenizer: A
     tokenizer = type(tokenizer).from_pretrained(tokenizer.name_or_path)
     tokenizer.chat_template = (TEMPLATES / template).read_text(encoding="utf-8")
     rendered = render_chat(tokenizer, _history(ARGS), tools=TOOLS, tool_format=fmt)
-    text = _template_form(fmt, "get_weather", ARGS, rendered)
+    text = template_form(fmt, "get_weather", ARGS, rendered)
     named = {"type": "function", "function": {"name": "get_weather"}}
     for mode in ("required", named) + (("auto",) if tool_format(fmt).has_auto else ()):
         grammar = compiler.compile_tool_calls(TOOLS, mode, call_format=fmt)
@@ -212,3 +212,18 @@ def test_what_an_encoding_cannot_express_is_refused(compiler: GrammarCompiler, f
 def test_formats_without_auto_refuse_it() -> None:
     assert not tool_format("json_array").has_auto
     assert all(tool_format(f).has_auto for f in FORMATS if f != "json_array")
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("template", ["openai-gpt-oss-120b.jinja", "llama-cpp-deepseek-r1.jinja"])
+def test_tools_a_template_refuses_are_adapted(tokenizer: Any, template: str) -> None:
+    """gpt-oss needs a ``description`` (an empty one is given); llama.cpp's deepseek-r1 cannot
+    render ``tools`` under transformers' Jinja (the built-in block describes them)."""
+    tokenizer = type(tokenizer).from_pretrained(tokenizer.name_or_path)
+    tokenizer.chat_template = (TEMPLATES / template).read_text(encoding="utf-8")
+    bare = [{"type": "function", "function": {"name": "get_weather", "parameters": PARAMS}}]
+    fmt = DETECTED[template]
+    assert fmt is not None
+    text = render_chat(tokenizer, _history(ARGS), tools=bare, tool_format=fmt)
+    assert "get_weather" in text.split("Weather in Rome?")[0]  # the tools are described
+    template_form(fmt, "get_weather", ARGS, text)

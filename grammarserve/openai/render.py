@@ -220,7 +220,11 @@ def render_chat(tokenizer: Any, messages: list[ChatMessage], *,
     extra = dict(template_kwargs or {})
     text = _render(tokenizer, msgs, template, tools, tool_choice, parallel,
                    add_generation_prompt, tool_format, customs, custom, own_tools, extra)
-    if text is None and own_tools:  # NOTE: a template that cannot render the tools themselves
+    if text is None:  # NOTE: the template refused the tools: some need a description
+        text = _render(tokenizer, msgs, template, [described(t) for t in tools or []],
+                       tool_choice, parallel, add_generation_prompt, tool_format, customs,
+                       custom, own_tools, extra)
+    if text is None:  # NOTE: a template that cannot render the tools at all
         text = _render(tokenizer, msgs, template, tools, tool_choice, parallel,
                        add_generation_prompt, tool_format, customs, custom, False, extra)
     if isinstance(text, Exception) or text is None:
@@ -240,7 +244,7 @@ def _render(tokenizer: Any, msgs: list[dict[str, Any]], template: str,
     kwargs: dict[str, Any] = dict(template_kwargs)
     block: str | None = None
     if own_tools:
-        kwargs["tools"] = [described(t) for t in tools or []]
+        kwargs["tools"] = tools
         if customs:
             block = custom_tools_text(customs, None)
     elif tools or customs:
