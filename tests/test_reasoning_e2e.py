@@ -150,3 +150,33 @@ def test_a_bad_budget_names_its_parameter(client: Any) -> None:
                                        reasoning_effort="none",
                                        extra_body={"thinking_budget": 5})
     assert e.value.body["param"] == "thinking_budget"
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather of a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+                   "required": ["city"], "additionalProperties": False}}}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_thinks_then_calls_a_tool_in_the_templates_format(client: Any, stream: bool) -> None:
+    """Tools alike: the span, closed by the budget, then a constrained call in the family's
+    format (Qwen3: Hermes blocks, detected from the template); the call parsed from the answer
+    only, the thoughts in reasoning_content."""
+    kw: dict[str, Any] = {"model": "m", "temperature": 0, "max_tokens": 120, "tools": [WEATHER],
+                              "tool_choice": "required", "parallel_tool_calls": False,
+                              "messages": [{"role": "user", "content": "Weather in Rome?"}],
+                              "extra_body": {"thinking_token_budget": BUDGET}}
+    if stream:
+        with client.chat.completions.stream(**kw) as s:
+            completion = s.get_final_completion()
+    else:
+        completion = client.chat.completions.create(**kw)
+    choice = completion.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    [call] = choice.message.tool_calls
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    thoughts = choice.message.model_dump().get("reasoning_content")
+    assert thoughts and "<tool_call>" not in thoughts and "</think>" not in thoughts
+    assert not choice.message.content

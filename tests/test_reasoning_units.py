@@ -12,10 +12,12 @@ import pytest
 
 from grammarserve.errors import InvalidRequestError
 from grammarserve.fsm.reasoning_formats import PromptState, by_name, detect, resolve
+from grammarserve.models.loader import load_tokenizer, resolve_model_folder
 from grammarserve.openai.context import ModelContext
 from grammarserve.openai.prepare import prepare_chat
-from grammarserve.openai.protocol import ChatCompletionRequest
+from grammarserve.openai.protocol import ChatCompletionRequest, ChatMessage
 from grammarserve.openai.reasoning_split import ReasoningSplitter, split
+from grammarserve.openai.render import render_chat
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"
 QWEN3 = by_name("qwen3")
@@ -185,3 +187,20 @@ def test_a_budget_without_a_reasoning_model_is_refused() -> None:
         _prepare(plain, thinking_token_budget=5)
     assert e.value.param == "thinking_token_budget"
     assert _prepare(plain, reasoning_effort="high").reasoning is None  # NOTE: ignored
+
+
+def test_past_thoughts_reach_templates_that_render_them() -> None:
+    """An assistant turn's reasoning_content (or reasoning) goes back to the template: Qwen3's
+    writes it in the turns after the last user message (a tool-call loop)."""
+    tok = load_tokenizer(resolve_model_folder("default"),
+                         str(Path(__file__).parent / "data" / "templates" /
+                             "Qwen-Qwen3-0.6B.jinja"))
+    for key in ("reasoning_content", "reasoning"):
+        history = [ChatMessage.model_validate(m) for m in [
+            {"role": "user", "content": "Weather in Rome?"},
+            {"role": "assistant", "content": None, key: "I should look it up.",
+             "tool_calls": [{"id": "c1", "type": "function", "function": {
+                 "name": "get_weather", "arguments": '{"city": "Rome"}'}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]]
+        text = render_chat(tok, history)
+        assert "<think>\nI should look it up.\n</think>" in text

@@ -63,6 +63,19 @@ ASK = [{"role": "user", "content": "What is the weather in Rome for 3 days?"}]
 BUDGET, AUTO_BUDGET = 96, 32
 #: DeepSeek's full-width markers are some 80 SmolLM2 tokens per call (one token each for DeepSeek).
 BUDGETS = {"deepseek_v3": 192, "deepseek_v31": 192}
+#: Families whose template has a reasoning span (Qwen3, Ministral-3 Reasoning, gpt-oss) think
+#: first: a thinking budget of this many tokens closes the span, then the calls follow; the
+#: reply's token budget grows by the span and its markers.
+THINK, THINK_EXTRA = 8, 40
+
+
+def _thinking(ctx: ModelContext, kw: dict[str, Any], budget: int) -> int:
+    """The token budget of a reply, with a thinking budget set in ``kw`` for a reasoning
+    family."""
+    if ctx.reasoning_format is None:
+        return budget
+    kw["thinking_token_budget"] = THINK
+    return budget + THINK + THINK_EXTRA
 
 
 @pytest.fixture(scope="module")
@@ -104,6 +117,7 @@ async def _replay(items: list[tuple[int, RequestOutput]]
 def _chat(engine: Engine, ctx: ModelContext, stream: bool, budget: int = BUDGET, **kw: Any
           ) -> tuple[str | None, list[tuple[str, str]], str]:
     """``(content, [(name, arguments)], finish_reason)`` of one chat completion."""
+    budget = _thinking(ctx, kw, budget)
     req = ChatCompletionRequest.model_validate({
         "model": "m", "messages": ASK, "tools": TOOLS, "max_tokens": budget, "temperature": 0,
         "stream": stream, **kw})
@@ -185,14 +199,18 @@ def test_auto_is_text_or_valid_calls(engine: Engine, contexts: dict[str, ModelCo
 def test_responses_function_calls(engine: Engine, contexts: dict[str, ModelContext],
                                   fmt: str) -> None:
     ctx = contexts[fmt]
-    body = {"model": "m", "input": ASK[0]["content"], "max_output_tokens": BUDGETS.get(fmt, BUDGET),
+    extra: dict[str, Any] = {}
+    budget = _thinking(ctx, extra, BUDGETS.get(fmt, BUDGET))
+    body = {"model": "m", "input": ASK[0]["content"], "max_output_tokens": budget,
             "temperature": 0, "tool_choice": "required", "parallel_tool_calls": False,
-            "tools": [{"type": "function", **t["function"]} for t in TOOLS]}
+            "tools": [{"type": "function", **t["function"]} for t in TOOLS], **extra}
     req = ResponsesRequest.model_validate(body)
     prep = prepare_response(ctx, req)
     items = _run(engine, prep)
     whole = response_body(ctx, req, prep, items[-1][1], 0)
-    [item] = whole["output"]
+    kinds = [o["type"] for o in whole["output"]]
+    assert kinds == (["reasoning"] if ctx.reasoning_format else []) + ["function_call"], kinds
+    item = whole["output"][-1]
     assert item["type"] == "function_call" and item["status"] == "completed"
     _valid([(item["name"], item["arguments"])])
 
@@ -200,7 +218,8 @@ def test_responses_function_calls(engine: Engine, contexts: dict[str, ModelConte
         return [e async for e in response_events(ctx, req, prep, _replay(items))]
 
     events = asyncio.run(collect())
-    added = [e for e in events if e["type"] == "response.output_item.added"]
+    added = [e for e in events if e["type"] == "response.output_item.added"
+             and e["item"]["type"] == "function_call"]
     deltas = "".join(e["delta"] for e in events
                      if e["type"] == "response.function_call_arguments.delta")
     assert [e["item"]["name"] for e in added] == [item["name"]]

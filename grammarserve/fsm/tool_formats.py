@@ -119,6 +119,13 @@ ALIASES = {"openai": "harmony", "qwen": "hermes", "llama4_pythonic": "pythonic",
            "deepseek_v3.1": "deepseek_v31"}
 
 
+#: The markers that start tool calls anywhere in a reply (every format's triggers but those
+#: only read at its start, like Llama's ``{`` and pythonic's ``[``): banned from a strict
+#: reasoning span.
+CALL_MARKERS: tuple[str, ...] = tuple(dict.fromkeys(
+    t for f in FORMATS.values() if f.trigger_anywhere for t in f.triggers))
+
+
 def tool_format(name: str) -> ToolFormat:
     """The format called ``name`` (or one of its :data:`ALIASES`); ``KeyError`` if none."""
     return FORMATS[ALIASES.get(name, name)]

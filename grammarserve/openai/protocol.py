@@ -120,6 +120,10 @@ class ChatMessage(RequestBody):
     tool_calls: list[AnyToolCall] | None = None
     tool_call_id: str | None = None
     refusal: str | None = None
+    #: An assistant turn's thoughts as replies return them (vLLM's ``reasoning_content`` and
+    #: newer ``reasoning``), given to templates that render them (Qwen3's, in tool-call loops).
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class FunctionDef(RequestBody):

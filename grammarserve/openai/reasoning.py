@@ -29,7 +29,7 @@ from typing import Any
 from grammarserve.constraints import Constraint, ReasoningSpan
 from grammarserve.errors import InvalidRequestError
 from grammarserve.fsm.reasoning_formats import PromptState, ReasoningFormat
-from grammarserve.fsm.tools import TRIGGER
+from grammarserve.fsm.tool_formats import CALL_MARKERS
 from grammarserve.openai.protocol import ChatCompletionRequest
 
 #: ``reasoning_effort`` -> thinking budget (tokens; None: no budget, 0 for ``none`` means off).
@@ -38,8 +38,8 @@ EFFORT_BUDGETS: dict[str, int | None] = {
 #: Template arguments the renderer sets itself.
 _RESERVED = ("messages", "tools", "add_generation_prompt", "tokenize", "conversation",
              "continue_final_message", "chat_template", "documents", "return_dict")
-#: Markers banned from a strict span: tool-call triggers (the tool-call formats').
-STRICT_BANNED: tuple[str, ...] = (TRIGGER,)
+#: Markers banned from a strict span: every tool-call format's markers.
+STRICT_BANNED: tuple[str, ...] = CALL_MARKERS
 _SWITCHES = ("enable_thinking", "thinking")
 
 

@@ -159,6 +159,9 @@ def openai_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
                 raise InvalidRequestError(f"{where}: an assistant message needs 'content' or "
                                           "'tool_calls'", param=f"{where}.content")
             msg["content"] = m.refusal
+        thoughts = m.reasoning_content or m.reasoning
+        if m.role == "assistant" and thoughts:
+            msg["reasoning_content"] = thoughts
         if role == "tool":
             msg["tool_call_id"] = m.tool_call_id or ""
             if m.name:
