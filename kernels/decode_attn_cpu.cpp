@@ -12,8 +12,10 @@
 // Both parts run attend_block: keys in chunks of one vector width, scores by broadcasting query
 // elements against rows of the transposed K (no horizontal sums), vectorized exponentials, online
 // softmax, V accumulated in registers. Phase 1, the shared prefix: tasks (KV head, block of QB
-// query heads of any queries). Phase 2, per (query, KV head): the row's own keys for its G heads,
-// merged with phase 1's partial.
+// query heads of any queries). Phase 2, per (KV head, block of QB query heads of consecutive
+// tokens in one row: a span's tokens fill blocks across their G heads): the row's own keys,
+// each query up to its own length, merged with phase 1's partial. No block computes a padded
+// query head.
 // One source, one build per instruction set (decode_attn.py), like quant_q8_cpu.cpp.
 #include <immintrin.h>
 #include <omp.h>
@@ -98,11 +100,15 @@ struct Dims {
   int64_t N, H, KVH, G, D, P, S;
 };
 
-// Online-softmax attention of up to QB query vectors qh[0..nq) over `nkeys` keys given transposed
-// (kt[e * kstride + c], element e of key c) with values vs [nkeys, D]. Keys in chunks of one
-// vector width: scores by broadcasting query elements against rows of the transposed K (no
+// Online-softmax attention of QB query vectors qh[0..QB) over the first lens[i] keys each, given
+// transposed (kt[e * kstride + c], element e of key c) with values vs [keys, D]. Keys in chunks of
+// one vector width: scores by broadcasting query elements against rows of the transposed K (no
 // horizontal sums), exponentials vectorized, V accumulated in registers. Returns per query the
-// running max m, the sum of exponentials l and the unnormalized output in acc [nq, D].
+// running max m, the sum of exponentials l and the unnormalized output in acc [QB, D].
+//
+// Each query's result depends only on its own vector and length: its chunks, lanes and sums are
+// the same whichever queries share its block (a key row is loaded once for all of them), so
+// blocks can mix queries of several tokens (different lengths) with no padded lanes.
 constexpr int64_t kTile = 16;  // keys per tile of the mirror's K layout
 
 // Element e of keys c .. c + kLanes - 1: transposed K [D, kstride], or (kTiled) tiles of 16 keys
@@ -113,98 +119,175 @@ inline const float* key_row(const float* kt, int64_t kstride, int64_t D, int64_t
   return kt + e * kstride + c;
 }
 
-template <int DV, int QB, bool kTiled = false>
-void attend_block(const float* const* qh, int nq, const float* kt, int64_t kstride,
-                  const float* vs, int64_t nkeys, int64_t D, float* m_out, float* l_out,
-                  float* acc_out) {
-  VecF acc[QB][DV];
-  float m[QB], l[QB];
-  for (int i = 0; i < QB; ++i) {
-    m[i] = -std::numeric_limits<float>::infinity(), l[i] = 0.f;
-    for (int v = 0; v < DV; ++v) acc[i][v] = zero();
-  }
+// One chunk of keys c0 .. c0 + n for every query of attend_block: kFull, every query sees all
+// kLanes keys of it (the loop over a block's common keys); otherwise query i sees lens[i] - c0
+// of them (none: its state is left as it is).
+template <int DV, int QB, bool kTiled, bool kFull>
+[[gnu::always_inline]] inline void attend_chunk(
+    VecF (&acc)[QB][DV], float (&m)[QB], float (&l)[QB], const float* const* qh,
+    const int64_t* lens, const float* kt, int64_t kstride, const float* vs, int64_t D,
+    int64_t c0, int n) {
   alignas(64) float p[QB][kLanes];
-  for (int64_t c0 = 0; c0 < nkeys; c0 += kLanes) {
-    const int n = static_cast<int>(std::min<int64_t>(kLanes, nkeys - c0));
-    VecF s[QB];
-    for (int i = 0; i < QB; ++i) s[i] = zero();
-    for (int64_t e = 0; e < D; ++e) {
-      const float* kr = key_row<kTiled>(kt, kstride, D, e, c0);
-      const VecF krow = n == kLanes ? load(kr) : load_n(kr, n);
-      for (int i = 0; i < QB; ++i) s[i] = fma(bcast(qh[i][e]), krow, s[i]);
-    }
+  int ni[QB];  // keys of this chunk query i sees
+  int common = kLanes;  // keys of it every query sees
+  if constexpr (!kFull) {
     for (int i = 0; i < QB; ++i) {
-      if (n < kLanes) s[i] = tail_neg_inf(s[i], n);
-      const float m_new = std::max(m[i], hmax(s[i]));
-      const float corr = std::exp(m[i] - m_new);
-      const VecF e = vexp(sub(s[i], bcast(m_new)));
-      l[i] = l[i] * corr + hsum(e);
-      m[i] = m_new;
-      store(p[i], e);
-      const VecF cv = bcast(corr);
-      for (int v = 0; v < DV; ++v) acc[i][v] = mul(acc[i][v], cv);
+      ni[i] = static_cast<int>(std::clamp<int64_t>(lens[i] - c0, 0, kLanes));
+      common = std::min(common, ni[i]);
     }
-    for (int c = 0; c < n; ++c) {
+  }
+  VecF s[QB];
+  for (int i = 0; i < QB; ++i) s[i] = zero();
+  for (int64_t e = 0; e < D; ++e) {
+    const float* kr = key_row<kTiled>(kt, kstride, D, e, c0);
+    const VecF krow = kFull || n == kLanes ? load(kr) : load_n(kr, n);
+    for (int i = 0; i < QB; ++i) s[i] = fma(bcast(qh[i][e]), krow, s[i]);
+  }
+  for (int i = 0; i < QB; ++i) {
+    if constexpr (!kFull) {
+      if (ni[i] == 0) continue;  // past its keys
+      if (ni[i] < kLanes) s[i] = tail_neg_inf(s[i], ni[i]);
+    }
+    const float m_new = std::max(m[i], hmax(s[i]));
+    const float corr = std::exp(m[i] - m_new);
+    const VecF e = vexp(sub(s[i], bcast(m_new)));
+    l[i] = l[i] * corr + hsum(e);
+    m[i] = m_new;
+    store(p[i], e);
+    const VecF cv = bcast(corr);
+    for (int v = 0; v < DV; ++v) acc[i][v] = mul(acc[i][v], cv);
+  }
+  for (int c = 0; c < common; ++c) {
+    const float* vrow = vs + (c0 + c) * D;
+    VecF vv[DV];
+    for (int v = 0; v < DV; ++v) vv[v] = load(vrow + v * kLanes);
+    for (int i = 0; i < QB; ++i) {
+      const VecF pc = bcast(p[i][c]);
+      for (int v = 0; v < DV; ++v) acc[i][v] = fma(pc, vv[v], acc[i][v]);
+    }
+  }
+  if constexpr (!kFull) {
+    for (int c = common; c < n; ++c) {  // queries of unequal lengths: each up to its own
       const float* vrow = vs + (c0 + c) * D;
-      VecF vv[DV];
-      for (int v = 0; v < DV; ++v) vv[v] = load(vrow + v * kLanes);
       for (int i = 0; i < QB; ++i) {
+        if (c >= ni[i]) continue;
         const VecF pc = bcast(p[i][c]);
-        for (int v = 0; v < DV; ++v) acc[i][v] = fma(pc, vv[v], acc[i][v]);
+        for (int v = 0; v < DV; ++v) acc[i][v] = fma(pc, load(vrow + v * kLanes), acc[i][v]);
       }
     }
   }
-  for (int i = 0; i < nq; ++i) {
+}
+
+template <int DV, int QB, bool kTiled>
+void attend_block(const float* const* qh, const int64_t* lens, const float* kt, int64_t kstride,
+                  const float* vs, int64_t D, float* m_out, float* l_out, float* acc_out) {
+  VecF acc[QB][DV];
+  float m[QB], l[QB];
+  int64_t nkeys = 0, nmin = lens[0];
+  for (int i = 0; i < QB; ++i) {
+    m[i] = -std::numeric_limits<float>::infinity(), l[i] = 0.f;
+    for (int v = 0; v < DV; ++v) acc[i][v] = zero();
+    nkeys = std::max(nkeys, lens[i]), nmin = std::min(nmin, lens[i]);
+  }
+  int64_t c0 = 0;
+  for (; c0 + kLanes <= nmin; c0 += kLanes)
+    attend_chunk<DV, QB, kTiled, true>(acc, m, l, qh, lens, kt, kstride, vs, D, c0, kLanes);
+  for (; c0 < nkeys; c0 += kLanes)
+    attend_chunk<DV, QB, kTiled, false>(acc, m, l, qh, lens, kt, kstride, vs, D, c0,
+                                        static_cast<int>(std::min<int64_t>(kLanes, nkeys - c0)));
+  for (int i = 0; i < QB; ++i) {
     m_out[i] = m[i], l_out[i] = l[i];
     for (int v = 0; v < DV; ++v) store(acc_out + i * D + v * kLanes, acc[i][v]);
   }
 }
 
-// Phase 1 for QB query heads (flat indices j0.. of KV head h: query j / G, head h*G + j % G).
+// attend_block for nq <= QB queries: the build of exactly nq (no padded query computed).
+template <int DV, int QB, bool kTiled = false>
+void attend(int nq, const float* const* qh, const int64_t* lens, const float* kt,
+            int64_t kstride, const float* vs, int64_t D, float* m_out, float* l_out,
+            float* acc_out) {
+  if constexpr (QB > 1) {
+    if (nq < QB) {
+      attend<DV, QB - 1, kTiled>(nq, qh, lens, kt, kstride, vs, D, m_out, l_out, acc_out);
+      return;
+    }
+  }
+  attend_block<DV, QB, kTiled>(qh, lens, kt, kstride, vs, D, m_out, l_out, acc_out);
+}
+
+// Phase 1 for nq <= QB query heads (flat indices j0.. of KV head h: query j / G, head
+// h*G + j % G).
 template <int DV, int QB>
 void shared_block(const Dims& dm, const float* q, const float* kt, const float* vs, int64_t h,
                   int64_t j0, int nq, float* pm, float* pl, float* pacc) {
   const float* qh[QB];
-  for (int i = 0; i < QB; ++i) {
-    const int64_t j = j0 + std::min(i, nq - 1);
-    qh[i] = q + ((j / dm.G) * dm.H + h * dm.G + j % dm.G) * dm.D;
+  int64_t lens[QB];
+  for (int i = 0; i < nq; ++i) {
+    const int64_t j = j0 + i;
+    qh[i] = q + ((j / dm.G) * dm.H + h * dm.G + j % dm.G) * dm.D, lens[i] = dm.P;
   }
-  attend_block<DV, QB>(qh, nq, kt + h * dm.D * dm.P, dm.P, vs + h * dm.P * dm.D, dm.P, dm.D,
-                       pm + j0, pl + j0, pacc + j0 * dm.D);
+  attend<DV, QB>(nq, qh, lens, kt + h * dm.D * dm.P, dm.P, vs + h * dm.P * dm.D, dm.D, pm + j0,
+                 pl + j0, pacc + j0 * dm.D);
 }
 
-// Phase 2 for query n, KV head h: its row's own keys (the mirror's tiled K, the first qlen[n] of
-// S), merged with the shared partial; writes out.
+// Phase 2's unit of work: query heads j0 .. j0 + nq of KV head h over the tokens n0 .. of one
+// run of consecutive tokens in the same mirror row (flat index j: token n0 + j / G, head
+// h*G + j % G). Blocks cross token boundaries, so G = 3 fills blocks of 4.
+struct OwnTask {
+  int64_t n0, h, j0;
+  int nq;
+};
+
+// Phase 2 for one task: its queries' own keys (the mirror's tiled K, the first qlen[n] of S),
+// merged with the shared partial; writes out.
 template <int DV, int QB>
 void own_and_merge(const Dims& dm, const float* q, const float* kmt, const float* vm,
                    const int64_t* qb, const int64_t* qlen, const float* pm, const float* pl,
-                   const float* pacc, int64_t n, int64_t h, float* out) {
-  const int64_t D = dm.D, len = qlen[n];
-  const float* kt = kmt + (qb[n] * dm.KVH + h) * D * dm.S;  // S / 16 tiles of D * 16
-  const float* vr = vm + (qb[n] * dm.KVH + h) * dm.S * D;
+                   const float* pacc, const OwnTask& t, float* out) {
+  const int64_t D = dm.D, row = qb[t.n0] * dm.KVH + t.h;
+  const float* kt = kmt + row * D * dm.S;  // S / 16 tiles of D * 16
+  const float* vr = vm + row * dm.S * D;
   float m[QB], l[QB];
   alignas(64) float acc[QB * 128];
-  for (int64_t g0 = 0; g0 < dm.G; g0 += QB) {
-    const int nq = static_cast<int>(std::min<int64_t>(QB, dm.G - g0));
-    const float* qh[QB];
-    for (int i = 0; i < QB; ++i) qh[i] = q + (n * dm.H + h * dm.G + g0 + std::min(i, nq - 1)) * D;
-    attend_block<DV, QB, true>(qh, nq, kt, dm.S, vr, len, D, m, l, acc);
-    for (int i = 0; i < nq; ++i) {
-      const int64_t g = g0 + i, head = h * dm.G + g, j = n * dm.G + g;
-      float lo = l[i], cs = 0.f, co = 1.f;
-      if (dm.P) {  // one softmax over both parts
-        const float mx = std::max(pm[j], m[i]);
-        cs = std::exp(pm[j] - mx), co = std::exp(m[i] - mx);
-        lo = pl[j] * cs + l[i] * co;
-      }
-      const VecF inv = bcast(1.f / lo), vcs = bcast(cs), vco = bcast(co);
-      for (int v = 0; v < DV; ++v) {
-        VecF a = mul(load(acc + i * D + v * kLanes), vco);
-        if (dm.P) a = fma(load(pacc + j * D + v * kLanes), vcs, a);
-        store(out + (n * dm.H + head) * D + v * kLanes, mul(a, inv));
-      }
+  const float* qh[QB];
+  int64_t lens[QB], tok[QB], head[QB];
+  for (int i = 0; i < t.nq; ++i) {
+    tok[i] = t.n0 + (t.j0 + i) / dm.G, head[i] = t.h * dm.G + (t.j0 + i) % dm.G;
+    qh[i] = q + (tok[i] * dm.H + head[i]) * D, lens[i] = qlen[tok[i]];
+  }
+  attend<DV, QB, true>(t.nq, qh, lens, kt, dm.S, vr, D, m, l, acc);
+  for (int i = 0; i < t.nq; ++i) {
+    const int64_t j = tok[i] * dm.G + head[i] - t.h * dm.G;  // its index in phase 1's partials
+    float lo = l[i], cs = 0.f, co = 1.f;
+    if (dm.P) {  // one softmax over both parts
+      const float mx = std::max(pm[j], m[i]);
+      cs = std::exp(pm[j] - mx), co = std::exp(m[i] - mx);
+      lo = pl[j] * cs + l[i] * co;
+    }
+    const VecF inv = bcast(1.f / lo), vcs = bcast(cs), vco = bcast(co);
+    for (int v = 0; v < DV; ++v) {
+      VecF a = mul(load(acc + i * D + v * kLanes), vco);
+      if (dm.P) a = fma(load(pacc + j * D + v * kLanes), vcs, a);
+      store(out + (tok[i] * dm.H + head[i]) * D + v * kLanes, mul(a, inv));
     }
   }
+}
+
+// Phase 2's tasks: per run of consecutive tokens in one row, each seeing at most one vector
+// width of keys more than the one before (a span's tokens: a block's keys are its longest
+// query's), per KV head, blocks of QB of the run's tokens x G query heads.
+std::vector<OwnTask> own_tasks(const Dims& dm, const int64_t* qb, const int64_t* qlen,
+                               int QB) {
+  std::vector<OwnTask> tasks;
+  for (int64_t n0 = 0, n1; n0 < dm.N; n0 = n1) {
+    for (n1 = n0 + 1; n1 < dm.N && qb[n1] == qb[n0] && qlen[n1] >= qlen[n1 - 1] &&
+                      qlen[n1] - qlen[n1 - 1] <= kLanes; ++n1) {}
+    const int64_t heads = (n1 - n0) * dm.G;
+    for (int64_t h = 0; h < dm.KVH; ++h)
+      for (int64_t j0 = 0; j0 < heads; j0 += QB)
+        tasks.push_back({n0, h, j0, static_cast<int>(std::min<int64_t>(QB, heads - j0))});
+  }
+  return tasks;
 }
 
 template <int DV>
@@ -223,11 +306,14 @@ void run(const Dims& dm, const float* q, const float* kt, const float* vs, const
                            pl.data() + h * per_head, pacc.data() + h * per_head * dm.D);
     }
   }
+  const std::vector<OwnTask> tasks = own_tasks(dm, qb, qlen, QB);
+  const int64_t ntasks = static_cast<int64_t>(tasks.size());
 #pragma omp parallel for schedule(static) num_threads(threads)
-  for (int64_t task = 0; task < dm.N * dm.KVH; ++task) {
-    const int64_t n = task / dm.KVH, h = task % dm.KVH;
+  for (int64_t i = 0; i < ntasks; ++i) {
+    const int64_t h = tasks[i].h;
     own_and_merge<DV, QB>(dm, q, kmt, vm, qb, qlen, pm.data() + h * per_head,
-                          pl.data() + h * per_head, pacc.data() + h * per_head * dm.D, n, h, out);
+                          pl.data() + h * per_head, pacc.data() + h * per_head * dm.D, tasks[i],
+                          out);
   }
 }
 
