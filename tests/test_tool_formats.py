@@ -227,3 +227,28 @@ def test_tools_a_template_refuses_are_adapted(tokenizer: Any, template: str) -> 
     text = render_chat(tokenizer, _history(ARGS), tools=bare, tool_format=fmt)
     assert "get_weather" in text.split("Weather in Rome?")[0]  # the tools are described
     template_form(fmt, "get_weather", ARGS, text)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("fmt", ["hermes", "qwen3_coder", "mistral_v11", "deepseek_v31",
+                                 "harmony"])
+def test_a_single_call_reply_ends_right_after_the_call(fmt: str, tokenizer: Any,
+                                                       compiler: GrammarCompiler) -> None:
+    """Nothing can follow the only call (a named choice, ``parallel_tool_calls`` false, a
+    one-call format): no whitespace is allowed after it, so the stop comes at once instead of
+    the model padding up to the whitespace bound; with parallel calls whitespace may follow
+    (the next call's separator)."""
+    template = next(t for t, f in DETECTED.items() if f == fmt)
+    tok = type(tokenizer).from_pretrained(tokenizer.name_or_path)
+    tok.chat_template = (TEMPLATES / template).read_text(encoding="utf-8")
+    text = template_form(fmt, "get_weather", ARGS,
+                         render_chat(tok, _history(ARGS), tools=TOOLS, tool_format=fmt))
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for mode, parallel in ((named, True), ("required", False)):
+        grammar = compiler.compile_tool_calls(TOOLS, mode, parallel=parallel,
+                                              call_format=fmt)
+        assert _walks(compiler, tok, grammar, text)
+        assert not _walks(compiler, tok, grammar, text + "\n")
+    grammar = compiler.compile_tool_calls(TOOLS, "required", parallel=True,
+                                          call_format=fmt)
+    assert _walks(compiler, tok, grammar, text + "\n") is not tool_format(fmt).single

@@ -201,7 +201,8 @@ def tool_calls_lark(spec: dict[str, Any], json_options: dict[str, Any],
                     max_ws: int | None = None) -> str:
     """The llguidance Lark grammar for a normalized tool-call spec (whole output).
 
-    ``max_ws`` bounds the whitespace between calls and after the last one (``None``: unbounded).
+    ``max_ws`` bounds the whitespace between calls and after the last one (``None``: unbounded);
+    a reply of one call (not ``parallel``, or a format that writes one) ends right after it.
     """
     fmt = tool_format(spec.get("format", "hermes"))
     rules, calls = _calls(fmt, spec, json_options, max_ws)
@@ -227,4 +228,7 @@ def tool_calls_lark(spec: dict[str, Any], json_options: dict[str, Any],
             starts = "|".join(lex(t) for t in fmt.triggers)
             start = [f"start: TEXT | {head}{calls} TAIL",
                      rf"TEXT: /(?s:.*)/ & ~/({starts})(?s:.*)/"]
+    if not spec["parallel"] or fmt.single:  # NOTE: nothing can follow: the reply ends there
+        start = [start[0].replace(" TAIL", ""), *start[1:]]
+        return "\n".join([*start, *rules]) + "\n"
     return "\n".join([*start, *rules, f"TAIL: /{_ws(max_ws)}/"]) + "\n"
