@@ -24,16 +24,16 @@ from typing import Any
 import jsonschema
 
 sys.path.insert(0, str(Path(__file__).parent))
-from machine import cpu_name, revision  # noqa: E402
+from machine import cpu_name, revision
 
-import grammarserve  # noqa: E402
-from grammarserve.config import EngineConfig  # noqa: E402
-from grammarserve.engine.engine import Engine  # noqa: E402
-from grammarserve.models.loader import load_tokenizer, resolve_model_folder  # noqa: E402
-from grammarserve.openai.context import ModelContext  # noqa: E402
-from grammarserve.openai.prepare import prepare_chat  # noqa: E402
-from grammarserve.openai.protocol import ChatCompletionRequest  # noqa: E402
-from grammarserve.openai.replies import completion_body  # noqa: E402
+import grammarserve
+from grammarserve.config import EngineConfig
+from grammarserve.engine.engine import Engine
+from grammarserve.models.loader import load_tokenizer, resolve_model_folder
+from grammarserve.openai.context import ModelContext
+from grammarserve.openai.prepare import prepare_chat
+from grammarserve.openai.protocol import ChatCompletionRequest
+from grammarserve.openai.replies import completion_body
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "tests" / "data" / "templates"
 FAMILIES = {"hermes": "Qwen-Qwen2.5-7B-Instruct.jinja", "qwen3_coder": "Qwen3-Coder.jinja",
