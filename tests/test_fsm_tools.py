@@ -64,7 +64,8 @@ def test_required_and_named(compiler: GrammarCompiler, tokenizer: Any) -> None:
     assert masked(compiler, tokenizer, required, "")
     assert masked(compiler, tokenizer, required, CALL_W + " done")
     single = compiler.compile_tool_calls(TOOLS, "required", parallel=False)
-    assert accepts(compiler, tokenizer, single, CALL_S + "\n")
+    assert accepts(compiler, tokenizer, single, CALL_S)  # the reply ends right after its call
+    assert masked(compiler, tokenizer, single, CALL_S + "\n")
     assert masked(compiler, tokenizer, single, CALL_S + "\n" + CALL_W)
     named = compiler.compile_tool_calls(TOOLS, {"type": "function",
                                                 "function": {"name": "search"}})
@@ -138,7 +139,8 @@ def test_auto_single_call_and_jump_forward(compiler: GrammarCompiler, tokenizer:
     import xgrammar as xgr
 
     single = compiler.compile_tool_calls(TOOLS, "auto", parallel=False)
-    assert accepts(compiler, tokenizer, single, "ok " + CALL_W + "\n")
+    assert accepts(compiler, tokenizer, single, "ok " + CALL_W)
+    assert masked(compiler, tokenizer, single, "ok " + CALL_W + "\n")
     assert masked(compiler, tokenizer, single, CALL_W + "\n" + CALL_S)
     token_bytes = xgr.TokenizerInfo.from_huggingface(tokenizer).decoded_vocab
     auto = compiler.compile_tool_calls(TOOLS, "auto")
