@@ -13,7 +13,7 @@ from tiny_models import tiny_tokenizer
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from grammarserve.models.prompt_tokens import SegmentEncoder, encode_prompt
+from grammarserve.models.prompt_tokens import SegmentEncoder
 from grammarserve.openai.protocol import ChatMessage
 from grammarserve.openai.render import render_chat
 
@@ -62,7 +62,8 @@ def test_the_tool_block_comes_from_the_cache_on_the_next_request(tokenizer) -> N
         assert enc.encode(text) == tokenizer.encode(text, add_special_tokens=False)
         assert enc.hits == i  # the second request finds the system piece (the tools)
     text = render_chat(tokenizer, [ChatMessage(role="user", content="Hi")], tools=_TOOLS)
-    assert encode_prompt(tokenizer, text) == tokenizer.encode(text, add_special_tokens=False)
+    assert SegmentEncoder(tokenizer).encode(text) == tokenizer.encode(text,
+                                                            add_special_tokens=False)
 
 
 def _tokenizer(pre: Any, added: AddedToken) -> PreTrainedTokenizerFast:

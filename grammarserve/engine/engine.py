@@ -39,7 +39,7 @@ from grammarserve.engine.threads import ThreadTuner
 from grammarserve.errors import ErrorKind, InvalidRequestError
 from grammarserve.fsm.repeats import CallRepeatGuard
 from grammarserve.models.loader import LoadedModel, load_model
-from grammarserve.models.prompt_tokens import encode_prompt
+from grammarserve.models.prompt_tokens import SegmentEncoder
 from grammarserve.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,7 @@ class Engine:
                                            chat_template=config.chat_template)
         mc = self.loaded.config
         self.tokenizer = self.loaded.tokenizer
+        self.prompt_encoder = SegmentEncoder(self.tokenizer)  # text prompts' cached pieces
         self.kv_bytes_per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads,
                                                          mc.head_dim, config.torch_kv_dtype)
         varlen = config.attention_backend == "varlen"
@@ -133,7 +134,7 @@ class Engine:
         if request_id in self.requests:
             raise InvalidRequestError(f"request id {request_id!r} is already in use",
                                       param="request_id")
-        ids = encode_prompt(self.tokenizer, prompt) if isinstance(prompt, str) else list(prompt)
+        ids = self.prompt_encoder.encode(prompt) if isinstance(prompt, str) else list(prompt)
         self._check_prompt(ids)
         self._check_bias(params)
         if params.dry_multiplier is None:  # NOTE: the engine's default, for constrained replies

@@ -3,8 +3,9 @@
 A fast (Rust) Hugging Face tokenizer first splits its input at its added tokens (``<|im_start|>``
 ...) and then normalizes, pre-tokenizes and runs the model on each piece apart, so the ids of a
 text are the ids of its pieces in order: a piece seen before (the tool list of an agent's every
-request, ~5k tokens, ~9 ms to tokenize) can come from a cache. :func:`encode_prompt` keeps the
-ids of long pieces in a per-tokenizer LRU; it tokenizes in one call as before for a tokenizer
+request, ~5k tokens, ~9 ms to tokenize) can come from a cache. A :class:`SegmentEncoder` (one
+per tokenizer, owned by the engine and by the protocol layer's ``ModelContext``) keeps the
+ids of long pieces in an LRU; it tokenizes in one call as before for a tokenizer
 where that split is not exact (an added token that strips spaces or matches single words, a
 normalizer in front of normalized added tokens, a ``Metaspace`` pre-tokenizer, which prefixes
 the first piece only), and for one that fails a check on a probe text at first use.
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import re
 import threading
-import weakref
 from collections import OrderedDict
 from typing import Any
 
@@ -124,20 +124,3 @@ def _splittable_added_tokens(tokenizer: Any) -> dict[str, int]:
         if tok.content:
             out[tok.content] = int(tid)
     return out
-
-
-_encoders: weakref.WeakKeyDictionary[Any, SegmentEncoder] = weakref.WeakKeyDictionary()
-_encoders_lock = threading.Lock()
-
-
-def encode_prompt(tokenizer: Any, text: str) -> list[int]:
-    """``tokenizer.encode(text, add_special_tokens=False)``, long pieces between added tokens
-    from the tokenizer's cache (:class:`SegmentEncoder`)."""
-    try:
-        with _encoders_lock:
-            enc = _encoders.get(tokenizer)
-            if enc is None:
-                enc = _encoders[tokenizer] = SegmentEncoder(tokenizer)
-    except TypeError:  # not weak-referenceable: no cache
-        return list(tokenizer.encode(text, add_special_tokens=False))
-    return enc.encode(text)

@@ -9,6 +9,7 @@ from typing import Any
 from grammarserve.config import EngineConfig
 from grammarserve.fsm import GrammarCompiler
 from grammarserve.fsm.reasoning_formats import ReasoningFormat, resolve
+from grammarserve.models.prompt_tokens import SegmentEncoder
 from grammarserve.openai.limits import prompt_char_bound
 from grammarserve.openai.logprobs import TokenTexts
 from grammarserve.openai.tool_detect import resolve_tool_parser
@@ -50,6 +51,9 @@ class ModelContext:
         from the chat template), or None.
     strict_thinking:
         The default of ``strict_thinking`` (``EngineConfig.strict_thinking``).
+    prompt_encoder:
+        Tokenizes rendered prompts with the pieces between added tokens cached (the tools block
+        of an agent's every request; :meth:`create` builds it), or None: one encode call.
     """
 
     tokenizer: Any
@@ -64,6 +68,7 @@ class ModelContext:
     reasoning_format: ReasoningFormat | None = None
     strict_thinking: bool = False
     tool_call_parser: str | None = None
+    prompt_encoder: SegmentEncoder | None = None
 
     @classmethod
     def create(cls, tokenizer: Any, compiler: GrammarCompiler | None, *, max_model_len: int,
@@ -85,7 +90,15 @@ class ModelContext:
         return cls(tokenizer, compiler, max_model_len, max_n, model_name, tool_call_format,
                    TokenTexts(tokenizer), max_prompt_chars, max_choices,
                    reasoning_format=reasoning, strict_thinking=strict_thinking,
-                   tool_call_parser=family)
+                   tool_call_parser=family,
+                   prompt_encoder=SegmentEncoder(tokenizer) if tokenizer is not None else None)
+
+    def encode(self, text: str) -> list[int]:
+        """The ids of a rendered prompt (``tokenizer.encode(text, add_special_tokens=False)``;
+        long pieces between added tokens from ``prompt_encoder``'s cache when there is one)."""
+        if self.prompt_encoder is not None:
+            return self.prompt_encoder.encode(text)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     @property
     def vocab_size(self) -> int:

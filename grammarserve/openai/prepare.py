@@ -17,7 +17,6 @@ from typing import Any
 
 from grammarserve.engine.request import RequestOutput
 from grammarserve.errors import ErrorKind, GrammarError, InvalidRequestError, RequestFailedError
-from grammarserve.models.prompt_tokens import encode_prompt
 from grammarserve.openai.bodies import new_id
 from grammarserve.openai.context import ModelContext
 from grammarserve.openai.limits import check_choices, check_prompt_chars, prompt_texts, text_chars
@@ -154,7 +153,7 @@ def prepare_chat(ctx: ModelContext, req: ChatCompletionRequest) -> Prepared:
     plan, refusal = _front_end(ctx, constraint_plan(req, tools))
     ask = reasoning_ask(req, ctx.reasoning_format, ctx.strict_thinking)
     text = chat_prompt(ctx, req, tools, ask.template_kwargs)
-    prompt = encode_prompt(ctx.tokenizer, text)  # the tool block's ids from a cache
+    prompt = ctx.encode(text)  # the tool block's ids from a cache
     check_json_mode(req, [content_text(m.content, f"messages[{i}]")
                           for i, m in enumerate(req.messages)])
     requested = req.max_completion_tokens or req.max_tokens
