@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from grammarserve.fsm.kmp import Kmp
+
 #: The state of free text: (trigger bytes matched at its end, incomplete UTF-8 tail).
 TextState = tuple[int, bytes]
 
@@ -29,16 +31,7 @@ class FreeTextMasks:
         self.trigger = trigger
         self.token_bytes = token_bytes
         self.masks: dict[TextState, np.ndarray] = {}
-        # KMP failure function: fail[i] = length of the longest proper border of trigger[:i+1].
-        fail = [0] * len(trigger)
-        k = 0
-        for i in range(1, len(trigger)):
-            while k and trigger[i] != trigger[k]:
-                k = fail[k - 1]
-            if trigger[i] == trigger[k]:
-                k += 1
-            fail[i] = k
-        self._fail = fail
+        self._kmp = Kmp(trigger)
 
     def advance(self, state: TextState | None, token_id: int) -> TextState | None:
         """The state after ``token_id``; ``None`` once the trigger has appeared."""
@@ -46,15 +39,8 @@ class FreeTextMasks:
             return None
         k, tail = state
         data = self.token_bytes[token_id]
-        trigger, fail = self.trigger, self._fail
-        for b in data:
-            while k and trigger[k] != b:
-                k = fail[k - 1]
-            if trigger[k] == b:
-                k += 1
-                if k == len(trigger):
-                    return None
-        return k, _utf8_tail(tail + data)
+        k, found = self._kmp.step(k, data)
+        return None if found is not None else (k, _utf8_tail(tail + data))
 
     def put(self, state: TextState, row: np.ndarray) -> None:
         """Keep a copy of the mask ``row`` of ``state`` (if there is room)."""

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from grammarserve.constraints import ReasoningSpan
+from grammarserve.fsm.kmp import Kmp
 from grammarserve.fsm.matcher import Matcher, SharedMasks
 from grammarserve.fsm.vocab import VocabInfo
 
@@ -42,15 +43,7 @@ class MarkerTable:
 
     def __init__(self, marker: bytes, token_bytes: Sequence[bytes]) -> None:
         self.marker = marker
-        fail = [0] * len(marker)
-        k = 0
-        for i in range(1, len(marker)):
-            while k and marker[i] != marker[k]:
-                k = fail[k - 1]
-            if marker[i] == marker[k]:
-                k += 1
-            fail[i] = k
-        self._fail = fail
+        self._kmp = Kmp(marker)
         exact: list[list[int]] = [[] for _ in marker]
         past: list[list[int]] = [[] for _ in marker]
         last = marker[-1:]
@@ -68,15 +61,7 @@ class MarkerTable:
     def step(self, k: int, data: bytes) -> tuple[int, int | None]:
         """The state after ``data`` from state ``k``, and where in ``data`` the marker first
         completed (the offset just past it), or None."""
-        marker, fail = self.marker, self._fail
-        for i, b in enumerate(data):
-            while k and marker[k] != b:
-                k = fail[k - 1]
-            if marker[k] == b:
-                k += 1
-                if k == len(marker):
-                    return 0, i + 1
-        return k, None
+        return self._kmp.step(k, data)
 
 
 class ReasoningTables:

@@ -50,6 +50,15 @@ class ReasoningSplitter:
         """What is still held, at the end of the reply."""
         return self._drain(final=True)
 
+    def step(self, text: str, *, last: bool) -> tuple[str, str]:
+        """:meth:`feed` ``text``, then :meth:`finish` too when it is the reply's ``last``
+        part: the ``(reasoning, content)`` to send for it."""
+        thought, content = self.feed(text)
+        if last:
+            more = self.finish()
+            thought, content = thought + more[0], content + more[1]
+        return thought, content
+
     def _eat(self, n: int) -> str:
         head, self._buf = self._buf[:n], self._buf[n:]
         self._pos += n
@@ -117,9 +126,8 @@ class ReasoningSplitter:
 def split(fmt: ReasoningFormat, text: str, *, opened: bool) -> tuple[str | None, str, int | None]:
     """``(reasoning or None, content, where the content begins)`` of a whole reply."""
     s = ReasoningSplitter(fmt, opened=opened)
-    r1, c1 = s.feed(text)
-    r2, c2 = s.finish()
-    return (r1 + r2 if s.spanned else None), c1 + c2, s.answer_at
+    thought, content = s.step(text, last=True)
+    return (thought if s.spanned else None), content, s.answer_at
 
 
 def reasoning_tokens(texts: TokenTexts, token_ids: Sequence[int], text: str,

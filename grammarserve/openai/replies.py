@@ -134,10 +134,7 @@ async def _chat_chunks(ctx: ModelContext, prep: Prepared, outputs: Outputs,
             parser, splitter = parsers[i], splitters[i]
             thought, delta = "", out.delta_text
             if splitter is not None:
-                thought, delta = splitter.feed(delta)
-                if out.finished:
-                    more = splitter.finish()
-                    thought, delta = thought + more[0], delta + more[1]
+                thought, delta = splitter.step(delta, last=out.finished)
             if parser is None:
                 events: list[Event] = [ContentDelta(delta)] if delta else []
             else:

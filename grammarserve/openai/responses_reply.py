@@ -283,10 +283,7 @@ async def response_events(ctx: ModelContext, req: ResponsesRequest, prep: Prepar
             async for _, out in it:
                 thought, delta = "", out.delta_text
                 if splitter is not None:
-                    thought, delta = splitter.feed(delta)
-                    if out.finished:
-                        more = splitter.finish()
-                        thought, delta = thought + more[0], delta + more[1]
+                    thought, delta = splitter.step(delta, last=out.finished)
                 if thought and plan is not None and plan.include:
                     for item in s.reasoning(thought):
                         yield item
