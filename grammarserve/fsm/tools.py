@@ -208,12 +208,14 @@ def tool_calls_lark(spec: dict[str, Any], json_options: dict[str, Any],
     rules, calls = _calls(fmt, spec, json_options, max_ws)
     # NOTE: a JSON array's ``[`` is part of its ``%json``, not of the literal opening.
     opening = fmt.opening[:-1] if fmt.json_array else fmt.opening
+    one_call = not spec["parallel"] or fmt.single  # NOTE: nothing can follow: the reply ends
+    tail = "" if one_call else " TAIL"
     if spec["mode"] == "auto" and fmt.trigger_anywhere:
         trigger = fmt.triggers[0]
         rest = opening[len(trigger):]
         # NOTE: TEXT is plain text without the trigger; ``head`` is lazy, so it ends at the
         # first trigger, after which only calls may follow.
-        start = [f"start: TEXT | head {lit(rest) + ' ' if rest else ''}{calls} TAIL",
+        start = [f"start: TEXT | head {lit(rest) + ' ' if rest else ''}{calls}{tail}",
                  rf"TEXT: /(?s:.*)/ & ~/(?s:.*){lex(trigger)}(?s:.*)/",
                  rf"head[lazy]: /(?s:.*){lex(trigger)}/"]
     else:
@@ -223,12 +225,10 @@ def tool_calls_lark(spec: dict[str, Any], json_options: dict[str, Any],
                                                 else "")
         elif opening:
             head = f"{lit(opening)} "
-        start = [f"start: {head}{calls} TAIL"]
+        start = [f"start: {head}{calls}{tail}"]
         if spec["mode"] == "auto":
             starts = "|".join(lex(t) for t in fmt.triggers)
-            start = [f"start: TEXT | {head}{calls} TAIL",
+            start = [f"start: TEXT | {head}{calls}{tail}",
                      rf"TEXT: /(?s:.*)/ & ~/({starts})(?s:.*)/"]
-    if not spec["parallel"] or fmt.single:  # NOTE: nothing can follow: the reply ends there
-        start = [start[0].replace(" TAIL", ""), *start[1:]]
-        return "\n".join([*start, *rules]) + "\n"
-    return "\n".join([*start, *rules, f"TAIL: /{_ws(max_ws)}/"]) + "\n"
+    tail_rule = [] if one_call else [f"TAIL: /{_ws(max_ws)}/"]
+    return "\n".join([*start, *rules, *tail_rule]) + "\n"
