@@ -87,6 +87,13 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                    help="DRY penalty on tokens that extend a repetition inside a constrained "
                         "reply's string values, for requests that do not set dry_multiplier "
                         "(0: off)")
+    p.add_argument("--num-speculative-tokens", type=int,
+                   default=EngineConfig.num_speculative_tokens,
+                   help="speculative decoding: draft tokens per request and step at most, from "
+                        "the prompt, the reply and earlier replies (0: off)")
+    p.add_argument("--speculative-adaptive", default=EngineConfig.speculative_adaptive,
+                   action=argparse.BooleanOptionalAction,
+                   help="draft only as much as measured step costs and acceptance say pays")
     p.add_argument("--tool-call-format", default=EngineConfig.tool_call_format,
                    choices=["json_array", "hermes"],
                    help="tool calls for tool_choice required/named: one JSON array of "
@@ -248,6 +255,8 @@ def _config(args: argparse.Namespace) -> EngineConfig:
                         loop_guard=args.loop_guard,
                         canonical_spans=args.canonical_spans,
                         dry_multiplier=args.dry_multiplier, num_threads=args.num_threads,
+                        num_speculative_tokens=args.num_speculative_tokens,
+                        speculative_adaptive=args.speculative_adaptive,
                         adaptive_threads=args.adaptive_threads,
                         adaptive_batch=args.adaptive_batch,
                         tool_call_format=args.tool_call_format,

@@ -191,6 +191,17 @@ class EngineConfig:
         string value being written; 0: off). 0.8 (text-generation-webui's suggestion): with
         the loop guard, 64 zero-shot invoices with line items finished 57 valid instead of 52
         (field accuracy 49.6% vs 45.7%; benchmarks/README.md, issue 32).
+    num_speculative_tokens:
+        Speculative decoding (``grammarserve.engine.spec``): at most this many draft tokens
+        per request and step, from n-gram matches in the request's prompt and reply and in
+        earlier replies of its namespace, checked by its matcher and verified in the step's
+        forward; output is what plain decoding gives (greedy: the same tokens; sampled: the
+        same distribution and, seeded, the same tokens but where a draft meets a forced
+        span). 0: off.
+    speculative_adaptive:
+        Draft only as many tokens as pay, from each request's recent acceptance and the
+        measured cost of a step per token fed (off: the whole match, up to
+        ``num_speculative_tokens``, whenever there is one).
     """
 
     model: str = "default"
@@ -223,6 +234,8 @@ class EngineConfig:
     loop_guard: int = 2
     canonical_spans: bool = True
     dry_multiplier: float = 0.8
+    num_speculative_tokens: int = 8
+    speculative_adaptive: bool = True
     tool_call_format: Literal["hermes", "json_array"] = "json_array"
     tool_call_parser: str = "auto"
     tool_call_dedupe: bool = True
@@ -262,6 +275,9 @@ class EngineConfig:
         if self.grammar_check_retries < 0:
             raise InvalidRequestError("grammar_check_retries must be >= 0",
                                       param="grammar_check_retries")
+        if not 0 <= self.num_speculative_tokens <= 31:
+            raise InvalidRequestError("num_speculative_tokens must be in [0, 31]",
+                                      param="num_speculative_tokens")
         if self.loop_guard < 0:
             raise InvalidRequestError("loop_guard must be >= 0", param="loop_guard")
         if self.grammar_max_depth < 1:

@@ -30,9 +30,10 @@ from grammarserve.engine.memory import (
 )
 from grammarserve.engine.model_runner import BatchEntry, ModelRunner
 from grammarserve.engine.radix_cache import DEFAULT_NAMESPACE, RadixCache
-from grammarserve.engine.request import Req, RequestOutput
-from grammarserve.engine.sampler import History, TopEntry, make_rng, sample
+from grammarserve.engine.request import Req, ReqStatus, RequestOutput
+from grammarserve.engine.sampler import SampleOutput, TopEntry, make_rng, sample
 from grammarserve.engine.scheduler import ScheduledReq, Scheduler
+from grammarserve.engine.spec.speculator import SpecOptions, Speculator
 from grammarserve.engine.stats import EngineStats
 from grammarserve.engine.stopping import append_token
 from grammarserve.engine.threads import ThreadTuner
@@ -102,6 +103,9 @@ class Engine:
         self.dry = DryPenalty(self.tokenizer, mc.vocab_size)
         self.grammar = GrammarRunner(self.tokenizer, config, vocab_size=mc.vocab_size,
                                      stop_token_ids=sorted(self.eos_ids))
+        self.spec = Speculator(SpecOptions(max_draft=config.num_speculative_tokens,
+                                           adaptive=config.speculative_adaptive),
+                               max_model_len=self.max_model_len)
         self.requests: dict[str, Req] = {}
         self._compiling: list[Req] = []  # constrained requests waiting for their grammar
         self._done_early: list[Req] = []  # aborted, or failed before running
@@ -196,40 +200,82 @@ class Engine:
         return self.scheduler.has_work() or bool(self._done_early or self._compiling)
 
     def step(self) -> list[RequestOutput]:
-        """Schedule, fill the constrained rows' bitmasks while the model runs, sample, advance
-        the matchers (plus jump-forward spans), and return the outputs of requests that
-        advanced."""
+        """Schedule (with speculative drafts), fill the constrained rows' bitmasks while the
+        model runs, sample, verify the drafts and advance the matchers (plus jump-forward
+        spans), and return the outputs of requests that advanced."""
         self._admit_compiled()
         self.scheduler.max_running = self.sizer.limit()
-        work, entries = self._batch(self.scheduler.schedule())
+        self.spec.propose(self.scheduler.running)
+        work, entries = self._drafted(*self._batch(self.scheduler.schedule()))
         if not work:
             self._wait_for_compiles()
             return self._collect([])
-        reqs = [w.req for w in work if w.num_tokens == w.req.num_pending]  # will sample
+        reqs = [w.req for w in work if w.samples]  # will sample
+        rows = self._logit_rows(work)
         masks = self.grammar.fill_async(reqs)  # NOTE: overlaps the forward below
         tokens = sum(w.num_tokens for w in work)
         # NOTE: a grammar compiling on our threads takes a core; a forward split over all cores
         # would then wait at each of its barriers for a descheduled thread.
         busy = 1 if self.grammar.compiling(self._compiling) else 0
-        with self.threads.step(len(work), tokens, busy), self.sizer.step(len(work), tokens):
+        decoding = all(w.req.num_computed >= len(w.req.prompt_ids) for w in work)
+        with self.threads.step(len(work), tokens, busy), self.sizer.step(len(work), tokens), \
+                self.spec.timed(tokens if decoding else None):
             logits = self.runner.forward(entries)
             self._counters["forward_passes"] += 1
             for w in work:
-                w.req.num_computed += w.num_tokens
-                if w.num_tokens > 1:
+                w.req.num_computed += w.num_tokens - w.num_draft
+                if w.num_tokens - w.num_draft > 1:
                     self.scheduler.cache_prefix(w.req)
             if reqs:
-                rows = [i for i, w in enumerate(work) if w.req.num_pending == 0]
-                if len(rows) < len(work):  # NOTE: staged, as a list index would sync on CUDA
+                if rows is not None:  # NOTE: staged, as a list index would sync on CUDA
                     logits = logits.index_select(0, to_device(torch.tensor(rows), logits.device))
-                out = sample(logits, [r.params for r in reqs], [r.rng for r in reqs],
-                             self.grammar.wait(masks),
-                             history=[History(r.tokens, len(r.prompt_ids)) for r in reqs],
-                             dry=self.dry)
-                for i, req in enumerate(reqs):
-                    self._advance(req, out.token_ids[i], out.logprobs[i], out.no_allowed[i],
-                                  out.top[i])
+                plan = self.spec.rows(reqs)
+                out = sample(logits, plan.params, plan.rngs, self.grammar.wait(masks),
+                             history=plan.history, dry=self.dry)
+                for req, first in zip(reqs, plan.first):
+                    self._verify(req, first, out)
         return self._collect(reqs)
+
+    @staticmethod
+    def _logit_rows(work: list[ScheduledReq]) -> list[int] | None:
+        """The rows of the forward's logits that are sampled (None: all of them)."""
+        rows: list[int] = []
+        at = 0
+        for w in work:
+            if w.samples:
+                rows.extend(range(at, at + 1 + w.num_draft))
+            at += 1 + w.num_draft
+        return rows if len(rows) < at else None
+
+    def _drafted(self, work: list[ScheduledReq], entries: list[BatchEntry]
+                 ) -> tuple[list[ScheduledReq], list[BatchEntry]]:
+        """The step's work once the constrained requests' drafts are checked by their
+        matchers (which fill the drafts' bitmask rows): a cut draft feeds fewer tokens."""
+        row = 0
+        for i, w in enumerate(work):
+            if not w.samples:
+                continue
+            req = w.req
+            if w.num_draft and req.matcher is not None:
+                self.grammar.check_draft(req, row)
+                if len(req.draft) < w.num_draft:
+                    n = w.num_tokens - w.num_draft + len(req.draft)
+                    work[i] = w = ScheduledReq(req, n, len(req.draft))
+                    entries[i] = self._entry(w)
+            row += 1 + w.num_draft
+        return work, entries
+
+    def _verify(self, req: Req, first: int, out: SampleOutput) -> None:
+        """Take ``req``'s sampled token, or walk its draft's rows (``Speculator.verify``) and
+        free the KV of the draft positions not taken."""
+        if not req.draft:
+            req.draft_masked = False
+            self._advance(req, out.token_ids[first], out.logprobs[first],
+                          out.no_allowed[first], out.top[first])
+            return
+        self.spec.verify(req, first, out, self._advance)
+        if req.status is ReqStatus.RUNNING:
+            self.scheduler.rewind(req, req.num_computed)
 
     def _advance(self, req: Req, token: int, logprob: float, dead: bool,
                  top: list[TopEntry]) -> None:
@@ -341,8 +387,11 @@ class Engine:
 
     def _entry(self, w: ScheduledReq) -> BatchEntry:
         r = w.req
-        return BatchEntry(r.row, r.num_computed,
-                          r.tokens[r.num_computed:r.num_computed + w.num_tokens], r.arrival)
+        n = w.num_tokens - w.num_draft
+        tokens = r.tokens[r.num_computed:r.num_computed + n]
+        if w.num_draft:
+            tokens += r.draft[:w.num_draft]
+        return BatchEntry(r.row, r.num_computed, tokens, r.arrival, num_logits=1 + w.num_draft)
 
     def _collect(self, advanced: list[Req]) -> list[RequestOutput]:
         done = advanced + self._done_early
@@ -352,6 +401,7 @@ class Engine:
         for r in done:
             if r.finished:
                 del self.requests[r.request_id]
+                self.spec.finish(r)
                 c["finished_requests"] += 1
                 c["prompt_tokens"] += len(r.prompt_ids)
                 c["cached_prompt_tokens"] += r.num_cached_prompt or 0

@@ -54,9 +54,12 @@ class GrammarRunner:
         self.spans = CanonicalSpans(tokenizer) if config.canonical_spans else None
         self.compiler = GrammarCompiler(tokenizer, **config.grammar_options,
                                         vocab_size=vocab_size, stop_token_ids=stop_token_ids)
-        # NOTE: one bitmask object for every fill (matchers validate a bitmask once per object);
-        # its last row is scratch space for the end-of-grammar check in ``forced``.
-        self._bitmask = self.compiler.allocate_bitmask(config.max_num_reqs + 1)
+        # NOTE: one bitmask object for every fill (matchers validate a bitmask once per object):
+        # a row per request and draft position; its last row is scratch space for the
+        # end-of-grammar check in ``forced``.
+        self._bitmask = self.compiler.allocate_bitmask(
+            config.max_num_reqs * (1 + config.num_speculative_tokens) + 1)
+        self._words = self._bitmask.numpy().view(np.uint32)
         stops = sorted(self.compiler.stop_token_ids)
         self._stop_words = np.array([t // 32 for t in stops], dtype=np.int64)
         self._stop_bits = np.array([1 << (t % 32) for t in stops], dtype=np.uint32)
@@ -139,8 +142,37 @@ class GrammarRunner:
                                               self.compiler.token_bytes())
         return ReasoningMatcher(self.compiler.vocab, inner, span, self._reasoning)
 
+    def check_draft(self, req: Req, row: int) -> None:
+        """Cut ``req.draft`` at its first token that ``req``'s matcher refuses (its mask does
+        not allow it, or a value check or the loop guard would take it back: see
+        ``Matcher.accept_draft``), and fill bitmask rows ``row ..`` with the masks after each
+        prefix of what is kept, the whole draft's included (``len(req.draft) + 1`` rows); the
+        matcher is left as it was. If the matcher fails, the request fails alone and its
+        draft is dropped."""
+        m = req.matcher
+        assert m is not None
+        kept = 0
+        try:
+            for tok in req.draft:
+                m.fill_bitmask(self._bitmask, row + kept)
+                if not self._words[row + kept, tok >> 5] >> (tok & 31) & 1 or \
+                        not m.accept_draft(tok):
+                    break
+                kept += 1
+            else:
+                m.fill_bitmask(self._bitmask, row + kept)
+            m.rollback(kept)
+            if m.is_error():
+                raise RuntimeError(m.error())
+        except Exception as e:  # noqa: BLE001 - fails its request only
+            self._broken(req, "checking a speculative draft", e)
+            kept = 0
+        del req.draft[kept:]
+        req.draft_masked = req.error is None
+
     def fill_async(self, reqs: list[Req]) -> Future[Filled | None]:
-        """Fill the bitmask rows of ``reqs`` (one row each, in order) on the worker thread.
+        """Fill the bitmask rows of ``reqs`` (in order, ``1 + len(req.draft)`` rows each; the
+        rows of drafts that :meth:`check_draft` filled are kept) on the worker thread.
         Resolves to None when none of them is constrained."""
         if not any(r.matcher is not None for r in reqs):
             done: Future[Filled | None] = Future()
@@ -150,16 +182,20 @@ class GrammarRunner:
 
     def _fill(self, reqs: list[Req]) -> Filled:
         t0 = time.perf_counter()
-        bitmask = self._bitmask[:len(reqs)]
+        bitmask = self._bitmask[:sum(1 + len(r.draft) for r in reqs)]
         failed: list[tuple[Req, Exception]] = []
-        for row, req in enumerate(reqs):
-            if req.matcher is None:
-                bitmask[row].fill_(-1)
+        row = 0
+        for req in reqs:
+            first, row = row, row + 1 + len(req.draft)
+            if req.matcher is None or req.error is not None:
+                bitmask[first:row].fill_(-1)
+                continue
+            if req.draft_masked:
                 continue
             try:
-                req.matcher.fill_bitmask(self._bitmask, row)
+                req.matcher.fill_bitmask(self._bitmask, first)
             except Exception as e:  # noqa: BLE001 - fails its request (in ``wait``) only
-                bitmask[row].fill_(-1)
+                bitmask[first].fill_(-1)
                 failed.append((req, e))
         self.counters.mask_fill_s += time.perf_counter() - t0
         return bitmask, failed

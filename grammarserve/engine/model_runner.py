@@ -17,12 +17,15 @@ from grammarserve.models.llama import LlamaModel
 @dataclass(frozen=True)
 class BatchEntry:
     """One request's share of a forward: ``token_ids`` are new tokens at positions
-    ``prefix_len ..``; their KV slots are already recorded in the request's table row."""
+    ``prefix_len ..``; their KV slots are already recorded in the request's table row. The
+    logits of the last ``num_logits`` of them are returned (a speculative draft's positions and
+    the one after it; otherwise the last token's alone)."""
 
     req_pool_idx: int
     prefix_len: int
     token_ids: list[int]
     seq_id: int = -1  # stable request identity across steps; -1 = unknown (never reused)
+    num_logits: int = 1
 
 
 class ModelRunner:
@@ -44,6 +47,8 @@ class ModelRunner:
         n = len(e.token_ids)
         if n == 0:
             return "a batch entry must bring at least one new token"
+        if not 1 <= e.num_logits <= n:
+            return f"a batch entry of {n} tokens cannot return {e.num_logits} logit rows"
         if min(e.token_ids) < 0 or max(e.token_ids) >= self.vocab_size:
             return f"a batch entry's token ids must be in [0, {self.vocab_size})"
         if e.prefix_len < 0 or e.prefix_len + n > self.req_to_token.max_context:
@@ -52,7 +57,8 @@ class ModelRunner:
         return None
 
     def build_batch(self, entries: list[BatchEntry]) -> ForwardBatch:
-        """Flatten entries into one ragged :class:`ForwardBatch` (logits: last row of each).
+        """Flatten entries into one ragged :class:`ForwardBatch` (logits: the last
+        ``num_logits`` rows of each).
 
         The token ids, positions and table rows go to the device in one copy (pinned and
         asynchronous on CUDA); the new tokens' KV slots are read from the table there."""
@@ -68,7 +74,7 @@ class ModelRunner:
             ids.extend(e.token_ids)
             positions.extend(range(e.prefix_len, e.prefix_len + n))
             owners.extend([e.req_pool_idx] * n)
-            logit_rows.append(len(ids) - 1)
+            logit_rows.extend(range(len(ids) - e.num_logits, len(ids)))
         ids_t, pos_t, owner_t, logit_t = stage_int64([ids, positions, owners, logit_rows],
                                                      self.device)
         return ForwardBatch(
@@ -83,8 +89,9 @@ class ModelRunner:
         )
 
     def forward(self, entries: list[BatchEntry]) -> torch.Tensor:
-        """Run the entries; returns fp32 logits ``[len(entries), vocab]`` of each last token
-        (a decode step through its CUDA graph when the runner has them)."""
+        """Run the entries; returns fp32 logits ``[sum of num_logits, vocab]``: each entry's
+        last ``num_logits`` tokens in order (a decode step through its CUDA graph when the
+        runner has them)."""
         if self.graphs is not None and self.graphs.usable(entries):
             logits = self.graphs.run(entries)
             if logits is not None:

@@ -29,7 +29,13 @@ SHARED_PREFIX_MIN = 32  # defer a request whose uncached prefix overlaps an in-f
 @dataclass(frozen=True)
 class ScheduledReq:
     req: Req
-    num_tokens: int  # tokens of req.tokens[req.num_computed:] fed this step
+    num_tokens: int  # tokens fed this step: req.tokens[req.num_computed:], then the draft's
+    num_draft: int = 0  # of them, the speculative draft's (req.draft, cut to this length)
+
+    @property
+    def samples(self) -> bool:
+        """Whether the request samples after this step (all its pending tokens are fed)."""
+        return self.num_tokens - self.num_draft == self.req.num_pending
 
 
 class Scheduler:
@@ -58,14 +64,17 @@ class Scheduler:
             if req.status is not ReqStatus.RUNNING or budget == 0:
                 continue
             n = min(req.num_pending, budget)
-            while not self._reserve(req, n):
+            draft = self._draft_room(req, n, budget)
+            while not self._reserve(req, n + draft):
                 victim = self.running[-1]
                 self.preempt(victim)
                 if victim is req:
                     break
             if req.status is ReqStatus.RUNNING:
-                out.append(ScheduledReq(req, n))
-                budget -= n
+                out.append(ScheduledReq(req, n + draft, draft))
+                budget -= n + draft
+            else:
+                req.draft = []
         admitted: list[Req] = []
         for req in self._admission_order():
             if budget == 0 or self.req_to_token.num_free == 0 or (
@@ -78,6 +87,17 @@ class Scheduler:
             out.append(ScheduledReq(req, took))
             budget -= took
         return out
+
+    def _draft_room(self, req: Req, n: int, budget: int) -> int:
+        """How much of ``req.draft`` rides along (cutting ``req.draft`` to it): all of it
+        if the pending tokens fit whole, within the token budget and the pool's free slots
+        (a draft never evicts cached prefixes or preempts a request)."""
+        if n < req.num_pending:
+            keep = 0
+        else:
+            keep = min(len(req.draft), budget - n, max(self.pool.num_free - n, 0))
+        del req.draft[keep:]
+        return keep
 
     def _admission_order(self) -> list[Req]:
         reqs = list(self.waiting)

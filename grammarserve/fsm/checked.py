@@ -176,6 +176,17 @@ class CheckedMatcher(Matcher):
         failure, self._failure = self._failure, None
         return failure is None or self._retry(failure)
 
+    def accept_draft(self, token_id: int) -> bool:
+        """As :meth:`Matcher.accept_draft`: a token closing a value that fails its check is
+        refused (taken back at once, no retry, no ban)."""
+        if not Matcher.accept_token(self, token_id):
+            return False
+        if self._failure is None:
+            return True
+        self._failure = None
+        self.rollback(1)
+        return False
+
     def take_retraction(self) -> int:
         n, self._retracted = self._retracted, 0
         return n

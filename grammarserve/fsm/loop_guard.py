@@ -136,6 +136,20 @@ class LoopGuardMatcher(Matcher):
             self._cuts += 1
         return True
 
+    def accept_draft(self, token_id: int) -> bool:
+        """As :meth:`Matcher.accept_draft`: refused where the inner matcher's value check or
+        this guard would take tokens back."""
+        if not self._inner.accept_draft(token_id):
+            return False
+        self._inner.rollback(1)  # NOTE: checked alone first; now through this guard's state
+        if not Matcher.accept_token(self, token_id):
+            return False
+        if self._fire is None:
+            return True
+        self._fire = None
+        self.rollback(1)
+        return False
+
     def take_retraction(self) -> int:
         n, self._retracted = self._retracted, 0
         return n

@@ -140,6 +140,16 @@ class Matcher(ABC):
             self._terminated = True
         return True
 
+    def accept_draft(self, token_id: int) -> bool:
+        """Advance by a draft token (speculative decoding) that this matcher's mask allows.
+
+        As :meth:`accept_token`, except that a token which a value check or the loop guard
+        would take back (a retraction) is refused instead: then nothing is accepted, the
+        matcher is unchanged and not in error, and the draft ends before the token. The
+        engine later accepts the tokens the model actually produced with :meth:`accept_token`,
+        so retries happen only on real output. Matchers that never retract accept as usual."""
+        return self.accept_token(token_id)
+
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """Write the allowed next tokens of this request into ``bitmask[row]`` (bit set =
         allowed). After termination or an error only the stop tokens are allowed.

@@ -163,6 +163,16 @@ class ReasoningMatcher(Matcher):
                 self._retracted += back
         return True
 
+    def accept_draft(self, token_id: int) -> bool:
+        """As :meth:`Matcher.accept_draft`: in the answer, refused where the inner matcher
+        would take tokens back."""
+        inner = self.inner
+        if inner is not None and inner.retracts and self._state.phase == _ANSWER:
+            if not inner.accept_draft(token_id):
+                return False
+            inner.rollback(1)  # NOTE: checked alone first; now through the wrapper's state
+        return self.accept_token(token_id)
+
     def take_retraction(self) -> int:
         n, self._retracted = self._retracted, 0
         return n

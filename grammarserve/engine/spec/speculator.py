@@ -1,0 +1,238 @@
+"""Speculative decoding in the engine's step.
+
+Before a step, each decoding request may get a draft (``propose``): the tokens that followed
+the longest n-gram (2..4 tokens) ending its sequence, found in its own prompt and reply
+(prompt lookup) or in an earlier reply of its namespace (``replies.py``), the longer match
+winning. A constrained request's draft is checked by its matcher before the forward (the
+engine's grammar runner: it stops at the first token the mask refuses, or that a value check
+or the loop guard would take back) and the masks of its positions are filled then. The draft
+rides in the step's one forward after the request's pending tokens; the forward returns the
+logits of each draft position and of the one after it.
+
+Verification (``verify``) samples every position exactly as a plain step would (same masks,
+penalties, history and random draw: draw ``offset + j`` for position ``j``), then walks them:
+the sample at position ``j`` is the request's next token, appended by the engine's usual path
+(matcher, value checks, jump-forward, stop conditions); while the tokens appended are the
+draft's own, the next position's logits are the ones a plain step would have computed, so the
+walk goes on; at the first difference it stops, and the KV of the positions not taken is
+freed. Each token is thus drawn from the distribution a plain step would draw it from (for a
+deterministic draft this is exact rejection sampling; greedy output is the same tokens), and a
+draft never reaches the output unless the model chose it.
+
+How much to draft (``adaptive``): per request, the acceptance of its recent drafts; per step,
+the measured cost of one more token fed against the time one accepted token saves
+(``cost.py``): at large batches, where a step is compute-bound, drafts stop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import overload
+
+from grammarserve.engine.request import Req, ReqStatus
+from grammarserve.engine.sampler import History, RowRng, SampleOutput, TopEntry
+from grammarserve.engine.spec.cost import StepCost, draft_length
+from grammarserve.engine.spec.ngram import Match, NgramIndex
+from grammarserve.engine.spec.replies import CONTEXT, ReplyStore
+from grammarserve.sampling_params import SamplingParams
+
+PRIOR_ACCEPTED = 1.5  # a new request's drafts: as if 1.5 of 2.5 draft tokens were taken
+PRIOR_REJECTED = 1.0
+DECAY = 0.8  # per verified draft
+MAX_PENDING = 32  # pending + draft tokens of one request in one step
+
+#: The engine's path for one sampled token: (request, token, logprob, no token allowed, top)
+Advance = Callable[[Req, int, float, bool, list[TopEntry]], None]
+
+
+@dataclass(frozen=True)
+class SpecOptions:
+    """``max_draft``: draft tokens per request and step at most (0: off); ``adaptive``: draft
+    only as much as the measured costs say pays (else ``max_draft`` whenever a match exists);
+    ``reply_tokens`` / ``namespaces``: the earlier replies kept per namespace, and how many
+    namespaces keep theirs."""
+
+    max_draft: int = 8
+    adaptive: bool = True
+    reply_tokens: int = 32768
+    namespaces: int = 64
+
+
+@dataclass
+class SpecCounters:
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    verified_drafts: int = 0
+
+
+@dataclass
+class _State:
+    index: NgramIndex = field(default_factory=NgramIndex)
+    accepted: float = PRIOR_ACCEPTED
+    rejected: float = PRIOR_REJECTED
+
+    @property
+    def alpha(self) -> float:
+        """Estimated chance that a draft token is taken, given the one before it was."""
+        return self.accepted / (self.accepted + self.rejected)
+
+
+@dataclass(frozen=True)
+class SampleRows:
+    """The step's sampling rows: each request's first row, then one row per draft token."""
+
+    params: list[SamplingParams]
+    rngs: list[RowRng | None]
+    history: list[History]
+    first: list[int]
+
+
+class _Prefix(Sequence[int]):
+    """The first ``n`` tokens of ``seq`` (no copy): the history of a draft position."""
+
+    def __init__(self, seq: list[int], n: int) -> None:
+        self._seq, self._n = seq, n
+
+    def __len__(self) -> int:
+        return self._n
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[int]: ...
+
+    def __getitem__(self, i: int | slice) -> int | list[int]:
+        if isinstance(i, slice):
+            return self._seq[:self._n][i]
+        if not -self._n <= i < self._n:
+            raise IndexError(i)
+        return self._seq[i % self._n]
+
+
+class Speculator:
+    """Drafts, sampling rows and verification for one engine (see the module docstring)."""
+
+    def __init__(self, options: SpecOptions, *, max_model_len: int) -> None:
+        self.options = options
+        self.max_model_len = max_model_len
+        self.cost = StepCost()
+        self.counters = SpecCounters()
+        self._replies = ReplyStore(options.namespaces, options.reply_tokens)
+        self._states: dict[str, _State] = {}
+
+    # -- before the step -------------------------------------------------------------------
+    def propose(self, running: list[Req]) -> None:
+        """Set ``req.draft`` for each running request that decodes (empty where nothing
+        matches or drafting would not pay)."""
+        decoding = [r for r in running if self._decodes(r)]
+        for r in running:
+            r.draft, r.draft_masked = [], False
+        if not decoding or self.options.max_draft <= 0:
+            return
+        fit = self.cost.fit() if self.options.adaptive else None
+        tokens = sum(r.num_pending for r in decoding)
+        value = cost = 0.0
+        if fit is not None:
+            a, b = fit
+            value, cost = (a + b * tokens) / len(decoding), b
+        for req in decoding:
+            state = self._states.setdefault(req.request_id, _State())
+            cap = min(self.options.max_draft, MAX_PENDING - req.num_pending,
+                      req.params.max_tokens - len(req.output_ids) - 1,
+                      self.max_model_len - len(req.tokens) - 1)
+            if fit is not None:
+                cap = draft_length(state.alpha, value, cost, cap)
+            if cap <= 0:
+                continue
+            match = self._match(req, state)
+            if match is not None:
+                req.draft = list(match.source[match.start:match.start + cap])
+
+    @staticmethod
+    def _decodes(req: Req) -> bool:
+        return (req.status is ReqStatus.RUNNING and req.finish_reason is None
+                and req.error is None and req.num_computed >= len(req.prompt_ids)
+                and req.num_pending >= 1)
+
+    def _match(self, req: Req, state: _State) -> Match | None:
+        state.index.update(req.tokens)
+        own = state.index.match(req.tokens)
+        replies = self._replies.get(req.namespace)
+        other = replies.match(req.tokens) if replies is not None else None
+        if other is not None and (own is None or other.n > own.n):
+            return other
+        return own
+
+    def rows(self, reqs: list[Req]) -> SampleRows:
+        """One sampling row per request, plus one per draft token after it."""
+        params: list[SamplingParams] = []
+        rngs: list[RowRng | None] = []
+        history: list[History] = []
+        first: list[int] = []
+        for req in reqs:
+            first.append(len(params))
+            n = 1 + len(req.draft)
+            params += [req.params] * n
+            rngs += [req.rng] * n  # NOTE: sample() draws offset, offset + 1, ... in row order
+            plen = len(req.prompt_ids)
+            if n == 1:
+                history.append(History(req.tokens, plen))
+                continue
+            fed = req.tokens + req.draft
+            history += [History(_Prefix(fed, len(req.tokens) + j), plen) for j in range(n)]
+        return SampleRows(params, rngs, history, first)
+
+    @contextmanager
+    def timed(self, decode_tokens: int | None) -> Iterator[None]:
+        """Time a step for the cost fit: ``decode_tokens`` is the tokens it feeds when every
+        request in it decodes (None: a step with prefill, not recorded)."""
+        t0 = time.perf_counter()
+        yield
+        if decode_tokens:
+            self.cost.observe(decode_tokens, time.perf_counter() - t0)
+
+    # -- after the forward -----------------------------------------------------------------
+    def verify(self, req: Req, first: int, out: SampleOutput, advance: Advance) -> None:
+        """Walk ``req``'s sampled rows from ``first`` (see the module docstring); sets
+        ``req.num_computed`` to the positions whose KV stays valid (the engine frees the rest
+        with the scheduler's rewind)."""
+        draft, req.draft, req.draft_masked = req.draft, [], False
+        base = len(req.tokens)
+        offset = req.rng.offset - len(draft) - 1 if req.rng is not None else 0
+        j = 0
+        while True:
+            req.num_computed = base + j
+            i = first + j
+            advance(req, out.token_ids[i], out.logprobs[i], out.no_allowed[i], out.top[i])
+            m = len(req.tokens) - base
+            if (req.finish_reason is not None or not j < m <= len(draft)
+                    or req.tokens[base:] != draft[:m]):
+                break
+            j = m
+        if req.rng is not None:
+            req.rng.offset = offset + j + 1  # NOTE: the draws of rows never used are skipped
+        taken = 0
+        for a, b in zip(req.tokens[base:], draft):
+            if a != b:
+                break
+            taken += 1
+        if req.finish_reason is None and req.status is ReqStatus.RUNNING:
+            req.num_computed = max(req.num_computed,
+                                   min(base + taken, len(req.tokens) - 1, req.num_allocated))
+        state = self._states.get(req.request_id)
+        if draft and state is not None:
+            c = self.counters
+            c.drafted_tokens += len(draft)
+            c.accepted_tokens += taken
+            c.verified_drafts += 1
+            state.accepted = state.accepted * DECAY + taken
+            state.rejected = state.rejected * DECAY + (taken < len(draft))
+
+    def finish(self, req: Req) -> None:
+        """Forget a finished request; a reply that ended normally joins its namespace's."""
+        self._states.pop(req.request_id, None)
+        if req.finish_reason == "stop" and req.output_ids and self.options.max_draft > 0:
+            self._replies.add(req.namespace, req.prompt_ids[-CONTEXT:] + req.output_ids)
