@@ -35,8 +35,9 @@ from grammarserve.engine.sampler import SampleOutput, TopEntry, make_rng, sample
 from grammarserve.engine.scheduler import ScheduledReq, Scheduler
 from grammarserve.engine.spec.speculator import SpecOptions, Speculator
 from grammarserve.engine.stats import EngineStats
-from grammarserve.engine.stopping import append_token
+from grammarserve.engine.stopping import append_token, retract
 from grammarserve.engine.threads import ThreadTuner
+from grammarserve.engine.validate import check_bias, check_prompt
 from grammarserve.errors import ErrorKind, InvalidRequestError
 from grammarserve.fsm.repeats import CallRepeatGuard
 from grammarserve.models.loader import LoadedModel, load_model
@@ -139,8 +140,9 @@ class Engine:
             raise InvalidRequestError(f"request id {request_id!r} is already in use",
                                       param="request_id")
         ids = self.prompt_encoder.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        self._check_prompt(ids)
-        self._check_bias(params)
+        check_prompt(ids, vocab_size=self.loaded.config.vocab_size,
+                     max_model_len=self.max_model_len)
+        check_bias(params, vocab_size=self.loaded.config.vocab_size)
         if params.dry_multiplier is None:  # NOTE: the engine's default, for constrained replies
             params = dataclasses.replace(params, dry_multiplier=self.config.dry_multiplier
                                          if params.constraint is not None else 0.0)
@@ -160,24 +162,6 @@ class Engine:
         self.grammar.start_compile(req)
         self._compiling.append(req)
         self._admit_compiled()
-
-    def _check_prompt(self, ids: list[int]) -> None:
-        vocab = self.loaded.config.vocab_size
-        if not ids:
-            raise InvalidRequestError("the prompt is empty", param="prompt")
-        if any(not 0 <= t < vocab for t in ids):
-            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
-        if len(ids) >= self.max_model_len:
-            raise InvalidRequestError(
-                f"the prompt has {len(ids)} tokens; the limit is {self.max_model_len - 1} "
-                f"(model context and KV pool size)", param="prompt",
-                kind=ErrorKind.PROMPT_TOO_LONG)
-
-    def _check_bias(self, params: SamplingParams) -> None:
-        vocab = self.loaded.config.vocab_size
-        if params.logit_bias and any(t >= vocab for t in params.logit_bias):
-            raise InvalidRequestError(f"logit_bias token ids must be in [0, {vocab})",
-                                      param="logit_bias")
 
     def abort(self, request_id: str) -> None:
         """Stop a request; its final output (finish_reason ``abort``) comes from the next step."""
@@ -266,15 +250,15 @@ class Engine:
         return work, entries
 
     def _verify(self, req: Req, first: int, out: SampleOutput) -> None:
-        """Take ``req``'s sampled token, or walk its draft's rows (``Speculator.verify``) and
-        free the KV of the draft positions not taken."""
-        if not req.draft:
+        """Take ``req``'s sampled token, or walk its draft's rows (``Speculator.verify``); then
+        free the KV slots of draft positions not taken (or cut by the matcher)."""
+        if req.draft:
+            self.spec.verify(req, first, out, self._advance)
+        else:
             req.draft_masked = False
             self._advance(req, out.token_ids[first], out.logprobs[first],
                           out.no_allowed[first], out.top[first])
-            return
-        self.spec.verify(req, first, out, self._advance)
-        if req.status is ReqStatus.RUNNING:
+        if req.status is ReqStatus.RUNNING and req.num_allocated > req.num_computed:
             self.scheduler.rewind(req, req.num_computed)
 
     def _advance(self, req: Req, token: int, logprob: float, dead: bool,
@@ -326,22 +310,9 @@ class Engine:
             req.finish_reason = "stop"  # e.g. ignore_eos: the grammar still ends it
 
     def _retract(self, req: Req, n: int) -> None:
-        """Take back ``req``'s last ``n`` output tokens (their text was held back, see
-        ``stopping.py``); the last token kept is fed again to sample the next one (also when
-        ``n`` is 0: the sampled token was rejected, and its logits are gone)."""
-        if not 0 <= n <= len(req.output_ids):
-            raise ValueError(f"a value check took back {n} tokens of {len(req.output_ids)}")
-        keep = len(req.output_ids) - n
-        del req.tokens[len(req.prompt_ids) + keep:]
-        del req.logprobs[keep:], req.top_logprobs[keep:]
-        text_len, mark = req.marks[keep - 1] if keep else (0, (0, 0))
-        del req.marks[keep:]
-        full = req.text + req.held_text
-        if text_len < len(req.text):  # NOTE: cannot happen while the hold is right
-            req.fail(ErrorKind.ENGINE_FAILURE, "a value check took back text already sent")
-            req.finish_reason = "error"
-        req.held_text = full[len(req.text):text_len]
-        req.detok.truncate(keep, mark)
+        """Take back ``req``'s last ``n`` output tokens (``stopping.retract``); the last token
+        kept is fed again to sample the next one."""
+        retract(req, n)
         self.scheduler.rewind(req, len(req.tokens) - 1)
 
     def _append(self, req: Req, token: int, logprob: float, top: list[TopEntry]) -> None:
@@ -424,4 +395,6 @@ class Engine:
             loop_guard_cuts=g.loop_guard_cuts,
             mask_fill_s=g.mask_fill_s, mask_wait_s=g.mask_wait_s,
             grammar_cache_hits=cache.hits + cache.shared, grammar_cache_misses=cache.misses,
-            grammar_compile_s=cache.compile_s_total)
+            grammar_compile_s=cache.compile_s_total,
+            spec_drafted_tokens=self.spec.counters.drafted_tokens,
+            spec_accepted_tokens=self.spec.counters.accepted_tokens)

@@ -34,3 +34,5 @@ class EngineStats:
     grammar_cache_hits: int = 0
     grammar_cache_misses: int = 0
     grammar_compile_s: float = 0.0
+    spec_drafted_tokens: int = 0  # speculative draft tokens fed (checked by the matcher)
+    spec_accepted_tokens: int = 0  # of them, the ones the model chose (kept in the output)

@@ -16,6 +16,7 @@ so the copy is neither streamed nor returned.
 from __future__ import annotations
 
 from grammarserve.engine.request import Req
+from grammarserve.errors import ErrorKind
 
 
 def append_token(req: Req, token: int, logprob: float, *, eos_ids: frozenset[int],
@@ -88,3 +89,24 @@ def _finish(req: Req, reason: str, text: str) -> None:
 def _release(req: Req, text: str) -> None:
     req.text += text
     req.pending_text += text
+
+
+def retract(req: Req, n: int) -> None:
+    """Take back ``req``'s last ``n`` output tokens (a value check failed; their text was held
+    back, see the module docstring): tokens, logprobs, marks, held text and the detokenizer go
+    back to where they were after the tokens kept. The caller forgets the KV past the last
+    token kept, which is fed again to sample the next one (also when ``n`` is 0: the sampled
+    token was rejected, and its logits are gone)."""
+    if not 0 <= n <= len(req.output_ids):
+        raise ValueError(f"a value check took back {n} tokens of {len(req.output_ids)}")
+    keep = len(req.output_ids) - n
+    del req.tokens[len(req.prompt_ids) + keep:]
+    del req.logprobs[keep:], req.top_logprobs[keep:]
+    text_len, mark = req.marks[keep - 1] if keep else (0, (0, 0))
+    del req.marks[keep:]
+    full = req.text + req.held_text
+    if text_len < len(req.text):  # NOTE: cannot happen while the hold is right
+        req.fail(ErrorKind.ENGINE_FAILURE, "a value check took back text already sent")
+        req.finish_reason = "error"
+    req.held_text = full[len(req.text):text_len]
+    req.detok.truncate(keep, mark)

@@ -46,6 +46,10 @@ _HELP = {
     "loop_guard_cuts": ("Array items the loop guard took back (exact copies of an earlier "
                         "item, --loop-guard), closing the array there"),
     "grammar_compile_s": "Engine time spent compiling grammars",
+    "spec_drafted_tokens": ("Speculative draft tokens fed to the model (n-gram drafts from the "
+                            "prompt, the reply and earlier replies, checked by the matcher)"),
+    "spec_accepted_tokens": "Speculative draft tokens the model chose (kept in the output)",
+    "forward_passes": "Model forwards (steps)",
     "grammar_cache_hits": "Engine grammar cache hits",
     "grammar_cache_misses": "Engine grammar cache misses",
 }
@@ -78,6 +82,10 @@ class _Snapshot(Collector):
                     yield CounterMetricFamily(_metric_name(f.name), help_, value=value)
             used = s.kv_capacity - s.kv_free
             yield GaugeMetricFamily(f"{PREFIX}_kv_used", "Used KV slots", value=used)
+            yield GaugeMetricFamily(
+                f"{PREFIX}_tokens_per_forward", "Generated tokens per model forward since start "
+                "(jump-forward and accepted drafts raise it above 1 per running request)",
+                value=s.generated_tokens / max(s.forward_passes, 1))
             yield GaugeMetricFamily(f"{PREFIX}_kv_usage_ratio", "Used share of the KV pool",
                                     value=used / s.kv_capacity if s.kv_capacity else 0.0)
         g = self.grammar

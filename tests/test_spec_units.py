@@ -1,0 +1,121 @@
+"""Speculative decoding's parts: the n-gram and reply indexes, the step-cost fit and the draft
+length it gives, the matcher's draft acceptance (value checks and the loop guard refuse what
+they would take back, leaving the matcher exactly as it was), and, on a tiny random-weight
+model (byte tokenizer, no download), greedy equality with value-check retries."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from grammarserve.config import EngineConfig
+from grammarserve.constraints import Constraint
+from grammarserve.engine.engine import Engine
+from grammarserve.engine.spec.cost import StepCost, draft_length
+from grammarserve.engine.spec.ngram import NgramIndex
+from grammarserve.engine.spec.replies import ReplyIndex, ReplyStore
+from grammarserve.llm import LLM
+from grammarserve.sampling_params import SamplingParams
+
+
+def test_ngram_index_finds_the_latest_longest_match() -> None:
+    seq = [1, 2, 3, 9, 1, 2, 3, 7, 5, 2, 3]
+    index = NgramIndex()
+    index.update(seq)
+    m = index.match(seq)
+    assert m is not None and m.n == 2 and list(m.source[m.start:m.start + 2]) == [7, 5]
+    seq += [7]  # now "2 3 7" occurred before (at 5..7): the longer match wins
+    index.update(seq)
+    m = index.match(seq)
+    assert m is not None and m.n == 3 and m.source[m.start] == 5
+    assert index.match([4, 4]) is None
+
+
+def test_ngram_index_after_tokens_were_taken_back() -> None:
+    index = NgramIndex()
+    index.update([1, 2, 3, 4, 1, 2])
+    index.update([1, 2])  # shorter: indexed again from scratch, no stale continuation
+    assert index.match([1, 2]) is None
+
+
+def test_reply_index_bounded_and_drafts_from_earlier_replies() -> None:
+    replies = ReplyIndex(max_tokens=10)
+    replies.add([1, 2, 3, 4, 5])
+    m = replies.match([9, 2, 3])
+    assert m is not None and list(m.source[m.start:]) == [4, 5]
+    replies.add([6, 7, 8, 9, 10, 11])  # 11 tokens in all: the first reply goes
+    assert replies.match([9, 2, 3]) is None
+    assert replies.match([7, 8]) is not None
+    store = ReplyStore(max_namespaces=1, tokens_each=100)
+    store.add("a", [1, 2, 3])
+    store.add("b", [1, 2, 3])
+    assert store.get("a") is None and store.get("b") is not None  # namespaces never mix
+
+
+def test_step_cost_fit_and_draft_length() -> None:
+    cost = StepCost()
+    for tokens in (1, 2, 4, 8, 1, 3, 9, 2) * 20:
+        cost.observe(tokens, 0.010 + 0.002 * tokens)
+    fit = cost.fit()
+    assert fit is not None
+    a, b = fit
+    assert a == pytest.approx(0.010, rel=0.05) and b == pytest.approx(0.002, rel=0.05)
+    # one row, a token saves ~12 ms and costs 2 ms: worth drafting while alpha^i > 1/6
+    assert draft_length(0.8, 0.012, 0.002, 8) == 8
+    assert draft_length(0.5, 0.012, 0.002, 8) == 2
+    assert draft_length(0.1, 0.012, 0.002, 8) == 0
+    # 32 rows: a token saves 0.5 ms; no draft pays
+    assert draft_length(0.8, 0.0005, 0.002, 8) == 0
+
+
+PAIR = {"type": "array", "items": {"type": "string", "pattern": "^[ab]$"}, "minItems": 2,
+        "maxItems": 2, "uniqueItems": True}
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from tiny_models import build_tiny, tiny_tokenizer
+
+    folder: Path = tmp_path_factory.mktemp("tiny") / "model"
+    build_tiny("llama", {}, folder, tiny_tokenizer())
+    return folder
+
+
+def _tiny(folder: Path, k: int) -> LLM:
+    return LLM.from_engine(Engine(EngineConfig(
+        model=str(folder), device="cpu", kv_cache_tokens=4096, max_num_reqs=16,
+        grammar_check_retries=5, num_speculative_tokens=k, speculative_adaptive=False)))
+
+
+def test_accept_draft_refuses_a_failing_value_and_leaves_the_matcher(tiny_folder: Path) -> None:
+    llm = _tiny(tiny_folder, 4)
+    runner = llm.engine.grammar
+    compiled = runner.compiler.compile_json_schema(PAIR)
+    m = compiled.matcher()
+    for t in b'["a", ':
+        assert m.accept_token(t)
+    assert m.accept_draft(ord('"')) and m.accept_draft(ord("a"))
+    assert not m.accept_draft(ord('"'))  # closes a copy of "a": refused, nothing retried
+    assert not m.is_error() and m.take_retraction() == 0
+    m.rollback(2)
+    fresh = compiled.matcher()
+    for t in b'["a", ':
+        fresh.accept_token(t)
+    bitmask = runner.compiler.allocate_bitmask(2)
+    m.fill_bitmask(bitmask, 0)
+    fresh.fill_bitmask(bitmask, 1)
+    assert torch.equal(bitmask[0], bitmask[1])  # exactly the state before the draft
+
+
+def test_greedy_with_value_check_retries_is_plain_decoding(tiny_folder: Path) -> None:
+    plain, spec = _tiny(tiny_folder, 0), _tiny(tiny_folder, 6)
+    prompts = [list(b'["a", "b"] ["a", "b"] ["b", "a"] '), list(b"abcabcabcabc")]
+    params = SamplingParams(max_tokens=60, temperature=0, constraint=Constraint.json_schema(PAIR))
+    a = plain.generate(prompts, params)
+    b = spec.generate(prompts, params)
+    for x, y in zip(a, b):
+        assert (x.token_ids, x.finish_reason, x.error) == (y.token_ids, y.finish_reason, y.error)
+    assert plain.engine.stats().check_retries == spec.engine.stats().check_retries
+    assert spec.engine.spec.counters.drafted_tokens > 0
