@@ -195,9 +195,8 @@ class EngineConfig:
         Speculative decoding (``grammarserve.engine.spec``): at most this many draft tokens
         per request and step, from n-gram matches in the request's prompt and reply and in
         earlier replies of its namespace, checked by its matcher and verified in the step's
-        forward; output is what plain decoding gives (greedy: the same tokens; sampled: the
-        same distribution and, seeded, the same tokens but where a draft meets a forced
-        span). 0: off.
+        forward; output is what plain decoding gives (greedy: the same tokens, up to fp32
+        near-ties; sampled: the same distribution, and with a seed the same tokens). 0: off.
     speculative_adaptive:
         Draft only as many tokens as pay, from each request's recent acceptance and the
         measured cost of a step per token fed (off: the whole match, up to

@@ -12,10 +12,11 @@ logits of each draft position and of the one after it.
 Verification (``verify``) samples every position exactly as a plain step would (same masks,
 penalties, history and random draw: draw ``offset + j`` for position ``j``), then walks them:
 the sample at position ``j`` is the request's next token, appended by the engine's usual path
-(matcher, value checks, jump-forward, stop conditions); while the tokens appended are the
-draft's own, the next position's logits are the ones a plain step would have computed, so the
-walk goes on; at the first difference it stops, and the KV of the positions not taken is
-freed. Each token is thus drawn from the distribution a plain step would draw it from (for a
+(matcher, value checks, jump-forward, stop conditions); while the token appended is the
+draft's own (and nothing else was appended: a jump-forward span ends the walk, its tokens' KV
+kept where they match the draft), the next position's logits are the ones a plain step would
+have computed, so the walk goes on; at the first difference it stops, and the KV of the
+positions not taken is freed. Each token is thus drawn from the distribution a plain step would draw it from (for a
 deterministic draft this is exact rejection sampling; greedy output is the same tokens), and a
 draft never reaches the output unless the model chose it.
 
@@ -207,13 +208,15 @@ class Speculator:
             req.num_computed = base + j
             i = first + j
             advance(req, out.token_ids[i], out.logprobs[i], out.no_allowed[i], out.top[i])
-            m = len(req.tokens) - base
-            if (req.finish_reason is not None or not j < m <= len(draft)
-                    or req.tokens[base:] != draft[:m]):
+            # NOTE: a forced span (or a retraction) ends the walk even where it matches the
+            # draft: its KV is kept, but the next sample must take the next draw, as plain
+            # decoding would (forced tokens draw nothing), so seeded output stays the same
+            if (req.finish_reason is not None or len(req.tokens) != base + j + 1
+                    or j >= len(draft) or req.tokens[-1] != draft[j]):
                 break
-            j = m
+            j += 1
         if req.rng is not None:
-            req.rng.offset = offset + j + 1  # NOTE: the draws of rows never used are skipped
+            req.rng.offset = offset + j + 1  # NOTE: one draw per row walked
         taken = 0
         for a, b in zip(req.tokens[base:], draft):
             if a != b:
