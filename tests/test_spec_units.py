@@ -119,3 +119,47 @@ def test_greedy_with_value_check_retries_is_plain_decoding(tiny_folder: Path) ->
         assert (x.token_ids, x.finish_reason, x.error) == (y.token_ids, y.finish_reason, y.error)
     assert plain.engine.stats().check_retries == spec.engine.stats().check_retries
     assert spec.engine.spec.counters.drafted_tokens > 0
+
+
+SAME = {"type": "object", "properties": {"items": {"type": "array", "items": {
+    "type": "object", "properties": {"a": {"const": "x"}}, "required": ["a"],
+    "additionalProperties": False}}}, "required": ["items"], "additionalProperties": False}
+
+
+def test_a_draft_check_leaves_the_loop_guard_as_it_was(tiny_folder: Path) -> None:
+    """A draft that would close a copied item is cut before the closing token; afterwards the
+    matcher's masks, and what the real copy then does (the guard takes it back), are those of
+    a matcher that never saw the draft."""
+    llm = LLM.from_engine(Engine(EngineConfig(
+        model=str(tiny_folder), device="cpu", kv_cache_tokens=2048, max_num_reqs=2,
+        grammar_json_style="compact", loop_guard=2, num_speculative_tokens=12)))
+    runner = llm.engine.grammar
+    prefix = list(b'{"items":[{"a":"x"},{"a":"x"},')
+    copy = list(b'{"a":"x"}')
+
+    def matcher_after(tokens: list[int]) -> object:
+        from grammarserve.engine.request import Req
+
+        req = Req("r", [1], SamplingParams(constraint=Constraint.json_schema(SAME)), None,
+                  arrival=0)  # type: ignore[arg-type]
+        runner.start_compile(req)
+        assert req.grammar_future is not None
+        req.grammar_future.result()
+        runner.finish_compile(req)
+        for t in tokens:
+            assert req.matcher is not None and req.matcher.accept_token(t)
+        return req
+
+    drafted, fresh = matcher_after(prefix), matcher_after(prefix)
+    drafted.draft = list(copy)  # type: ignore[attr-defined]
+    runner.check_draft(drafted, 0)  # type: ignore[arg-type]
+    assert drafted.draft == copy[:-1]  # type: ignore[attr-defined]  # cut before the "}"
+    bitmask = runner.compiler.allocate_bitmask(2)
+    for t in copy:
+        for row, r in enumerate((drafted, fresh)):
+            r.matcher.fill_bitmask(bitmask, row)  # type: ignore[attr-defined]
+        assert torch.equal(bitmask[0], bitmask[1])
+        backs = [(r.matcher.accept_token(t), r.matcher.take_retraction())  # type: ignore[attr-defined]
+                 for r in (drafted, fresh)]
+        assert backs[0] == backs[1]
+    assert backs[0][1] > 0  # the real copy was taken back, the same way

@@ -153,6 +153,7 @@ class GrammarRunner:
         assert m is not None
         kept = 0
         try:
+            mark = m.draft_mark()
             for tok in req.draft:
                 m.fill_bitmask(self._bitmask, row + kept)
                 if not self._words[row + kept, tok >> 5] >> (tok & 31) & 1 or \
@@ -162,6 +163,7 @@ class GrammarRunner:
             else:
                 m.fill_bitmask(self._bitmask, row + kept)
             m.rollback(kept)
+            m.draft_restore(mark)
             if m.is_error():
                 raise RuntimeError(m.error())
         except Exception as e:  # noqa: BLE001 - fails its request only

@@ -187,6 +187,14 @@ class CheckedMatcher(Matcher):
         self.rollback(1)
         return False
 
+    def draft_mark(self) -> tuple[object, ...]:
+        return (self._expect, self._inner.draft_mark())
+
+    def draft_restore(self, mark: tuple[object, ...]) -> None:
+        expect, inner = mark
+        self._expect = expect  # type: ignore[assignment]
+        self._inner.draft_restore(inner)  # type: ignore[arg-type]
+
     def take_retraction(self) -> int:
         n, self._retracted = self._retracted, 0
         return n

@@ -150,6 +150,14 @@ class LoopGuardMatcher(Matcher):
         self.rollback(1)
         return False
 
+    def draft_mark(self) -> tuple[object, ...]:
+        return (self._closing, dict(self._dups), self._fire, self._inner.draft_mark())
+
+    def draft_restore(self, mark: tuple[object, ...]) -> None:
+        closing, dups, fire, inner = mark
+        self._closing, self._dups, self._fire = closing, dups, fire  # type: ignore[assignment]
+        self._inner.draft_restore(inner)  # type: ignore[arg-type]
+
     def take_retraction(self) -> int:
         n, self._retracted = self._retracted, 0
         return n

@@ -150,6 +150,16 @@ class Matcher(ABC):
         so retries happen only on real output. Matchers that never retract accept as usual."""
         return self.accept_token(token_id)
 
+    def draft_mark(self) -> tuple[object, ...]:
+        """State that accepting a draft and rolling it back would not restore (a wrapper's
+        memo of the last forced span, the loop guard's array being closed): taken before a
+        draft is checked and given back to :meth:`draft_restore` after its rollback, so the
+        matcher is exactly as before. Wrappers include their inner matchers' marks."""
+        return ()
+
+    def draft_restore(self, mark: tuple[object, ...]) -> None:
+        """Put back what :meth:`draft_mark` took."""
+
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         """Write the allowed next tokens of this request into ``bitmask[row]`` (bit set =
         allowed). After termination or an error only the stop tokens are allowed.

@@ -173,6 +173,13 @@ class ReasoningMatcher(Matcher):
             inner.rollback(1)  # NOTE: checked alone first; now through the wrapper's state
         return self.accept_token(token_id)
 
+    def draft_mark(self) -> tuple[object, ...]:
+        return self.inner.draft_mark() if self.inner is not None else ()
+
+    def draft_restore(self, mark: tuple[object, ...]) -> None:
+        if self.inner is not None:
+            self.inner.draft_restore(mark)
+
     def take_retraction(self) -> int:
         n, self._retracted = self._retracted, 0
         return n

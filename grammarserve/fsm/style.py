@@ -88,6 +88,15 @@ class StyleLockMatcher(Matcher):
     def _live(self) -> list[Matcher]:
         return [self._candidates[i] for i in self._alive]
 
+    def draft_mark(self) -> tuple[object, ...]:
+        return (self._span, tuple(m.draft_mark() for m in self._candidates))
+
+    def draft_restore(self, mark: tuple[object, ...]) -> None:
+        span, inner = mark
+        self._span = span  # type: ignore[assignment]
+        for m, sub in zip(self._candidates, inner):  # type: ignore[call-overload]
+            m.draft_restore(sub)
+
     def _candidate_masks(self) -> dict[int, np.ndarray]:
         if self._masks_pos != self._pos:
             healthy = [i for i in self._alive if not self._candidates[i].is_error()]
@@ -254,6 +263,15 @@ class StagedMatcher(Matcher):
         self._inner = other
         # NOTE: the staged grammar's masks of the first tokens are the other grammar's
         self._shared = SharedMasks()
+
+    def draft_mark(self) -> tuple[object, ...]:
+        return (self._pending, self._inner, self._inner.draft_mark())
+
+    def draft_restore(self, mark: tuple[object, ...]) -> None:
+        pending, inner, sub = mark
+        self._pending = pending  # type: ignore[assignment]
+        if inner is self._inner:  # NOTE: a move to the styled grammars during the draft stays
+            self._inner.draft_restore(sub)  # type: ignore[arg-type]
 
     def _accept(self, token_id: int) -> bool:
         ok = self._inner.accept_token(token_id)
