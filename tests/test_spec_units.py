@@ -56,18 +56,29 @@ def test_reply_index_bounded_and_drafts_from_earlier_replies() -> None:
 
 def test_step_cost_fit_and_draft_length() -> None:
     cost = StepCost()
-    for tokens in (1, 2, 4, 8, 1, 3, 9, 2) * 20:
-        cost.observe(tokens, 0.010 + 0.002 * tokens)
+    for tokens, context in [(1, 100), (2, 3000), (4, 500), (8, 3000), (1, 5000), (3, 50)] * 30:
+        attention = tokens * (context + tokens / 2) / 1000
+        cost.observe(tokens, attention, 0.010 + 0.002 * tokens + 0.0005 * attention)
     fit = cost.fit()
     assert fit is not None
-    a, b = fit
-    assert a == pytest.approx(0.010, rel=0.05) and b == pytest.approx(0.002, rel=0.05)
+    assert fit.a == pytest.approx(0.010, rel=0.05) and fit.b == pytest.approx(0.002, rel=0.05)
+    assert fit.c == pytest.approx(0.0005, rel=0.05)
+    assert fit.marginal(4000) == pytest.approx(0.004, rel=0.05)
     # one row, a token saves ~12 ms and costs 2 ms: worth drafting while alpha^i > 1/6
     assert draft_length(0.8, 0.012, 0.002, 8) == 8
     assert draft_length(0.5, 0.012, 0.002, 8) == 2
     assert draft_length(0.1, 0.012, 0.002, 8) == 0
     # 32 rows: a token saves 0.5 ms; no draft pays
     assert draft_length(0.8, 0.0005, 0.002, 8) == 0
+
+
+def test_step_cost_prior_before_the_sizes_vary() -> None:
+    cost = StepCost()
+    for _ in range(50):
+        cost.observe(1, 0.5, 0.008)  # every step one token: the prior's slope stays
+    fit = cost.fit()
+    assert fit is not None and fit.b > 0 and fit.c > 0
+    assert fit.step(1, 0.5) == pytest.approx(0.008, rel=0.05)
 
 
 PAIR = {"type": "array", "items": {"type": "string", "pattern": "^[ab]$"}, "minItems": 2,

@@ -106,7 +106,8 @@ class Engine:
                                      stop_token_ids=sorted(self.eos_ids))
         self.spec = Speculator(SpecOptions(max_draft=config.num_speculative_tokens,
                                            adaptive=config.speculative_adaptive),
-                               max_model_len=self.max_model_len)
+                               max_model_len=self.max_model_len,
+                               generated=lambda: self._counters["generated_tokens"])
         self.requests: dict[str, Req] = {}
         self._compiling: list[Req] = []  # constrained requests waiting for their grammar
         self._done_early: list[Req] = []  # aborted, or failed before running
@@ -189,7 +190,7 @@ class Engine:
         spans), and return the outputs of requests that advanced."""
         self._admit_compiled()
         self.scheduler.max_running = self.sizer.limit()
-        self.spec.propose(self.scheduler.running)
+        self.spec.propose(self.scheduler.running, self.grammar.forced_draft)
         work, entries = self._drafted(*self._batch(self.scheduler.schedule()))
         if not work:
             self._wait_for_compiles()
@@ -202,8 +203,9 @@ class Engine:
         # would then wait at each of its barriers for a descheduled thread.
         busy = 1 if self.grammar.compiling(self._compiling) else 0
         decoding = all(w.req.num_computed >= len(w.req.prompt_ids) for w in work)
+        shape = [(w.num_tokens, w.req.num_computed) for w in work] if decoding else []
         with self.threads.step(len(work), tokens, busy), self.sizer.step(len(work), tokens), \
-                self.spec.timed(tokens if decoding else None):
+                self.spec.timed(shape):
             logits = self.runner.forward(entries)
             self._counters["forward_passes"] += 1
             for w in work:

@@ -64,6 +64,7 @@ class GrammarRunner:
         self._stop_words = np.array([t // 32 for t in stops], dtype=np.int64)
         self._stop_bits = np.array([1 << (t % 32) for t in stops], dtype=np.uint32)
         self._stops = stops
+        self._stop_set = frozenset(stops)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-mask")
         self.counters = GrammarCounters()
         self._commas: CommaTable | None = None  # the loop guard's, built on first use
@@ -141,6 +142,25 @@ class GrammarRunner:
             self._reasoning = ReasoningTables(self.compiler.vocab.tokenizer,
                                               self.compiler.token_bytes())
         return ReasoningMatcher(self.compiler.vocab, inner, span, self._reasoning)
+
+    def forced_draft(self, req: Req) -> list[int]:
+        """The span ``req``'s grammar forces next (in the tokenizer's own tokenization, as
+        jump-forward would feed it), for a speculative draft: where jump-forward does not feed
+        it (a JSON schema's key names, by default), the model may still spell it that way.
+        The matcher is left as it was; [] on any failure (a draft is only a guess)."""
+        m = req.matcher
+        if m is None or m.is_error() or m.is_terminated():
+            return []
+        try:
+            mark = m.draft_mark()
+            span = m.forced_tokens()
+            m.draft_restore(mark)
+            marker = isinstance(m, ReasoningMatcher) and m.forcing
+            if self.spans is not None and span and not marker:
+                span = self.spans.canonical(req.output_ids, span)
+        except Exception:  # noqa: BLE001 - never fail a request over a draft
+            return []
+        return [t for t in span if t not in self._stop_set]
 
     def check_draft(self, req: Req, row: int) -> None:
         """Cut ``req.draft`` at its first token that ``req``'s matcher refuses (its mask does

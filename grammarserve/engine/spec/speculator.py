@@ -20,9 +20,14 @@ positions not taken is freed. Each token is thus drawn from the distribution a p
 deterministic draft this is exact rejection sampling; greedy output is the same tokens), and a
 draft never reaches the output unless the model chose it.
 
-How much to draft (``adaptive``): per request, the acceptance of its recent drafts; per step,
-the measured cost of one more token fed against the time one accepted token saves
-(``cost.py``): at large batches, where a step is compute-bound, drafts stop.
+Where the grammar forces the next tokens but jump-forward does not feed them (a JSON schema's
+key names, by default: the model spells them itself), the draft starts with them, in the
+tokenizer's own tokenization.
+
+How much to draft (``adaptive``): per request, the acceptance of its recent drafts against
+the measured cost of one more token fed (``cost.py``: ``StepCost``); per batch size, whether
+steps with drafts yield output tokens faster than steps without, measured on both
+(``SpecSwitch``): at large batches, where a step is compute-bound, drafts stop.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from typing import overload
 
 from grammarserve.engine.request import Req, ReqStatus
 from grammarserve.engine.sampler import History, RowRng, SampleOutput, TopEntry
-from grammarserve.engine.spec.cost import StepCost, draft_length
+from grammarserve.engine.spec.cost import SpecSwitch, StepCost, draft_length
 from grammarserve.engine.spec.ngram import Match, NgramIndex
 from grammarserve.engine.spec.replies import CONTEXT, ReplyStore
 from grammarserve.sampling_params import SamplingParams
@@ -113,44 +118,63 @@ class _Prefix(Sequence[int]):
         return self._seq[i % self._n]
 
 
+def attention_work(reqs: list[Req]) -> float:
+    """The attention of a step feeding ``reqs``' pending tokens: queries times keys, in
+    thousands."""
+    return sum(r.num_pending * (r.num_computed + r.num_pending / 2) for r in reqs) / 1000
+
+
 class Speculator:
     """Drafts, sampling rows and verification for one engine (see the module docstring)."""
 
-    def __init__(self, options: SpecOptions, *, max_model_len: int) -> None:
+    def __init__(self, options: SpecOptions, *, max_model_len: int,
+                 generated: Callable[[], int]) -> None:
+        """``generated``: the engine's count of output tokens so far (what a step yields)."""
         self.options = options
         self.max_model_len = max_model_len
+        self._generated = generated
+        self._drafting = False  # whether this step feeds any draft
         self.cost = StepCost()
+        self.switch = SpecSwitch()
         self.counters = SpecCounters()
         self._replies = ReplyStore(options.namespaces, options.reply_tokens)
         self._states: dict[str, _State] = {}
 
     # -- before the step -------------------------------------------------------------------
-    def propose(self, running: list[Req]) -> None:
+    def propose(self, running: list[Req], forced: Callable[[Req], list[int]]) -> None:
         """Set ``req.draft`` for each running request that decodes (empty where nothing
-        matches or drafting would not pay)."""
+        matches or drafting would not pay): the span its grammar forces next (``forced``),
+        then the n-gram match's continuation."""
         decoding = [r for r in running if self._decodes(r)]
         for r in running:
             r.draft, r.draft_masked = [], False
+        self._drafting = False
         if not decoding or self.options.max_draft <= 0:
             return
-        fit = self.cost.fit() if self.options.adaptive else None
-        tokens = sum(r.num_pending for r in decoding)
-        value = cost = 0.0
-        if fit is not None:
-            a, b = fit
-            value, cost = (a + b * tokens) / len(decoding), b
+        adaptive = self.options.adaptive
+        if adaptive and not self.switch.enabled(len(decoding)):
+            return
+        fit = self.cost.fit()
+        value = 0.0
+        if fit is not None:  # NOTE: the time one accepted token saves, per row
+            value = fit.step(sum(r.num_pending for r in decoding),
+                             attention_work(decoding)) / len(decoding)
         for req in decoding:
             state = self._states.setdefault(req.request_id, _State())
             cap = min(self.options.max_draft, MAX_PENDING - req.num_pending,
                       req.params.max_tokens - len(req.output_ids) - 1,
                       self.max_model_len - len(req.tokens) - 1)
-            if fit is not None:
-                cap = draft_length(state.alpha, value, cost, cap)
+            if adaptive and fit is not None:
+                cap = draft_length(state.alpha, value, fit.marginal(len(req.tokens)), cap)
             if cap <= 0:
                 continue
-            match = self._match(req, state)
-            if match is not None:
-                req.draft = list(match.source[match.start:match.start + cap])
+            head = forced(req)[:cap] if req.matcher is not None else []
+            seq = req.tokens + head if head else req.tokens
+            match = self._match(req, state, seq) if len(head) < cap else None
+            rest = list(match.source[match.start:match.start + cap - len(head)]) \
+                if match is not None else []
+            req.draft = head + rest
+            self._drafting = self._drafting or bool(req.draft)
 
     @staticmethod
     def _decodes(req: Req) -> bool:
@@ -158,11 +182,13 @@ class Speculator:
                 and req.error is None and req.num_computed >= len(req.prompt_ids)
                 and req.num_pending >= 1)
 
-    def _match(self, req: Req, state: _State) -> Match | None:
+    def _match(self, req: Req, state: _State, seq: list[int]) -> Match | None:
+        """The longer of the n-gram matches for ``seq`` (``req``'s tokens, perhaps with a
+        forced span after them) in its own tokens and in its namespace's earlier replies."""
         state.index.update(req.tokens)
-        own = state.index.match(req.tokens)
+        own = state.index.match(seq, source=req.tokens)
         replies = self._replies.get(req.namespace)
-        other = replies.match(req.tokens) if replies is not None else None
+        other = replies.match(seq) if replies is not None else None
         if other is not None and (own is None or other.n > own.n):
             return other
         return own
@@ -187,13 +213,18 @@ class Speculator:
         return SampleRows(params, rngs, history, first)
 
     @contextmanager
-    def timed(self, decode_tokens: int | None) -> Iterator[None]:
-        """Time a step for the cost fit: ``decode_tokens`` is the tokens it feeds when every
-        request in it decodes (None: a step with prefill, not recorded)."""
+    def timed(self, work: list[tuple[int, int]]) -> Iterator[None]:
+        """Time a step for the cost fit and the switch: ``work`` is each request's (tokens
+        fed, position of the first) when every request in it decodes (empty: a step with
+        prefill, not recorded)."""
         t0 = time.perf_counter()
+        before = self._generated()
         yield
-        if decode_tokens:
-            self.cost.observe(decode_tokens, time.perf_counter() - t0)
+        if work:
+            seconds = time.perf_counter() - t0
+            attention = sum(n * (p + n / 2) for n, p in work) / 1000
+            self.cost.observe(sum(n for n, _ in work), attention, seconds)
+            self.switch.record(len(work), self._drafting, seconds, self._generated() - before)
 
     # -- after the forward -----------------------------------------------------------------
     def verify(self, req: Req, first: int, out: SampleOutput, advance: Advance) -> None:
