@@ -147,7 +147,7 @@ def test_refused_draft_never_reaches_the_model(spec: LLM, plain: LLM, fed: list[
     digits): the matcher cuts each draft before them, the reply is plain decoding's."""
     letters = spec.tokenizer.encode("abcabcabc", add_special_tokens=False)
     monkeypatch.setattr(spec.engine.spec, "_match",
-                        lambda req, state: Match(2, letters * 4, 0))
+                        lambda req, state, seq: Match(2, letters * 4, 0))
     c = Constraint.regex(r"[0-9]{6}")
     p = _chat(plain, "Write six digits.")
     a, b = plain.generate([p], _params(c))[0], spec.generate([p], _params(c))[0]
