@@ -76,14 +76,33 @@ class SpecCounters:
 
 @dataclass
 class _State:
+    """A request's n-gram index and the acceptance of its drafts: overall, and after each
+    last token drafted from (a value's opening quote drafts badly, a key's colon well)."""
+
     index: NgramIndex = field(default_factory=NgramIndex)
     accepted: float = PRIOR_ACCEPTED
     rejected: float = PRIOR_REJECTED
+    after: dict[int, tuple[float, float]] = field(default_factory=dict)
+    key: int = -1  # the last token of the sequence the pending draft was made after
 
     @property
     def alpha(self) -> float:
         """Estimated chance that a draft token is taken, given the one before it was."""
         return self.accepted / (self.accepted + self.rejected)
+
+    def alpha_after(self, token: int) -> float:
+        """As :attr:`alpha`, for drafts made after ``token`` (the overall figure counts as
+        one draft of evidence)."""
+        acc, rej = self.after.get(token, (0.0, 0.0))
+        a = self.alpha
+        return (acc + a) / (acc + rej + 1.0)
+
+    def record(self, taken: int, drafted: int) -> None:
+        missed = float(taken < drafted)
+        self.accepted = self.accepted * DECAY + taken
+        self.rejected = self.rejected * DECAY + missed
+        acc, rej = self.after.get(self.key, (0.0, 0.0))
+        self.after[self.key] = (acc * DECAY + taken, rej * DECAY + missed)
 
 
 @dataclass(frozen=True)
@@ -165,7 +184,8 @@ class Speculator:
                       req.params.max_tokens - len(req.output_ids) - 1,
                       self.max_model_len - len(req.tokens) - 1)
             if adaptive and fit is not None:
-                cap = draft_length(state.alpha, value, fit.marginal(len(req.tokens)), cap)
+                cap = draft_length(state.alpha_after(req.tokens[-1]), value,
+                                   fit.marginal(len(req.tokens)), cap)
             if cap <= 0:
                 continue
             head = forced(req)[:cap] if req.matcher is not None else []
@@ -174,6 +194,7 @@ class Speculator:
             rest = list(match.source[match.start:match.start + cap - len(head)]) \
                 if match is not None else []
             req.draft = head + rest
+            state.key = req.tokens[-1]
             self._drafting = self._drafting or bool(req.draft)
 
     @staticmethod
@@ -262,8 +283,7 @@ class Speculator:
             c.drafted_tokens += len(draft)
             c.accepted_tokens += taken
             c.verified_drafts += 1
-            state.accepted = state.accepted * DECAY + taken
-            state.rejected = state.rejected * DECAY + (taken < len(draft))
+            state.record(taken, len(draft))
 
     def finish(self, req: Req) -> None:
         """Forget a finished request; a reply that ended normally joins its namespace's."""
