@@ -153,6 +153,8 @@ class Speculator:
         self.max_model_len = max_model_len
         self._generated = generated
         self._drafting = False  # whether this step feeds any draft
+        self._started = 0.0  # when this step's propose began
+        self._before = 0  # output tokens before this step
         self.cost = StepCost()
         self.switch = SpecSwitch()
         self.counters = SpecCounters()
@@ -164,6 +166,8 @@ class Speculator:
         """Set ``req.draft`` for each running request that decodes (empty where nothing
         matches or drafting would not pay): the span its grammar forces next (``forced``),
         then the n-gram match's continuation."""
+        self._started = time.perf_counter()  # NOTE: the step's cost includes the drafting
+        self._before = self._generated()
         decoding = [r for r in running if self._decodes(r)]
         for r in running:
             r.draft, r.draft_masked = [], False
@@ -235,17 +239,17 @@ class Speculator:
 
     @contextmanager
     def timed(self, work: list[tuple[int, int]]) -> Iterator[None]:
-        """Time a step for the cost fit and the switch: ``work`` is each request's (tokens
-        fed, position of the first) when every request in it decodes (empty: a step with
-        prefill, not recorded)."""
-        t0 = time.perf_counter()
-        before = self._generated()
+        """Time a step for the cost fit and the switch, from its :meth:`propose` (drafting
+        and checking drafts cost time too): ``work`` is each request's (tokens fed, position
+        of the first) when every request in it decodes (empty: a step with prefill, not
+        recorded)."""
         yield
         if work:
-            seconds = time.perf_counter() - t0
+            seconds = time.perf_counter() - self._started
             attention = sum(n * (p + n / 2) for n, p in work) / 1000
             self.cost.observe(sum(n for n, _ in work), attention, seconds)
-            self.switch.record(len(work), self._drafting, seconds, self._generated() - before)
+            self.switch.record(len(work), self._drafting, seconds,
+                               self._generated() - self._before)
 
     # -- after the forward -----------------------------------------------------------------
     def verify(self, req: Req, first: int, out: SampleOutput, advance: Advance) -> None:
