@@ -39,7 +39,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import extraction_workload as wl
 import tools_workload as tw
 import bench_batch
-from bench_batch import write_input
 from bench_serving import one
 from machine import cpu_name, revision
 from serverproc import ServerProcess, metrics
@@ -128,7 +127,7 @@ def batch(lines: int, tmp: Path, threads: int) -> dict[str, Any]:
         folder = tmp / side
         folder.mkdir()
         inp = folder / "in.jsonl"
-        expected = write_input(inp, lines, 0, 200, style="none")
+        expected = bench_batch.write_input(inp, lines, 0, 200, style="none")
         args = argparse.Namespace(kv_cache_tokens=65536, max_num_reqs=64, max_batch_tokens=2048,
                                   threads=threads, dump_replies=None)
         out[side] = run_cli_with(inp, expected, args, k)

@@ -257,7 +257,6 @@ class Engine:
         if req.draft:
             self.spec.verify(req, first, out, self._advance)
         else:
-            req.draft_masked = False
             self._advance(req, out.token_ids[first], out.logprobs[first],
                           out.no_allowed[first], out.top[first])
         if req.status is ReqStatus.RUNNING and req.num_allocated > req.num_computed:

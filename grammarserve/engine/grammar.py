@@ -190,11 +190,11 @@ class GrammarRunner:
             self._broken(req, "checking a speculative draft", e)
             kept = 0
         del req.draft[kept:]
-        req.draft_masked = req.error is None
 
     def fill_async(self, reqs: list[Req]) -> Future[Filled | None]:
-        """Fill the bitmask rows of ``reqs`` (in order, ``1 + len(req.draft)`` rows each; the
-        rows of drafts that :meth:`check_draft` filled are kept) on the worker thread.
+        """Fill the bitmask rows of ``reqs`` (in order, ``1 + len(req.draft)`` rows each; a
+        constrained request's draft rows were filled by :meth:`check_draft`) on the worker
+        thread.
         Resolves to None when none of them is constrained."""
         if not any(r.matcher is not None for r in reqs):
             done: Future[Filled | None] = Future()
@@ -212,7 +212,7 @@ class GrammarRunner:
             if req.matcher is None or req.error is not None:
                 bitmask[first:row].fill_(-1)
                 continue
-            if req.draft_masked:
+            if req.draft:  # NOTE: its rows were filled by check_draft before the forward
                 continue
             try:
                 req.matcher.fill_bitmask(self._bitmask, first)

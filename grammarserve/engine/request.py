@@ -82,9 +82,8 @@ class Req:
     num_forced: int = 0  # output tokens that came from jump-forward
     repeat_guard: CallRepeatGuard | None = None  # ends the reply at a repeated tool call
     # speculative decoding (``engine/spec``): the draft fed after the pending tokens this step
-    # (checked by the matcher before the forward; its bitmask rows are filled then)
+    # (checked by the matcher before the forward, which fills its bitmask rows then)
     draft: list[int] = field(default_factory=list)
-    draft_masked: bool = False
     # per output token: (text produced through it, the detokenizer's mark), so a value check
     # can take tokens back (``Engine._retract``)
     marks: list[tuple[int, tuple[int, int]]] = field(default_factory=list)

@@ -131,7 +131,7 @@ class _Prefix(Sequence[int]):
 
     def __getitem__(self, i: int | slice) -> int | list[int]:
         if isinstance(i, slice):
-            return self._seq[:self._n][i]
+            return self._seq[slice(*i.indices(self._n))]
         if not -self._n <= i < self._n:
             raise IndexError(i)
         return self._seq[i % self._n]
@@ -168,11 +168,13 @@ class Speculator:
         then the n-gram match's continuation."""
         self._started = time.perf_counter()  # NOTE: the step's cost includes the drafting
         self._before = self._generated()
+        if self.options.max_draft <= 0:
+            return
         decoding = [r for r in running if self._decodes(r)]
-        for r in running:
-            r.draft, r.draft_masked = [], False
         self._drafting = False
-        if not decoding or self.options.max_draft <= 0:
+        for r in running:
+            r.draft = []
+        if not decoding:
             return
         adaptive = self.options.adaptive
         if adaptive and not self.switch.enabled(len(decoding)):
@@ -256,7 +258,7 @@ class Speculator:
         """Walk ``req``'s sampled rows from ``first`` (see the module docstring); sets
         ``req.num_computed`` to the positions whose KV stays valid (the engine frees the rest
         with the scheduler's rewind)."""
-        draft, req.draft, req.draft_masked = req.draft, [], False
+        draft, req.draft = req.draft, []
         base = len(req.tokens)
         offset = req.rng.offset - len(draft) - 1 if req.rng is not None else 0
         j = 0
