@@ -94,6 +94,7 @@ void linear(const GsStep& st, const GsLinear& w, const float* x, int64_t R, floa
 // Rows per step from which the per-row loops below split their rows over the threads (each row
 // is still computed by one thread in one order: results do not depend on the thread count).
 constexpr int64_t kParallelRows = 16;
+constexpr int64_t kParallelKeys = 64;  // tokens
 
 // y = x * rsqrt(mean(x^2) + eps) * w, per row (the fp32 steps of F.rms_norm).
 void rmsnorm(const float* x, const float* w, int64_t R, int64_t E, float eps, float* y,
@@ -133,8 +134,10 @@ void rope_and_split(const GsStep& st, float* qkv, float* q) {
 // memory, so (token, head) pairs are split over the threads (~4.7 ms of a 64-row step on one).
 void write_kv(const GsStep& st, int64_t layer, const float* qkv) {
   const int64_t D = st.head_dim, KVH = st.kv_heads, width = (st.heads + 2 * KVH) * D;
+// Serial below a prefill's size: the K mirror's tiles hold 16 keys of one element per line, so
+// threads writing a draft's few keys share every line (8 tokens cost ~8x their serial time).
 #pragma omp parallel for collapse(2) schedule(static) num_threads(st.threads) \
-    if (st.tokens * KVH >= kParallelRows)
+    if (st.tokens >= kParallelKeys)
   for (int64_t t = 0; t < st.tokens; ++t) {
     for (int64_t h = 0; h < KVH; ++h) {
       const float* k = qkv + t * width + (st.heads + h) * D;

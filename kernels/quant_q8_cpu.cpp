@@ -333,8 +333,18 @@ void gemm(const float* x, int64_t R, int64_t K, const uint8_t* qs, const float* 
         const int nv = static_cast<int>(N - n0 < kLanes ? N - n0 : kLanes);
         int64_t r = c0;
         for (; r + 8 <= c1; r += 8) tile_rows<8, kQ4, kTwo>(a, K, r, qt, dt, mt, h, y, N, n0, nv);
-        for (; r + 4 <= c1; r += 4) tile_rows<4, kQ4, kTwo>(a, K, r, qt, dt, mt, h, y, N, n0, nv);
-        for (; r < c1; ++r) tile_rows<1, kQ4, kTwo>(a, K, r, qt, dt, mt, h, y, N, n0, nv);
+        // The rest in one pass: a pass per leftover row would run its VPDPBUSD chain alone
+        // (latency-bound), so a 7-row draft cost more than an 8-row one.
+        switch (c1 - r) {
+          case 7: tile_rows<7, kQ4, kTwo>(a, K, r, qt, dt, mt, h, y, N, n0, nv); break;
+          case 6: tile_rows<6, kQ4, kTwo>(a, K, r, qt, dt, mt, h, y, N, n0, nv); break;
+          case 5: tile_rows<5, kQ4, kTwo>(a, K, r, qt, dt, mt, h, y, N, n0, nv); break;
+          case 4: tile_rows<4, kQ4, kTwo>(a, K, r, qt, dt, mt, h, y, N, n0, nv); break;
+          case 3: tile_rows<3, kQ4, kTwo>(a, K, r, qt, dt, mt, h, y, N, n0, nv); break;
+          case 2: tile_rows<2, kQ4, kTwo>(a, K, r, qt, dt, mt, h, y, N, n0, nv); break;
+          case 1: tile_rows<1, kQ4, kTwo>(a, K, r, qt, dt, mt, h, y, N, n0, nv); break;
+          default: break;
+        }
       }
     }
   }

@@ -47,7 +47,7 @@ def test_kernel_matches_reference(isa: str, kind: str, k: int) -> None:
     for n in (5, 16, 17, 72):  # partial, exact and multiple tiles of 16 rows
         w = pack_gguf_blocks(kind, random_blocks(kind, n, k, seed=k + n))
         packed = pack_x16(w, isa)
-        for rows in (1, 2, 3, 4, 5, 8, 9, 13, 17):
+        for rows in (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17):
             x = torch.randn(rows, k, generator=gen)
             for levels in (1, 2):
                 got = quant_matmul_q8(x, packed, levels=levels)
@@ -74,6 +74,20 @@ def test_levels_bound_the_error_against_the_exact_product(kind: str) -> None:
             assert torch.equal(quant_matmul_q8(x, packed, levels=levels), got)
         finally:
             torch.set_num_threads(threads)
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+def test_a_rows_result_does_not_depend_on_its_batch(kind: str) -> None:
+    """A speculative draft's positions ride in batches of any size (1..8 rows share one pass
+    over a weight tile): each row must come out bit for bit as it does alone, or greedy
+    decoding with drafts would differ from plain decoding."""
+    w = pack_gguf_blocks(kind, random_blocks(kind, 40, 576, seed=5))
+    packed = pack_x16(w)
+    x = torch.randn(23, 576, generator=torch.Generator().manual_seed(5))
+    alone = torch.cat([quant_matmul_q8(x[i:i + 1], packed, levels=2) for i in range(23)])
+    for rows in range(2, 24):
+        assert torch.equal(quant_matmul_q8(x[:rows], packed, levels=2), alone[:rows]), rows
 
 
 def test_activation_quantization_reference() -> None:

@@ -13,8 +13,9 @@ import torch
 from grammarserve.config import EngineConfig
 from grammarserve.constraints import Constraint
 from grammarserve.engine.engine import Engine
-from grammarserve.engine.spec.cost import StepCost, draft_length
-from grammarserve.engine.spec.ngram import NgramIndex
+from grammarserve.engine.spec.calibrate import calibrate
+from grammarserve.engine.spec.cost import SpecSwitch, StepCost, draft_length
+from grammarserve.engine.spec.ngram import NgramIndex, space_folded
 from grammarserve.engine.spec.replies import ReplyIndex, ReplyStore
 from grammarserve.llm import LLM
 from grammarserve.sampling_params import SamplingParams
@@ -38,6 +39,46 @@ def test_ngram_index_after_tokens_were_taken_back() -> None:
     index.update([1, 2, 3, 4, 1, 2])
     index.update([1, 2])  # shorter: indexed again from scratch, no stale continuation
     assert index.match([1, 2]) is None
+
+
+def test_space_folded_ids() -> None:
+    vocab = {"Kofi": 0, "\u0120Kofi": 1, "\u0120Smith": 2, "\u2581is": 3, "is": 4, "\u0120": 5}
+    assert space_folded(vocab, 7) == [0, 0, 2, 4, 4, 5, 6]  # no space-less twin: kept
+
+
+def test_ngram_index_matches_a_value_copied_without_its_leading_space() -> None:
+    # the document's " Kofi Smith is 35", and a JSON value that starts after its quote:
+    # "Kofi" (space-less) then " Smith"; folded, the two-gram matches the document's
+    fold = [0, 0, 2, 3, 4, 5, 6]  # 1 = " Kofi" folds to 0 = "Kofi"
+    doc = [5, 1, 2, 3, 4]
+    reply = doc + [6, 0, 2]
+    plain, folded = NgramIndex(), NgramIndex(fold)
+    plain.update(reply)
+    folded.update(reply)
+    assert plain.match(reply) is None
+    m = folded.match(reply)
+    assert m is not None and m.n == 2 and list(m.source[m.start:m.start + 2]) == [3, 4]
+
+
+def test_switch_recovers_from_one_unlucky_first_draft_step() -> None:
+    switch = SpecSwitch()
+    switch.record(1, True, 0.010, 1)  # a draft of nothing but misses: 10 ms per token
+    for _ in range(10):
+        switch.record(1, False, 0.006, 1)  # plain steps: 6 ms per token
+    for _ in range(6):
+        switch.record(1, True, 0.003, 1)  # then drafts that pay: 3 ms per token
+    assert switch.enabled(1)  # 4.0 ms on the plain mean (6.7 ms with a 0.1 smoothing from the first)
+
+
+def test_calibration_fits_the_span_cost_and_frees_its_row(tiny_folder: Path) -> None:
+    engine = _tiny(tiny_folder, 4).engine
+    runner = engine.runner
+    free = (runner.pool.num_free, runner.req_to_token.num_free)
+    cost = StepCost()
+    calibrate(runner, cost, seq_id=10**6)
+    assert (runner.pool.num_free, runner.req_to_token.num_free) == free
+    fit = cost.fit()
+    assert fit is not None and fit.step(1, 0.1) > 0 and fit.marginal(128) >= 0
 
 
 def test_reply_index_bounded_and_drafts_from_earlier_replies() -> None:

@@ -9,13 +9,10 @@ from concurrent.futures import FIRST_COMPLETED, wait
 
 import torch
 
-from grammarserve.attention.backend import AttentionBackend, TorchSDPABackend
 from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
 from grammarserve.attention.staging import to_device
-from grammarserve.attention.varlen import VarlenBackend
 from grammarserve.config import EngineConfig
 from grammarserve.engine.batch_size import BatchSizer
-from grammarserve.engine.cuda_graphs import DecodeGraphs
 from grammarserve.engine.detokenizer import IncrementalDetokenizer
 from grammarserve.engine.device import setup_cuda
 from grammarserve.engine.dry import DryPenalty
@@ -24,7 +21,6 @@ from grammarserve.engine.memory import (
     ActivationShape,
     activation_reserve_bytes,
     available_memory_bytes,
-    mirror_tokens_for,
     plan_kv_tokens,
     process_rss_bytes,
 )
@@ -33,6 +29,8 @@ from grammarserve.engine.radix_cache import DEFAULT_NAMESPACE, RadixCache
 from grammarserve.engine.request import Req, ReqStatus, RequestOutput
 from grammarserve.engine.sampler import SampleOutput, TopEntry, make_rng, sample
 from grammarserve.engine.scheduler import ScheduledReq, Scheduler
+from grammarserve.engine.spec.calibrate import calibrate
+from grammarserve.engine.spec.ngram import space_folded
 from grammarserve.engine.spec.speculator import SpecOptions, Speculator
 from grammarserve.engine.stats import EngineStats
 from grammarserve.engine.stopping import append_token, retract
@@ -70,27 +68,11 @@ class Engine:
                                                          mc.head_dim, config.torch_kv_dtype)
         varlen = config.attention_backend == "varlen"
         capacity = config.kv_cache_tokens or self._plan_capacity(varlen)
-        pool = KVPool(capacity=capacity, num_layers=mc.num_layers, num_kv_heads=mc.num_kv_heads,
-                      head_dim=mc.head_dim, dtype=config.torch_kv_dtype, device=device)
         # NOTE: one sequence must always fit in the pool alone, or preemption could livelock.
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings,
                                  mc.max_position_embeddings, capacity)
-        table = ReqToTokenPool(max_reqs=config.max_num_reqs, max_context=self.max_model_len,
-                               device=device)
-        attn: AttentionBackend
-        if varlen:
-            attn = VarlenBackend(pool, table, mc.sliding_window)
-        else:
-            attn = TorchSDPABackend(
-                pool, table, mc.sliding_window,
-                mirror_tokens=mirror_tokens_for(capacity, config.decode_mirror_tokens),
-                decode_kernel=config.decode_attention_kernel,
-                decode_stack=config.decode_stack_kernel)
-        graphs = None
-        if config.cuda_graphs and device.type == "cuda" and DecodeGraphs.supports(
-                self.loaded.model):
-            graphs = DecodeGraphs(self.loaded.model, pool, table, config.max_num_reqs)
-        self.runner = ModelRunner(self.loaded.model, pool, table, attn, graphs)
+        self.runner = ModelRunner.build(self.loaded.model, config, capacity, self.max_model_len)
+        pool, table = self.runner.pool, self.runner.req_to_token
         self.threads = ThreadTuner(torch.get_num_threads() if device.type == "cpu"
                                    and config.adaptive_threads else 1)
         self.sizer = BatchSizer(config.max_num_reqs, enabled=config.adaptive_batch)
@@ -107,7 +89,9 @@ class Engine:
         self.spec = Speculator(SpecOptions(max_draft=config.num_speculative_tokens,
                                            adaptive=config.speculative_adaptive),
                                max_model_len=self.max_model_len,
-                               generated=lambda: self._counters["generated_tokens"])
+                               generated=lambda: self._counters["generated_tokens"]
+                               - self.grammar.counters.jump_forward_tokens,
+                               fold=space_folded(self.tokenizer.get_vocab(), mc.vocab_size))
         self.requests: dict[str, Req] = {}
         self._compiling: list[Req] = []  # constrained requests waiting for their grammar
         self._done_early: list[Req] = []  # aborted, or failed before running
@@ -178,8 +162,11 @@ class Engine:
     def warm_up(self) -> None:
         """Build what the first constrained request would otherwise build (the grammar
         backends' tokenizer tables, ~1 s, much of it holding the GIL, so every running request
-        would wait), and the loop guard's table. Call it before serving."""
+        would wait), the loop guard's table, and speculation's cost of a draft token (a few
+        forwards). Call it before serving."""
         self.grammar.warm_up()
+        if self.spec.options.max_draft > 0 and self.spec.options.adaptive:
+            calibrate(self.runner, self.spec.cost, next(self._arrivals))
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work() or bool(self._done_early or self._compiling)

@@ -10,7 +10,10 @@ from grammarserve.attention.backend import AttentionBackend, TorchSDPABackend
 from grammarserve.attention.forward_batch import ForwardBatch
 from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
 from grammarserve.attention.staging import stage_int64
+from grammarserve.attention.varlen import VarlenBackend
+from grammarserve.config import EngineConfig
 from grammarserve.engine.cuda_graphs import DecodeGraphs
+from grammarserve.engine.memory import mirror_tokens_for
 from grammarserve.models.llama import LlamaModel
 
 
@@ -40,6 +43,31 @@ class ModelRunner:
         self.device = pool.device
         self.attn = attn or TorchSDPABackend(pool, req_to_token, model.config.sliding_window)
         self.vocab_size = model.config.vocab_size
+
+    @classmethod
+    def build(cls, model: LlamaModel, config: EngineConfig, capacity: int,
+              max_context: int) -> ModelRunner:
+        """The runner for ``config``: a KV pool of ``capacity`` tokens, a table of
+        ``max_num_reqs`` rows of ``max_context``, the configured attention backend, and CUDA
+        graphs where the device and the model allow them."""
+        mc, device = model.config, config.torch_device
+        pool = KVPool(capacity=capacity, num_layers=mc.num_layers, num_kv_heads=mc.num_kv_heads,
+                      head_dim=mc.head_dim, dtype=config.torch_kv_dtype, device=device)
+        table = ReqToTokenPool(max_reqs=config.max_num_reqs, max_context=max_context,
+                               device=device)
+        attn: AttentionBackend
+        if config.attention_backend == "varlen":
+            attn = VarlenBackend(pool, table, mc.sliding_window)
+        else:
+            attn = TorchSDPABackend(
+                pool, table, mc.sliding_window,
+                mirror_tokens=mirror_tokens_for(capacity, config.decode_mirror_tokens),
+                decode_kernel=config.decode_attention_kernel,
+                decode_stack=config.decode_stack_kernel)
+        graphs = None
+        if config.cuda_graphs and device.type == "cuda" and DecodeGraphs.supports(model):
+            graphs = DecodeGraphs(model, pool, table, config.max_num_reqs)
+        return cls(model, pool, table, attn, graphs)
 
     def entry_problem(self, e: BatchEntry) -> str | None:
         """What makes ``e`` unfit for a batch (None if nothing): the engine checks each entry

@@ -101,6 +101,7 @@ class SpecSwitch:
 
     def __init__(self) -> None:
         self._cost: dict[tuple[int, bool], float] = {}
+        self._seen: dict[tuple[int, bool], int] = {}  # steps recorded per (bucket, mode)
         self._steps: dict[int, int] = {}
 
     @staticmethod
@@ -123,5 +124,8 @@ class SpecSwitch:
             return
         key = (self._bucket(rows), drafted)
         per = seconds / tokens
-        old = self._cost.get(key)
-        self._cost[key] = per if old is None else old + SMOOTH * (per - old)
+        n = self._seen[key] = self._seen.get(key, 0) + 1
+        old = self._cost.get(key, per)
+        # NOTE: the plain mean while a mode has few steps: one unlucky first step (a draft
+        # of nothing but misses) would otherwise hold drafts off for a hundred steps
+        self._cost[key] = old + max(1.0 / n, SMOOTH) * (per - old)

@@ -147,8 +147,12 @@ class Speculator:
     """Drafts, sampling rows and verification for one engine (see the module docstring)."""
 
     def __init__(self, options: SpecOptions, *, max_model_len: int,
-                 generated: Callable[[], int]) -> None:
-        """``generated``: the engine's count of output tokens so far (what a step yields)."""
+                 generated: Callable[[], int], fold: Sequence[int] | None = None) -> None:
+        """``generated``: the engine's count of sampled output tokens so far (what a step
+        yields; jump-forward spans left out: they come as fast with drafts as without, and a
+        step that happens to unlock one would otherwise look several times cheaper);
+        ``fold``: the tokenizer's ``ngram.space_folded`` ids, for prompt lookup."""
+        self._fold = fold
         self.options = options
         self.max_model_len = max_model_len
         self._generated = generated
@@ -185,7 +189,9 @@ class Speculator:
             value = fit.step(sum(r.num_pending for r in decoding),
                              attention_work(decoding)) / len(decoding)
         for req in decoding:
-            state = self._states.setdefault(req.request_id, _State())
+            state = self._states.get(req.request_id)
+            if state is None:
+                state = self._states[req.request_id] = _State(NgramIndex(self._fold))
             cap = min(self.options.max_draft, MAX_PENDING - req.num_pending,
                       req.params.max_tokens - len(req.output_ids) - 1,
                       self.max_model_len - len(req.tokens) - 1)
