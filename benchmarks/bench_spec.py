@@ -36,9 +36,9 @@ import jsonschema
 import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_batch
 import extraction_workload as wl
 import tools_workload as tw
-import bench_batch
 from bench_serving import one
 from machine import cpu_name, revision
 from serverproc import ServerProcess, metrics

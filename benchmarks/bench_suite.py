@@ -2,7 +2,7 @@
 walk, the figure of issue 16's first acceptance line.
 
 The suite tests JSON Schema semantics, so the compiler runs with ``open_schemas=True`` (the
-default closed mode narrows schemas on purpose, ``fsm/closed.py``). Each valid instance is walked
+default closed mode narrows schemas on purpose, ``fsm/schema/close.py``). Each valid instance is walked
 token by token (SmolLM2 tokenizer) in every form of the default JSON style (compact and
 ``json.dumps`` default: ``conformance.instance_texts``); each invalid instance in compact form.
 

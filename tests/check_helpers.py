@@ -1,5 +1,5 @@
 """What generation accepts, model-free: the schema the grammar is compiled from (checked with
-``jsonschema``) and the run-time value checks at their locations (``fsm/checks.py``)."""
+``jsonschema``) and the run-time value checks at their locations (``fsm/schema/checks/split.py``)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,11 @@ from typing import Any
 
 import jsonschema
 
-from grammarserve.fsm.checked import make_validator
-from grammarserve.fsm.json_schema import prepare_schema
-from grammarserve.fsm.normalize import normalize
-from grammarserve.fsm.rewrite import rewrite_schema
-from grammarserve.fsm.rewrite_unique import identity
-from grammarserve.fsm.value_check import ValueCheck
+from grammarserve.fsm.checked_matcher import make_validator
+from grammarserve.fsm.schema.normalize import normalize
+from grammarserve.fsm.schema.prepare import prepare_schema
+from grammarserve.fsm.schema.rewrites import rewrite_schema
+from grammarserve.fsm.value_check import ValueCheck, identity
 
 
 def prepared(schema: Any) -> tuple[dict[str, Any], list[ValueCheck]]:

@@ -7,8 +7,9 @@ from typing import Any
 
 import jsonschema
 
-from grammarserve.fsm.json_schema import iter_subschemas, prepare_schema
-from grammarserve.fsm.rewrite import rewrite_schema
+from grammarserve.fsm.schema.prepare import prepare_schema
+from grammarserve.fsm.schema.rewrites import rewrite_schema
+from grammarserve.fsm.schema.tree import iter_subschemas
 
 #: Instances of every type, with near misses of the values the tests use.
 POOL: list[Any] = [

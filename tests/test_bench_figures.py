@@ -49,3 +49,19 @@ def test_table_derives_success_for_old_lines(capsys: pytest.CaptureFixture[str])
     r = table.with_success(old)
     assert (r["success_pct"], r["valid_replies"], r["goodput_valid_per_s"]) == (25.0, 8, 0.1083)
     assert table.with_success({"workload": "chat", "valid_pct": 100.0}).get("success_pct") is None
+
+
+def test_readme_headline_table_is_rendered_from_committed_raw_lines() -> None:
+    """README's headline block is exactly what ``benchmarks/headline.py`` renders from the raw
+    lines its caption names (no figure typed by hand). Whether HEAD's code is the code they
+    measured is ``headline.py --strict``'s check at the end of a change, not asserted here
+    (the next code change would turn it red before anyone could measure)."""
+    import headline
+
+    readme = (BENCH.parent / "README.md").read_text()
+    assert headline.BEGIN in readme and headline.END in readme
+    block = readme.split(headline.BEGIN, 1)[1].split(headline.END, 1)[0]
+    m = re.search(r"headline\.py --prefix (\S+)`", block)
+    assert m is not None, "the caption names its --prefix"
+    rendered, _ = headline.render((BENCH.parent / m.group(1)).resolve())
+    assert headline.BEGIN + block + headline.END == rendered

@@ -12,10 +12,10 @@ import pytest
 import xgrammar as xgr
 
 from grammarserve.errors import GrammarError, SchemaValidationError
-from grammarserve.fsm.depth import check_schema_depth, paren_depth, text_depth, value_depth
-from grammarserve.fsm.finite import check_finite
-from grammarserve.fsm.json_schema import prepare_schema
 from grammarserve.fsm.lru import BoundedLRU
+from grammarserve.fsm.schema.algebra.finite import check_finite
+from grammarserve.fsm.schema.depth import check_schema_depth, paren_depth, text_depth, value_depth
+from grammarserve.fsm.schema.prepare import prepare_schema
 from grammarserve.fsm.text_finite import check_grammar_productive, unproductive_rules
 from grammarserve.fsm.text_grammars import check_lark, check_regex
 from grammarserve.openai.protocol import has_lone_surrogate

@@ -1,5 +1,5 @@
 """Issue 33 items 1 and 2 (exact numbers): numeric keywords beyond what the backends represent
-exactly (``fsm/exact_numbers.py``'s table) are narrowed where that keeps every generated value
+exactly (``fsm/schema/exact_numbers.py``'s table) are narrowed where that keeps every generated value
 valid, else refused naming the keyword and its JSON path; never clamped, never a crash.
 
 The front-end cases need no model; the walks and the child-process compile use the embedded
@@ -18,8 +18,8 @@ import pytest
 from grammarserve.errors import GrammarError, UnsupportedSchemaError
 from grammarserve.fsm.config import GrammarConfig
 from grammarserve.fsm.conformance import walk
-from grammarserve.fsm.exact_numbers import EXACT_NUMBERS, exact_numbers, exact_range
 from grammarserve.fsm.frontend import SpecBuilder
+from grammarserve.fsm.schema.exact_numbers import EXACT_NUMBERS, exact_numbers, exact_range
 
 SAFE = 2**53 - 1
 #: The issue's schemas: the engine died on the first two, the third returned 2**63 - 1.

@@ -1,4 +1,4 @@
-"""Value checks at run time on the SmolLM2 tokenizer (``fsm/checked.py``): a value that fails
+"""Value checks at run time on the SmolLM2 tokenizer (``fsm/checked_matcher.py``): a value that fails
 its check when it closes is rolled back to where the failed attempt began, the token that began
 it is banned there, and after the retries the matcher fails with a message."""
 
@@ -11,7 +11,7 @@ import pytest
 
 from grammarserve.errors import UnsupportedSchemaError
 from grammarserve.fsm import GrammarCompiler
-from grammarserve.fsm.checked import CheckedMatcher
+from grammarserve.fsm.checked_matcher import CheckedMatcher
 from grammarserve.fsm.conformance import bit, walk
 
 pytestmark = pytest.mark.model  # the embedded model's tokenizer

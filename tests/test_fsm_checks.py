@@ -1,5 +1,5 @@
 """Value checks, model-free: the front end leaves what no grammar holds (``uniqueItems`` on open
-domains, ``contains``, what ``not`` leaves) to checks where that is exact (``fsm/checks.py``),
+domains, ``contains``, what ``not`` leaves) to checks where that is exact (``fsm/schema/checks/split.py``),
 and the streaming JSON tracker finds the values they check (``fsm/json_track.py``)."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from check_helpers import passes, prepared
 from check_helpers import values as _values
 
 from grammarserve.errors import UnsupportedSchemaError
-from grammarserve.fsm.json_schema import prepare_schema
 from grammarserve.fsm.json_track import JsonTracker
-from grammarserve.fsm.rewrite import rewrite_schema
+from grammarserve.fsm.schema.prepare import prepare_schema
+from grammarserve.fsm.schema.rewrites import rewrite_schema
 
 POOL: list[Any] = [
     None, 0, 1, 2, 3, 1.0, "a", "b", "ab", "abc", "bz", [], ["a"], ["a", "b"], ["a", "a"],
@@ -172,7 +172,7 @@ def test_tracker_open_values_siblings_and_truncate() -> None:
 ])
 def test_text_prefixes_agree_with_starts_with(parts: tuple[Any, ...],
                                               prefix: tuple[Any, ...]) -> None:
-    from grammarserve.fsm.check_paths import starts_with, text_prefixes
+    from grammarserve.fsm.schema.checks.paths import starts_with, text_prefixes
 
     text = tuple(str(p) for p in prefix)
     assert (text in text_prefixes(parts)) is starts_with(parts, prefix) is starts_with(

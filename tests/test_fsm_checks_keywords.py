@@ -1,9 +1,9 @@
 """The keywords no grammar holds beyond ``uniqueItems``/``contains``/``not``, model-free:
 ``unevaluated*``, ``oneOf`` that no rewrite holds, ``propertyNames``, ``min/maxProperties``
 llguidance cannot count, irregular patterns, overlapping ``patternProperties``, conditions
-without an exact negation (``fsm/checks_plan.py``), the exact rewrites beside them
-(``rewrite_uneval.py``, ``dependentSchemas``), and where their checks are anchored
-(``checks.py``: ``$ref``s to any subschema, recursion)."""
+without an exact negation (``fsm/schema/checks/plan.py``), the exact rewrites beside them
+(``schema/rewrite/unevaluated.py``, ``dependentSchemas``), and where their checks are anchored
+(``schema/checks/split.py``: ``$ref``s to any subschema, recursion)."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import pytest
 from check_helpers import passes, prepared
 
 from grammarserve.errors import GrammarError
-from grammarserve.fsm.checks_plan import counts_members, regular
 from grammarserve.fsm.conformance import load_suite
-from grammarserve.fsm.json_schema import iter_subschemas
+from grammarserve.fsm.schema.checks.plan import counts_members, regular
+from grammarserve.fsm.schema.tree import iter_subschemas
 
 SUITE = Path(__file__).resolve().parent / "data" / "json-schema-test-suite" / "draft2020-12"
 #: Valid instances the pair refuses on purpose: a custom meta-schema we do not fetch.

@@ -1,5 +1,5 @@
 """Generate only what a schema names (``open_schemas=False``, the default): no invented keys, no
-items beyond ``prefixItems``, no endless numbers (``closed.py``, ``runs.py``)."""
+items beyond ``prefixItems``, no endless numbers (``schema/close.py``, ``runs.py``)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import jsonschema
 import pytest
 
 from grammarserve.fsm import GrammarCompiler
-from grammarserve.fsm.closed import MAX_SAFE_INTEGER, close_schema
 from grammarserve.fsm.conformance import walk
+from grammarserve.fsm.schema.close import MAX_SAFE_INTEGER, close_schema
 
 SCHEMAS = sorted((Path(__file__).resolve().parents[1] / "schemas").glob("*.json"))
 EOS = 2

@@ -1,4 +1,4 @@
-"""Repeated ``allOf``/``anyOf`` members dropped (``dedupe.py``): the schema means the same (same
+"""Repeated ``allOf``/``anyOf`` members dropped (``schema/rewrite/dedupe.py``): the schema means the same (same
 verdicts), only exact repeats go (never ``oneOf`` branches, nor lists a ``$ref`` points into),
 and the front end hands the backends the smaller schema (devinit's ``items``)."""
 
@@ -12,8 +12,8 @@ import jsonschema
 import pytest
 
 from grammarserve.fsm.config import GrammarConfig
-from grammarserve.fsm.dedupe import dedupe_members
 from grammarserve.fsm.frontend import SpecBuilder
+from grammarserve.fsm.schema.rewrite.dedupe import dedupe_members
 
 RUN = {"type": "object", "properties": {"tool": {"enum": ["a", "b"]}}, "required": ["tool"]}
 

@@ -1,5 +1,5 @@
-"""Older drafts translated into Draft 2020-12 (``fsm/drafts.py``) and references made local
-(``fsm/localrefs.py``), model-free: what the front end makes of a schema accepts exactly what
+"""Older drafts translated into Draft 2020-12 (``fsm/schema/read/drafts.py``) and references made local
+(``fsm/schema/read/localrefs.py``), model-free: what the front end makes of a schema accepts exactly what
 ``jsonschema`` accepts under the draft the schema declares."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import pytest
 from check_helpers import passes, prepared
 
 from grammarserve.errors import SchemaValidationError, UnsupportedSchemaError
-from grammarserve.fsm.drafts import declared_draft, to_draft_2020
-from grammarserve.fsm.localrefs import hoist_ref_targets, localize_refs, pointer, pointer_parts
+from grammarserve.fsm.schema.read.drafts import declared_draft, to_draft_2020
+from grammarserve.fsm.schema.read.localrefs import hoist_ref_targets, localize_refs
+from grammarserve.fsm.schema.tree import pointer, pointer_parts
 
 D4 = "http://json-schema.org/draft-04/schema#"
 D6 = "http://json-schema.org/draft-06/schema#"

@@ -1,5 +1,5 @@
-"""Draft 2020-12 dynamic references resolved statically (``fsm/dynamicrefs.py``) and the
-2020-12 meta-schemas' ``$dynamicRef: "#meta"`` (``fsm/metaschemas.py``), model-free: grammar schema plus value checks against
+"""Draft 2020-12 dynamic references resolved statically (``fsm/schema/read/dynamicrefs.py``) and the
+2020-12 meta-schemas' ``$dynamicRef: "#meta"`` (``fsm/schema/read/metaschemas.py``), model-free: grammar schema plus value checks against
 ``jsonschema`` on pools of instances."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import pytest
 from check_helpers import passes, prepared
 
 from grammarserve.errors import GrammarError, UnsupportedSchemaError
-from grammarserve.fsm import dynamicrefs
-from grammarserve.fsm.json_schema import iter_subschemas
-from grammarserve.fsm.localrefs import localize_refs
+from grammarserve.fsm.schema.read import dynamicrefs
+from grammarserve.fsm.schema.read.localrefs import localize_refs
+from grammarserve.fsm.schema.tree import iter_subschemas
 
 #: A tree whose nodes a strict extension closes: the tree's ``$dynamicRef: "#node"`` binds
 #: to the outermost resource entered (the strict root), so children are strict too.

@@ -12,8 +12,8 @@ import pytest
 
 from grammarserve.errors import GrammarError, SchemaValidationError
 from grammarserve.fsm import GrammarCompiler
-from grammarserve.fsm.finite import check_finite
-from grammarserve.fsm.json_schema import prepare_schema
+from grammarserve.fsm.schema.algebra.finite import check_finite
+from grammarserve.fsm.schema.prepare import prepare_schema
 
 SCHEMAS = sorted((Path(__file__).resolve().parents[1] / "schemas").glob("*.json"))
 NODE = {"type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}, "required": ["x"]}

@@ -8,9 +8,10 @@ from typing import Any
 import pytest
 
 from grammarserve.errors import SchemaValidationError
-from grammarserve.fsm import metavalidate
-from grammarserve.fsm.json_schema import iter_subschemas, prepare_schema
-from grammarserve.fsm.metavalidate import meta_validate
+from grammarserve.fsm.schema.prepare import prepare_schema
+from grammarserve.fsm.schema.read import metavalidate
+from grammarserve.fsm.schema.read.metavalidate import meta_validate
+from grammarserve.fsm.schema.tree import iter_subschemas
 
 # NOTE: regexes are checked by Python's ``re`` on both paths, plus Unicode property escapes
 # (``\p{L}``, ECMA ``u`` mode; ``fsm/patterns.py``)

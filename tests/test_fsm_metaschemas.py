@@ -1,4 +1,4 @@
-"""``$ref``s into the JSON Schema meta-schemas resolve locally (``fsm/metaschemas.py``)."""
+"""``$ref``s into the JSON Schema meta-schemas resolve locally (``fsm/schema/read/metaschemas.py``)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from rewrite_helpers import rewritten
 
 from grammarserve.errors import UnsupportedSchemaError
-from grammarserve.fsm.json_schema import iter_subschemas
-from grammarserve.fsm.metaschemas import is_meta_ref, translate_draft
+from grammarserve.fsm.schema.read.metaschemas import is_meta_ref, translate_draft
+from grammarserve.fsm.schema.tree import iter_subschemas
 
 
 @pytest.mark.parametrize("ref, good, bad", [

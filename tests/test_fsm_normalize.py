@@ -1,4 +1,4 @@
-"""``normalize.py``'s rewrites for the backends, model-free: references to ``false`` become
+"""``schema/normalize.py``'s rewrites for the backends, model-free: references to ``false`` become
 ``false``, a ``$ref`` into a cycle beside other assertions becomes an ``allOf`` member,
 ``const``/``enum`` objects are offered in every key order; all exact (checked against
 ``jsonschema``)."""
@@ -11,7 +11,7 @@ from typing import Any
 import jsonschema
 from check_helpers import passes, prepared
 
-from grammarserve.fsm.normalize import MAX_KEY_ORDERS, normalize
+from grammarserve.fsm.schema.normalize import MAX_KEY_ORDERS, normalize
 
 
 def _same(schema: dict[str, Any], docs: list[Any]) -> None:

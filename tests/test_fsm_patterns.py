@@ -1,6 +1,6 @@
 """Unicode property escapes in patterns (``fsm/patterns.py``): taken by the front end (the
 meta-schema's ``format: regex``), read by llguidance and the value checks, never negated by
-``regex_complement.py``."""
+``schema/algebra/regex_complement.py``."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 from check_helpers import passes, prepared
 
 from grammarserve.errors import SchemaValidationError
-from grammarserve.fsm.metavalidate import meta_validate
 from grammarserve.fsm.patterns import is_pattern
-from grammarserve.fsm.regex_complement import pattern_complement
+from grammarserve.fsm.schema.algebra.regex_complement import pattern_complement
+from grammarserve.fsm.schema.read.metavalidate import meta_validate
 
 
 @pytest.mark.parametrize("pattern, ok", [

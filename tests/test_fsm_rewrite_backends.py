@@ -95,7 +95,7 @@ def closed(byte_tokenizer: Any) -> GrammarCompiler:
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_rewritten_schema_is_sound_when_closed(closed: GrammarCompiler, byte_tokenizer: Any,
                                                case: int) -> None:
-    """The default narrowing (``closed.py``) on top of the rewrites still accepts only valid
+    """The default narrowing (``schema/close.py``) on top of the rewrites still accepts only valid
     instances."""
     schema, accepted, extra = CASES[case]
     grammar = closed.compile_json_schema(schema)

@@ -1,5 +1,5 @@
 """``if``/``then``/``else`` and ``dependentRequired``/``dependencies`` rewritten exactly
-(``fsm/rewrite_cond.py``), or refused with their path."""
+(``fsm/schema/rewrite/conditions.py``), or refused with their path."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from rewrite_helpers import assert_equivalent, rewritten
 
 from grammarserve.errors import UnsupportedSchemaError
-from grammarserve.fsm.rewrite_cond import MAX_CASES, dependency_cases
+from grammarserve.fsm.schema.rewrite.conditions import MAX_CASES, dependency_cases
 
 ADDRESS = {"type": "object", "properties": {"country": {"enum": ["US", "CA"]},
                                             "zip": {"type": "string"}},

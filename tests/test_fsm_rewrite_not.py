@@ -1,5 +1,5 @@
-"""``not`` rewritten exactly (``fsm/negate.py``, ``fsm/rewrite_not.py``,
-``fsm/regex_complement.py``), or refused with its path."""
+"""``not`` rewritten exactly (``fsm/schema/algebra/negate.py``, ``fsm/schema/rewrite/negated.py``,
+``fsm/schema/algebra/regex_complement.py``), or refused with its path."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from rewrite_helpers import assert_equivalent, rewritten
 
 from grammarserve.errors import UnsupportedSchemaError
-from grammarserve.fsm.regex_complement import pattern_complement, words_complement
+from grammarserve.fsm.schema.algebra.regex_complement import pattern_complement, words_complement
 
 
 @pytest.mark.parametrize("schema", [

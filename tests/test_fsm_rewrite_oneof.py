@@ -1,6 +1,6 @@
-"""``oneOf`` -> ``anyOf`` for provably disjoint branches (``fsm/rewrite_oneof.py``), else the
+"""``oneOf`` -> ``anyOf`` for provably disjoint branches (``fsm/schema/algebra/disjoint.py``), else the
 ``anyOf`` of exclusive cases when every branch has an exact negation
-(``fsm/rewrite_oneof_cases.py``)."""
+(``fsm/schema/rewrite/oneof.py``)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ import jsonschema
 import pytest
 from rewrite_helpers import POOL
 
-from grammarserve.fsm.json_schema import iter_subschemas
-from grammarserve.fsm.normalize import normalize
-from grammarserve.fsm.rewrite_oneof import pairwise_disjoint, rewrite_oneof
-from grammarserve.fsm.rewrite_oneof_cases import MAX_BRANCHES
+from grammarserve.fsm.schema.algebra.disjoint import pairwise_disjoint, rewrite_oneof
+from grammarserve.fsm.schema.normalize import normalize
+from grammarserve.fsm.schema.rewrite.oneof import MAX_BRANCHES
+from grammarserve.fsm.schema.tree import iter_subschemas
 
 CAT = {"type": "object", "properties": {"kind": {"const": "cat"}}, "required": ["kind"]}
 DOG = {"type": "object", "properties": {"kind": {"const": "dog"}}, "required": ["kind"]}

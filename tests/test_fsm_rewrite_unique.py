@@ -1,4 +1,4 @@
-"""``uniqueItems`` over finite item domains rewritten exactly (``fsm/rewrite_unique.py``);
+"""``uniqueItems`` over finite item domains rewritten exactly (``fsm/schema/rewrite/unique.py``);
 open domains and too many arrays are refused with the path."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from rewrite_helpers import assert_equivalent, rewritten
 
 from grammarserve.errors import UnsupportedSchemaError
-from grammarserve.fsm.rewrite_unique import MAX_ARRAYS, unique_arrays
+from grammarserve.fsm.schema.rewrite.unique import MAX_ARRAYS, unique_arrays
 
 
 @pytest.mark.parametrize("schema", [

@@ -1,4 +1,4 @@
-"""Identical leaf subschemas shared through one ``$defs`` entry (``share.py``): the schema means
+"""Identical leaf subschemas shared through one ``$defs`` entry (``schema/share.py``): the schema means
 the same (same verdicts on instances), only repeated leaves that assert more than a type move,
 and the grammar compiled from it accepts and refuses what the schema does."""
 
@@ -13,8 +13,8 @@ import pytest
 
 from grammarserve.fsm import GrammarCompiler
 from grammarserve.fsm.conformance import walk
-from grammarserve.fsm.json_schema import resolve_pointer
-from grammarserve.fsm.share import PREFIX, share_leaves
+from grammarserve.fsm.schema.share import PREFIX, share_leaves
+from grammarserve.fsm.schema.tree import resolve_pointer
 
 M = 2**53 - 1
 INT = {"type": "integer", "minimum": -M, "maximum": M}

@@ -21,11 +21,11 @@ from grammarserve_kernels.quant_q8 import (
     quantize_activations_ref,
     supported_isas,
 )
+from quant_helpers import random_blocks
 
 from grammarserve.config import EngineConfig
 from grammarserve.errors import InvalidRequestError
 from grammarserve.models.linear import Q8_ROWS, Linear
-from quant_helpers import random_blocks
 
 can_build = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and bool(
     shutil.which("c++"))

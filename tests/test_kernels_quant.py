@@ -21,9 +21,9 @@ from grammarserve_kernels.quant import (
     quant_matmul,
     quant_matmul_ref,
 )
+from quant_helpers import random_blocks
 
 from grammarserve.models.linear import QUANT_ROWS, Linear
-from quant_helpers import random_blocks
 
 can_build = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and bool(
     shutil.which("c++"))

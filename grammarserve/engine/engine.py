@@ -9,7 +9,7 @@ from concurrent.futures import FIRST_COMPLETED, wait
 
 import torch
 
-from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
+from grammarserve.attention.kv_pool import KVPool
 from grammarserve.attention.staging import to_device
 from grammarserve.config import EngineConfig
 from grammarserve.engine.batch_size import BatchSizer

@@ -3,7 +3,7 @@
 Stop strings: text that could be the beginning of a stop string is held back (``req.held_text``)
 until the next tokens show whether it is, so streamed text never contains part of a stop string.
 
-Value checks (``req.matcher.held_from()``, see :mod:`grammarserve.fsm.checked`): the text from
+Value checks (``req.matcher.held_from()``, see :mod:`grammarserve.fsm.checked_matcher`): the text from
 the first token a check may still take back is held back too, so a streamed reply never shows
 text that a retry replaces.
 

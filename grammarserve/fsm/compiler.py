@@ -13,7 +13,7 @@ import torch
 from grammarserve.errors import GrammarBackendError, GrammarError
 from grammarserve.fsm.backends.messages import translate
 from grammarserve.fsm.cache import CacheStats, GrammarCache
-from grammarserve.fsm.checked import CheckedGrammar, CheckSet
+from grammarserve.fsm.checked_matcher import CheckedGrammar, CheckSet
 from grammarserve.fsm.config import (
     DEFAULT_MAX_WHITESPACE,
     BackendName,
@@ -54,7 +54,7 @@ class GrammarCompiler:
         JSON separators; ``auto`` (default) follows the model (see ``GrammarConfig``).
     open_schemas : bool
         Generate anything the schema allows, unnamed keys and endless numbers included
-        (default False: only what the schema names; see ``closed.py``).
+        (default False: only what the schema names; see ``schema/close.py``).
     vocab_size : int, optional
         The model's logits width (default ``len(tokenizer)``).
     stop_token_ids : list[int], optional

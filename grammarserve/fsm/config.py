@@ -70,8 +70,8 @@ class GrammarConfig:
         beside busy processes a niceness-19 thread gets ~1% of a core).
     value_checks : bool
         Keywords no grammar can hold (``uniqueItems`` on open item domains, ``contains``, what
-        ``not`` leaves) are checked when the value carrying them closes (``checks.py``,
-        ``checked.py``) instead of refused; the grammar is compiled without them and carries
+        ``not`` leaves) are checked when the value carrying them closes (``schema/checks/split.py``,
+        ``checked_matcher.py``) instead of refused; the grammar is compiled without them and carries
         its checks (``CompiledGrammar.value_checks``). False refuses them (400), as before.
     check_retries : int
         A matcher whose value fails its check rolls back to where the value started, bans the

@@ -57,7 +57,7 @@ def walk(matcher: Matcher, tokens: list[int], stop_token: int, bitmask: torch.Te
     (bool, str)
         ``(True, "")`` if every token was allowed and accepted and the matcher terminated;
         else ``(False, reason)`` (also when a token closed a value failing its run-time check,
-        see ``checked.py``).
+        see ``checked_matcher.py``).
     """
     for i, tok in enumerate(tokens + [stop_token]):
         if mask_times is None:

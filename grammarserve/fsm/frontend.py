@@ -12,17 +12,12 @@ from typing import Any
 
 from grammarserve.errors import GrammarError
 from grammarserve.fsm import text_grammars
-from grammarserve.fsm.closed import close_schema, has_long_numbers
 from grammarserve.fsm.config import GrammarConfig, GrammarSpec, SpecKind, canonical_json
-from grammarserve.fsm.depth import check_schema_depth, check_text_depth
-from grammarserve.fsm.exact_numbers import exact_numbers, exact_range
-from grammarserve.fsm.finite import check_finite
-from grammarserve.fsm.json_schema import prepare_schema
-from grammarserve.fsm.normalize import normalize
-from grammarserve.fsm.rewrite import rewrite_schema
 from grammarserve.fsm.runs import MAX_DIGITS
-from grammarserve.fsm.share import share_leaves
-from grammarserve.fsm.strict import check_strict
+from grammarserve.fsm.schema.close import has_long_numbers
+from grammarserve.fsm.schema.depth import check_text_depth
+from grammarserve.fsm.schema.prepare import Preparation, prepare
+from grammarserve.fsm.schema.share import share_leaves
 from grammarserve.fsm.structural_tag import TagChecks, normalize_structural_tag
 from grammarserve.fsm.text_finite import check_grammar_productive
 from grammarserve.fsm.tools import normalize_tools
@@ -57,36 +52,22 @@ class SpecBuilder:
     def _check_schema(self, schema: Any, strict: bool, path: str = "$",
                       checks: list[ValueCheck] | None = None, lean: bool = False
                       ) -> dict[str, Any]:
-        """The schema the grammar is compiled from; with ``checks`` (a list), what no grammar
-        can hold may be left to run-time checks, appended to it (``rewrite.py``; ``lean``:
-        conditions too)."""
-        rewrite: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        """The schema the grammar is compiled from (``schema/prepare.py``); with ``checks`` (a
+        list), what no grammar can hold may be left to run-time checks, appended to it
+        (``lean``: conditions too). A refusal names its place under ``path``."""
+        c = self.config
+        how = Preparation(strict=strict, value_checks=checks is not None, lean=lean,
+                          open_schemas=c.open_schemas, backend=c.backend,
+                          max_depth=c.limits.max_depth)
         try:
-            check_schema_depth(schema, self.config.limits.max_depth)
+            prepared, found = prepare(schema, how)
         except GrammarError as e:
             if path != "$":
                 e.path = path + (e.path or "$")[1:]
                 e.args = (f"{path}: {e.args[0]}",)
             raise
-        if not strict:
-            rewrite = rewrite_schema if checks is None else functools.partial(
-                rewrite_schema, checks=checks, lean=lean)
-        try:
-            # NOTE: strict mode refuses every keyword the rewrites remove: check it as written.
-            prepared = prepare_schema(schema, rewrite=rewrite, checked=checks is not None)
-            check_finite(prepared)
-            if strict:
-                check_strict(prepared)
-            prepared = normalize(prepared)
-            prepared = exact_numbers(prepared, exact_range(self.config.backend),
-                                     narrow=not self.config.open_schemas)
-            if not self.config.open_schemas:
-                prepared = close_schema(prepared)
-        except GrammarError as e:
-            if path != "$":
-                e.path = path + (e.path or "$")[1:]
-                e.args = (f"{path}: {e.args[0]}",)
-            raise
+        if checks is not None:
+            checks.extend(found)
         return prepared
 
     def json_spec(self, schema: Any, *, strict: bool = False, lean: bool = False

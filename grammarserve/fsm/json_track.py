@@ -1,5 +1,5 @@
 """A streaming JSON tracker: where each value of a growing JSON document starts, at which path,
-and when it closes (for the run-time value checks, ``checked.py``).
+and when it closes (for the run-time value checks, ``checked_matcher.py``).
 
 The input is the generated text, byte by byte, as the grammar lets it through, so it is always
 a prefix of a JSON document; the tracker does not validate it. Paths are tuples of object keys

@@ -3,13 +3,13 @@ may spend, and how refusals are remembered.
 
 Each bound is here, explicit and configurable, rather than left to a library's default:
 
-- Nesting (``max_depth``): checked before any parser sees the input (``depth.py``).
+- Nesting (``max_depth``): checked before any parser sees the input (``schema/depth.py``).
 - llguidance: its ``ParserLimits`` (Earley items per step, lexer states, grammar size, lexer
   fuel) are passed to every ``LLMatcher``; a matcher over them enters its error state (the
   request fails with a 400), never grows without bound.
 - xgrammar has no such knobs. Its masks and jump-forward are bounded by the grammar: the front
   end refuses every schema and grammar with a part that can be entered but never completed
-  (``finite.py``, ``text_finite.py``), which is what made its jump-forward loop and allocate
+  (``schema/algebra/finite.py``, ``text_finite.py``), which is what made its jump-forward loop and allocate
   until the OOM killer came (issue 20); every accepted grammar has a finite completion from
   every state, so the forced continuation is finite.
 - Compile time: ``GrammarConfig.compile_timeout_s`` (``cache.py``). It fails the waiters, but a

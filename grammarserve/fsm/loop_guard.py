@@ -26,7 +26,7 @@ import torch
 
 from grammarserve.fsm.json_track import LEX_ESC, LEX_IN, LEX_OUT, Closed, JsonTracker, Path
 from grammarserve.fsm.matcher import Matcher, SharedMasks
-from grammarserve.fsm.rewrite_unique import identity
+from grammarserve.fsm.value_check import identity
 from grammarserve.fsm.vocab import VocabInfo
 
 #: Depth offsets a token's commas are recorded at (relative to the depth it starts at).

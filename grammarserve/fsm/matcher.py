@@ -63,7 +63,7 @@ class Matcher(ABC):
     #: Whether this matcher may take back tokens it accepted (``take_retraction``): callers
     #: keep per-token text marks only for such matchers.
     retracts = False
-    #: True once the matcher failed for good because its retries ran out (``checked.py``).
+    #: True once the matcher failed for good because its retries ran out (``checked_matcher.py``).
     exhausted = False
 
     def __init__(self, vocab: VocabInfo, shared: SharedMasks | None = None,
@@ -259,7 +259,7 @@ class Matcher(ABC):
 
     def take_retraction(self) -> int:
         """How many of the last accepted tokens the caller must drop, counted since the last
-        call (then reset). Non-zero only for grammars with value checks (``checked.py``): a
+        call (then reset). Non-zero only for grammars with value checks (``checked_matcher.py``): a
         token that closed a value failing its check was accepted, then rolled back with the
         tokens since the value began; the caller drops them from its output too (the token
         just accepted counts)."""
@@ -325,7 +325,7 @@ class CompiledGrammar:
     @property
     def value_checks(self) -> tuple[ValueCheck, ...]:
         """What the grammar does not hold itself and its matchers check when the values close
-        (``checked.py``); empty for most grammars."""
+        (``checked_matcher.py``); empty for most grammars."""
         return ()
 
     @property

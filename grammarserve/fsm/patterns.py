@@ -3,7 +3,7 @@
 Python's ``re`` decides, as ``jsonschema``'s format checker does, with one extension: Unicode
 property escapes (``\\p{Letter}``, ``\\P{L}``, ECMA-262 ``u`` mode, which JSON Schema patterns
 use), which ``re`` rejects. Those are read the same way by llguidance (Rust ``regex``) and by
-the value checks (``jsonschema_rs``); xgrammar refuses them, and ``regex_complement.py`` does
+the value checks (``jsonschema_rs``); xgrammar refuses them, and ``schema/algebra/regex_complement.py`` does
 not negate them. A pattern is accepted with them when the ``regex`` module compiles it and ``re``
 compiles it with each escape replaced by a plain class.
 """

@@ -11,7 +11,7 @@ each such *construct*:
   zero-width assertions (and, under ``(?m)``, every ``^``/``$``) removed, a back-reference
   replaced by a copy of its group, a possessive quantifier made greedy. Each only widens the
   language (under search semantics too), so a grammar of the superset plus a value check of
-  the exact pattern accepts exactly what the pattern does; ``checks.py`` makes that pair;
+  the exact pattern accepts exactly what the pattern does; ``schema/checks/split.py`` makes that pair;
 - refused (no engine of ours reads it as ``re`` does): atomic groups ``(?>``, conditionals
   ``(?(``, named back-references ``(?P=`` (``jsonschema_rs`` refuses them), the verbose and
   ASCII flags ``(?x)``/``(?a)``, and inside a class a ``[`` or a doubled ``&&``/``||``/

@@ -10,7 +10,7 @@ Two bounds use it:
   than 20: a double's 17 significant digits, as shortest round-trip printers write them,
   with room for leading zeros (``0.00012345678901234567``). ``.`` is transparent
   (``123.456`` is one run of 6), anything else ends the run. Integers are bounded by the
-  schema rewrite in ``closed.py`` (+-(2**53 - 1)).
+  schema rewrite in ``schema/close.py`` (+-(2**53 - 1)).
 
 Invariant: outside JSON strings, no run of the bounded characters is longer than ``limit``. A
 token is allowed when its leading run fits the budget left by the current run and no later run

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from grammarserve.errors import GrammarError
-from grammarserve.fsm.json_schema import rebase_refs
+from grammarserve.fsm.schema.tree import rebase_refs
 from grammarserve.fsm.tool_args import RAW_RULE, args_rules, check_args, lit
 from grammarserve.fsm.tool_formats import FORMATS as _TABLE
 from grammarserve.fsm.tool_formats import HERMES, ToolFormat, tool_format

@@ -1,5 +1,6 @@
 """``ValueCheck``: a constraint the grammar does not hold, checked when a value of the generated
-document closes (see ``checks.py`` for where they come from and ``checked.py`` for how they run).
+document closes (see ``schema/checks/split.py`` for where they come from and ``checked_matcher.py`` for how
+they run).
 
 A check names an instance *location*: a pattern of steps from the document root, one per
 container level. Each step is one of
@@ -12,6 +13,7 @@ container level. Each step is one of
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -80,3 +82,18 @@ def step_matches(step: Step, part: str | int) -> bool:
     if kind == "index":
         return isinstance(part, int) and part == arg
     return isinstance(part, int) and part >= arg  # "from"
+
+
+def identity(value: Any) -> str:
+    """One key per JSON value up to JSON Schema equality (``1`` and ``1.0`` share one)."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (int, float)):
+        return f"n:{value!r}" if isinstance(value, int) or not value.is_integer() \
+            else f"n:{int(value)!r}"
+    if isinstance(value, list):
+        return "[" + ",".join(identity(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{json.dumps(k)}:{identity(v)}"
+                              for k, v in sorted(value.items())) + "}"
+    return repr(value)

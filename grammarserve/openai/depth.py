@@ -3,15 +3,15 @@
 Python's JSON parser, pydantic, the request models' validators and the grammar front end all
 recurse per level; a body nested a few hundred levels deep gave 500s (``RecursionError``) or
 dropped connections (issue 20). So the server (and the batch runners, per line) measure the
-depth first, without recursion (:func:`grammarserve.fsm.depth.text_depth`), and refuse deeper
+depth first, without recursion (:func:`grammarserve.fsm.schema.depth.text_depth`), and refuse deeper
 bodies with a 400 that names the limit.
 """
 
 from __future__ import annotations
 
 from grammarserve.errors import InvalidRequestError
-from grammarserve.fsm.depth import text_depth
 from grammarserve.fsm.limits import DEFAULT_MAX_DEPTH
+from grammarserve.fsm.schema.depth import text_depth
 
 #: Default deepest nesting of a request body. A schema at the schema limit
 #: (:data:`~grammarserve.fsm.limits.DEFAULT_MAX_DEPTH`, 64) sits at most 5 levels down

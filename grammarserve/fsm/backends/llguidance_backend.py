@@ -18,10 +18,10 @@ from grammarserve.errors import GrammarBackendError, GrammarError, UnsupportedSc
 from grammarserve.fsm.backends.base import GrammarBackend
 from grammarserve.fsm.backends.messages import translate
 from grammarserve.fsm.config import GrammarConfig, GrammarSpec
-from grammarserve.fsm.exact_numbers import unit_exclusive_range
 from grammarserve.fsm.freetext import FreeTextMasks, TextState
 from grammarserve.fsm.matcher import CompiledGrammar, Matcher, SharedMasks
 from grammarserve.fsm.runs import MAX_DIGITS, LexTracker, RunBudget, RunTracker, digit_budget
+from grammarserve.fsm.schema.exact_numbers import unit_exclusive_range
 from grammarserve.fsm.structural_lark import structural_tag_grammar
 from grammarserve.fsm.style_track import StyleTable, StyleTracker
 from grammarserve.fsm.tool_formats import tool_format

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grammarserve.fsm.config import GrammarSpec
-from grammarserve.fsm.json_schema import iter_subschemas, json_path
+from grammarserve.fsm.schema.tree import iter_subschemas, json_path
 
 _ROW = re.compile(r"Current row has (\d+) items; max is (\d+)")
 _STEP = re.compile(r"Too many items \(limit (\d+)\)")

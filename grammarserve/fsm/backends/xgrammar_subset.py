@@ -15,9 +15,9 @@ import re
 from typing import Any
 
 from grammarserve.errors import UnsupportedSchemaError
-from grammarserve.fsm.json_schema import iter_subschemas, json_path
-from grammarserve.fsm.normalize import CALENDAR_PATTERNS, KNOWN_FORMATS
 from grammarserve.fsm.patterns import regex_chars
+from grammarserve.fsm.schema.normalize import CALENDAR_PATTERNS, KNOWN_FORMATS
+from grammarserve.fsm.schema.tree import iter_subschemas, json_path
 
 _ESCAPED = re.compile(r'["\\\x00-\x1f\x7f]')
 # ``^<one character><quantifier>$``: a bracket class, \d, \w or a plain character, repeated.

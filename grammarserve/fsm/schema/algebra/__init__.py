@@ -1,0 +1,2 @@
+"""Schema algebra: negation, typed unions, string complements, emptiness, finiteness and
+disjointness proofs."""

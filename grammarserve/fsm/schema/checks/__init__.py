@@ -1,0 +1,1 @@
+"""What no exact rewrite holds, split off the grammar into run-time value checks."""

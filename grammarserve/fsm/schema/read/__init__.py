@@ -1,0 +1,1 @@
+"""Reading a schema: older drafts translated, meta-validation, references made local."""

@@ -1,0 +1,1 @@
+"""Exact rewrites of keywords no backend enforces into equivalents it does."""
