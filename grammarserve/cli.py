@@ -155,6 +155,8 @@ def _server_args(p: argparse.ArgumentParser) -> None:
                    help="largest request body (413 beyond; /v1/files has its own limit)")
     p.add_argument("--max-upload-bytes", type=int, default=d.max_upload_bytes,
                    help="largest /v1/files upload (413 beyond; streamed to disk)")
+    p.add_argument("--max-tenant-bytes", type=int, default=d.max_tenant_bytes,
+                   help="bytes of files (uploads, batch outputs) one tenant may store (413)")
     p.add_argument("--max-prompt-chars", type=int, default=None,
                    help="characters of a prompt refused before tokenizing (default: context "
                         "length x the longest token, a bound no prompt that fits can exceed)")
@@ -290,6 +292,7 @@ def _serve(args: argparse.Namespace) -> int:
                           data_dir=args.data_dir, restart=restart,
                           max_body_bytes=args.max_body_bytes,
                           max_upload_bytes=args.max_upload_bytes,
+                          max_tenant_bytes=args.max_tenant_bytes,
                           max_prompt_chars=args.max_prompt_chars,
                           max_request_choices=args.max_request_choices,
                           max_json_depth=args.max_json_depth, api_keys=keys)

@@ -20,6 +20,7 @@ class ErrorKind(str, enum.Enum):
     NOT_FOUND = "not_found"  # an unknown id or route
     UNAUTHORIZED = "unauthorized"  # no API key, or not one the server knows
     TOO_LARGE = "too_large"  # the request body or upload is over the server's size limit
+    QUOTA_EXCEEDED = "quota_exceeded"  # an upload would take a tenant's stored files past its quota
     ENGINE_UNAVAILABLE = "engine_unavailable"  # loading, crashed or shut down
     OVERLOADED = "overloaded"  # too many requests in flight
     ENGINE_FAILURE = "engine_failure"  # a bug or an unexpected failure inside grammarserve

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
@@ -13,6 +14,7 @@ from typing import Any, Final
 import httpx2
 import openai
 import pytest
+from fastapi.routing import iter_route_contexts
 
 from grammarserve.config import EngineConfig
 from grammarserve.errors import ErrorKind, InvalidRequestError
@@ -108,6 +110,43 @@ def test_keys_required_except_health_and_metrics(keyed: Any) -> None:
         assert (await http.get("/metrics")).status_code == 200
         ok = await http.get("/v1/files", headers={"Authorization": "Bearer sk-alice"})
         assert ok.status_code == 200
+        await http.aclose()
+
+    asyncio.run(go())
+
+
+#: Routes that answer without a key by design (probes and Prometheus scrapers carry none).
+PUBLIC_ROUTES: Final = {("GET", "/health"), ("GET", "/metrics")}
+
+
+def test_every_route_but_the_public_ones_needs_a_key(keyed: Any) -> None:
+    """Walks every route of the app (included routers too), so a new route is covered as soon
+    as it exists: without a key, or with a wrong one, each answers 401 with OpenAI's envelope
+    before anything else happens (path parameters filled with a dummy, no body)."""
+    seen: set[tuple[str, str]] = set()
+    for route in iter_route_contexts(keyed.routes):
+        assert route.path_format and route.methods, f"a route the walk cannot call: {route}"
+        path = re.sub(r"\{[^}]+\}", "x", route.path_format)
+        seen |= {(m, path) for m in route.methods}
+    assert {("POST", CHAT), ("GET", "/v1/files/x/content"), ("POST", "/v1/batches/x/cancel"),
+            ("GET", "/v1/models/x"), ("GET", "/openapi.json")} <= seen  # the walk found them
+    assert PUBLIC_ROUTES <= seen  # a public route renamed must be listed again
+
+    async def go() -> None:
+        _, http = _client(keyed, "unused")
+        for method, path in sorted(seen - PUBLIC_ROUTES):
+            for headers, code in (({}, None), ({"Authorization": "Bearer sk-wrong-0000"},
+                                               "invalid_api_key")):
+                r = await http.request(method, path, headers=headers)
+                assert r.status_code == 401, (method, path, headers, r.status_code)
+                assert r.headers["www-authenticate"].startswith("Bearer")
+                if method != "HEAD":
+                    error = r.json()["error"]
+                    assert error == {"message": error["message"],
+                                     "type": "invalid_request_error", "param": None,
+                                     "code": code}, (method, path)
+        for method, path in sorted(PUBLIC_ROUTES):
+            assert (await http.request(method, path)).status_code != 401, (method, path)
         await http.aclose()
 
     asyncio.run(go())

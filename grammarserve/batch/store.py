@@ -10,6 +10,12 @@ Layout of the data dir::
 
 Every file and batch belongs to a tenant (``""`` when the server has no API keys, or for a key
 without one); lookups take the caller's tenant, so another tenant's ids are simply not found.
+
+A file whose ``expires_at`` has come is gone for the API (not listed, not found); its row and
+bytes are removed when it is next looked up, by :meth:`BatchStore.sweep_expired` (run when the
+store opens, on every list and upload, and by the batch worker while idle). The input file of a
+batch still running is only hidden: its bytes stay until the batch ends. Time is the store's
+``clock`` (wall-clock seconds; tests pass their own).
 """
 
 from __future__ import annotations
@@ -19,9 +25,12 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from grammarserve.errors import ErrorKind, InvalidRequestError
 from grammarserve.openai.bodies import new_id
 
 #: Batch statuses the worker still has to act on.
@@ -29,7 +38,9 @@ ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 #: Every status of the OpenAI batch object.
 STATUSES = ACTIVE + ("completed", "failed", "expired", "cancelled")
 _DAY = 24 * 3600
-_FILE_EXPIRY_S = 30 * _DAY
+#: Seconds a file lives without an ``expires_after`` policy, by purpose (OpenAI: batch files 30
+#: days; other uploads until deleted). Batch outputs keep 30 days, so finished work is reclaimed.
+DEFAULT_EXPIRY_S: dict[str, int | None] = {"batch": 30 * _DAY, "batch_output": 30 * _DAY}
 _TIMES = ("in_progress_at", "expires_at", "finalizing_at", "completed_at", "failed_at",
           "expired_at", "cancelling_at", "cancelled_at")
 
@@ -46,6 +57,7 @@ CREATE TABLE IF NOT EXISTS batches (
     total INTEGER NOT NULL DEFAULT 0, completed INTEGER NOT NULL DEFAULT 0,
     failed INTEGER NOT NULL DEFAULT 0, metadata TEXT, model TEXT,
     tenant TEXT NOT NULL DEFAULT '');
+CREATE INDEX IF NOT EXISTS files_expiry ON files (expires_at);
 """
 
 
@@ -54,11 +66,34 @@ def default_data_dir() -> Path:
     return Path(base) / "grammarserve"
 
 
-class BatchStore:
-    """Files and batches of the batch API (thread-safe: one connection behind a lock)."""
+@dataclass(frozen=True)
+class Quota:
+    """A tenant's storage quota as an upload starts: ``limit`` bytes, ``used`` of them taken by
+    its files (uploads and batch outputs)."""
 
-    def __init__(self, data_dir: Path) -> None:
+    limit: int
+    used: int
+
+    def check(self, size: int, *, partial: bool = False) -> None:
+        """Raise the quota's 413 if ``size`` more bytes would pass it (``partial``: the upload
+        is still arriving, ``size`` is what came so far)."""
+        if self.used + size > self.limit:
+            so_far = " so far" if partial else ""
+            raise InvalidRequestError(
+                f"storage quota exceeded: this tenant's files take {self.used} of its "
+                f"{self.limit} bytes (max_tenant_bytes) and this upload is {size} bytes"
+                f"{so_far}; delete files to make room", param="file",
+                kind=ErrorKind.QUOTA_EXCEEDED)
+
+
+class BatchStore:
+    """Files and batches of the batch API (thread-safe: one connection behind a lock).
+
+    ``clock``: wall-clock seconds, for the times recorded and for file expiry."""
+
+    def __init__(self, data_dir: Path, *, clock: Callable[[], float] = time.time) -> None:
         self.data_dir = data_dir
+        self._clock = clock
         (data_dir / "files").mkdir(parents=True, exist_ok=True)
         (data_dir / "batches").mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
@@ -73,6 +108,7 @@ class BatchStore:
             if "tenant" not in cols:
                 self._db.execute(f"ALTER TABLE {table} ADD COLUMN tenant TEXT NOT NULL "
                                  "DEFAULT ''")
+        self.sweep_expired()
 
     def close(self) -> None:
         with self._lock:
@@ -91,14 +127,19 @@ class BatchStore:
         with self._lock:
             return self._db.execute(sql, args).rowcount
 
+    def now(self) -> int:
+        """The store's clock, in whole seconds (the unit of every recorded time)."""
+        return int(self._clock())
+
     # -- files -----------------------------------------------------------------------------
-    def create_file(self, filename: str, purpose: str, data: bytes, *, tenant: str = ""
-                    ) -> dict[str, Any]:
+    def create_file(self, filename: str, purpose: str, data: bytes, *, tenant: str = "",
+                    expires_after: int | None = None) -> dict[str, Any]:
         """Store an upload held in memory: on disk (fsynced) first, then its row."""
         file_id, tmp = self.new_upload()
         with open(tmp, "wb") as f:
             f.write(data)
-        return self.commit_upload(file_id, tmp, filename, purpose, tenant=tenant)
+        return self.commit_upload(file_id, tmp, filename, purpose, tenant=tenant,
+                                  expires_after=expires_after)
 
     def new_upload(self) -> tuple[str, Path]:
         """A new file id and the temporary path its upload is written to (then
@@ -107,14 +148,24 @@ class BatchStore:
         return file_id, self.data_dir / "files" / f"{file_id}.part"
 
     def commit_upload(self, file_id: str, tmp: Path, filename: str, purpose: str, *,
-                      tenant: str = "") -> dict[str, Any]:
-        """Make a fully written upload durable (fsync, rename) and record it."""
+                      tenant: str = "", expires_after: int | None = None,
+                      max_tenant_bytes: int | None = None) -> dict[str, Any]:
+        """Make a fully written upload durable (fsync, rename) and record it, expiring
+        ``expires_after`` seconds from now (None: its purpose's default). With
+        ``max_tenant_bytes``, the tenant's files and this one must fit it (checked with the
+        insert, so concurrent uploads cannot both pass): the quota's 413 otherwise, and the
+        upload is removed."""
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         path = self.data_dir / "files" / file_id
         os.replace(tmp, path)
         _fsync_dir(path.parent)
-        return self._add_file(file_id, filename, purpose, path.stat().st_size, path, tenant)
+        try:
+            return self._add_file(file_id, filename, purpose, path.stat().st_size, path, tenant,
+                                  expires_after, max_tenant_bytes)
+        except InvalidRequestError:
+            path.unlink(missing_ok=True)
+            raise
 
     def register_file(self, path: Path, filename: str, purpose: str, *, tenant: str = ""
                       ) -> dict[str, Any]:
@@ -124,26 +175,80 @@ class BatchStore:
         if found is not None:
             return found
         file_id = new_id("file", sep="-")
-        return self._add_file(file_id, filename, purpose, path.stat().st_size, path, tenant)
+        return self._add_file(file_id, filename, purpose, path.stat().st_size, path, tenant,
+                              None, None)
 
-    def _add_file(self, file_id: str, filename: str, purpose: str, size: int,
-                  path: Path, tenant: str) -> dict[str, Any]:
-        now = int(time.time())
-        self._exec("INSERT INTO files (id, filename, purpose, bytes, created_at, expires_at, "
-                   "path, tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                   (file_id, filename, purpose, size, now, now + _FILE_EXPIRY_S, str(path),
-                    tenant))
-        found = self.get_file(file_id, tenant=tenant)
+    def _add_file(self, file_id: str, filename: str, purpose: str, size: int, path: Path,
+                  tenant: str, expires_after: int | None, max_tenant_bytes: int | None
+                  ) -> dict[str, Any]:
+        now = self.now()
+        ttl = expires_after if expires_after is not None else DEFAULT_EXPIRY_S.get(purpose)
+        with self._lock:  # NOTE: one critical section: the quota holds under concurrent uploads
+            if max_tenant_bytes is not None:
+                Quota(max_tenant_bytes, self._stored_bytes(tenant)).check(size)
+            self._db.execute(
+                "INSERT INTO files (id, filename, purpose, bytes, created_at, expires_at, "
+                "path, tenant) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (file_id, filename, purpose, size, now, None if ttl is None else now + ttl,
+                 str(path), tenant))
+        found = self.get_file(file_id, tenant=tenant, include_expired=True)
         assert found is not None
         return found
 
-    def get_file(self, file_id: str, *, tenant: str = "") -> dict[str, Any] | None:
-        return self._one("SELECT * FROM files WHERE id = ? AND tenant = ?", (file_id, tenant))
+    def get_file(self, file_id: str, *, tenant: str = "", include_expired: bool = False
+                 ) -> dict[str, Any] | None:
+        """The file, if it is ``tenant``'s and has not expired (``include_expired``: even then,
+        while its bytes are kept, for the worker reading a running batch's input)."""
+        row = self._one("SELECT * FROM files WHERE id = ? AND tenant = ?", (file_id, tenant))
+        if row is None or include_expired or not self._expired(row):
+            return row
+        self.sweep_expired()
+        return None
 
     def list_files(self, *, purpose: str | None, after: str | None, limit: int,
                    tenant: str = "") -> tuple[list[dict[str, Any]], bool]:
-        return self._page("files", after, limit, tenant,
-                          "purpose = ?" if purpose else None, (purpose,) if purpose else ())
+        """``tenant``'s unexpired files, newest first (see :meth:`_page`)."""
+        self.sweep_expired()
+        where = "(expires_at IS NULL OR expires_at > ?)"
+        args: tuple[Any, ...] = (self.now(),)
+        if purpose:
+            where, args = f"{where} AND purpose = ?", (*args, purpose)
+        return self._page("files", after, limit, tenant, where, args)
+
+    def quota(self, tenant: str, limit: int) -> Quota:
+        """``tenant``'s quota of ``limit`` bytes, with what its files take now (expired files
+        swept first; a running batch's expired input still counts: its bytes are on disk)."""
+        self.sweep_expired()
+        with self._lock:
+            return Quota(limit, self._stored_bytes(tenant))
+
+    def _stored_bytes(self, tenant: str) -> int:
+        """Bytes of ``tenant``'s files and of its running batches' result files so far
+        (registered as files once the batch ends). Call with the lock held."""
+        row = self._db.execute("SELECT COALESCE(SUM(bytes), 0) FROM files WHERE tenant = ?",
+                               (tenant,)).fetchone()
+        running = self._db.execute(
+            f"SELECT id FROM batches WHERE tenant = ? AND status IN ({_marks(ACTIVE)})",
+            (tenant, *ACTIVE)).fetchall()
+        partial = sum(p.stat().st_size for (bid,) in running
+                      for p in (self.data_dir / "batches" / bid).glob("*") if p.is_file())
+        return int(row[0]) + partial
+
+    def _expired(self, row: dict[str, Any]) -> bool:
+        return row["expires_at"] is not None and row["expires_at"] <= self.now()
+
+    def sweep_expired(self) -> int:
+        """Remove the rows and bytes of every expired file (all tenants) but the inputs of
+        batches still running; how many were removed."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id, path FROM files WHERE expires_at <= ? AND id NOT IN (SELECT "
+                f"input_file_id FROM batches WHERE status IN ({_marks(ACTIVE)}))",
+                (self.now(), *ACTIVE)).fetchall()
+            self._db.executemany("DELETE FROM files WHERE id = ?", [(r["id"],) for r in rows])
+        for r in rows:
+            Path(r["path"]).unlink(missing_ok=True)
+        return len(rows)
 
     def delete_file(self, file_id: str, *, tenant: str = "") -> bool:
         row = self.get_file(file_id, tenant=tenant)
@@ -157,7 +262,7 @@ class BatchStore:
     def create_batch(self, input_file_id: str, endpoint: str, completion_window: str,
                      metadata: dict[str, str] | None, *, tenant: str = "") -> dict[str, Any]:
         batch_id = new_id("batch", sep="_")
-        now = int(time.time())
+        now = self.now()
         self._exec("INSERT INTO batches (id, endpoint, input_file_id, completion_window, "
                    "status, created_at, expires_at, metadata, tenant) "
                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -180,8 +285,7 @@ class BatchStore:
 
     def active_batches(self) -> list[dict[str, Any]]:
         """Batches the worker must still move forward, oldest first."""
-        marks = ", ".join("?" * len(ACTIVE))
-        return self._all(f"SELECT * FROM batches WHERE status IN ({marks}) ORDER BY seq",
+        return self._all(f"SELECT * FROM batches WHERE status IN ({_marks(ACTIVE)}) ORDER BY seq",
                          ACTIVE)
 
     def update_batch(self, batch_id: str, **fields: Any) -> None:
@@ -197,13 +301,13 @@ class BatchStore:
         assert status in STATUSES
         stamp = f"{status}_at"
         if stamp in _TIMES:
-            fields[stamp] = int(time.time())
+            fields[stamp] = self.now()
         fields["status"] = status
         cols = ", ".join(f"{k} = ?" for k in fields)
         where = "id = ?"
         args: tuple[Any, ...] = (*fields.values(), batch_id)
         if only_from:
-            where += f" AND status IN ({', '.join('?' * len(only_from))})"
+            where += f" AND status IN ({_marks(only_from)})"
             args += only_from
         return self._exec(f"UPDATE batches SET {cols} WHERE {where}", args) > 0
 
@@ -227,6 +331,11 @@ class BatchStore:
             sql += " WHERE " + " AND ".join(conds)
         rows = self._all(sql + " ORDER BY seq DESC LIMIT ?", (*args, limit + 1))
         return rows[:limit], len(rows) > limit
+
+
+def _marks(values: tuple[str, ...]) -> str:
+    """``?, ?, ?``: one SQL parameter per value."""
+    return ", ".join("?" * len(values))
 
 
 def _fsync_dir(path: Path) -> None:

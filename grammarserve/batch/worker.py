@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -40,6 +41,8 @@ from grammarserve.openai.tenancy import TenantClient
 
 log = logging.getLogger(__name__)
 _POLL_S = 0.25
+#: Seconds between sweeps of expired files while the worker is idle.
+_SWEEP_S = 60.0
 _MAX_ERRORS_LISTED = 100
 
 
@@ -77,6 +80,7 @@ class BatchWorker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._stopping = threading.Event()
+        self._swept = time.monotonic()
 
     # -- lifecycle (called from the server's thread) ------------------------------------------
     def start(self) -> None:
@@ -123,6 +127,9 @@ class BatchWorker:
             assert ctx is not None  # set once ready
             active = self.store.active_batches()
             if not active:
+                if time.monotonic() - self._swept >= _SWEEP_S:  # files nobody looks up
+                    self._swept = time.monotonic()
+                    await asyncio.to_thread(self.store.sweep_expired)
                 self._wake.clear()
                 try:
                     await asyncio.wait_for(self._wake.wait(), timeout=1.0)
@@ -179,7 +186,8 @@ class BatchWorker:
     async def _execute(self, batch: dict[str, Any], ctx: ModelContext) -> None:
         """Validate (first time) and run a batch's remaining lines, then finalize it."""
         bid = batch["id"]
-        row = self.store.get_file(batch["input_file_id"], tenant=batch["tenant"])
+        row = self.store.get_file(batch["input_file_id"], tenant=batch["tenant"],
+                                  include_expired=True)  # expired while queued: still kept
         if row is None or not Path(row["path"]).exists():
             self._fail(bid, "file_not_found", f"input file {batch['input_file_id']} not found")
             return

@@ -43,6 +43,8 @@ STATUS: dict[ErrorKind, ErrorStatus] = {
     # (the code is then given explicitly).
     ErrorKind.UNAUTHORIZED: ErrorStatus(401, "invalid_request_error"),
     ErrorKind.TOO_LARGE: ErrorStatus(413, "invalid_request_error", "request_too_large"),
+    # NOTE: 413, not 429: retrying cannot help, only deleting files can (the SDK retries 429).
+    ErrorKind.QUOTA_EXCEEDED: ErrorStatus(413, "invalid_request_error", "storage_quota_exceeded"),
     ErrorKind.ENGINE_UNAVAILABLE: ErrorStatus(503, "unavailable_error", "engine_unavailable"),
     ErrorKind.OVERLOADED: ErrorStatus(503, "unavailable_error", "server_overloaded"),
     ErrorKind.ENGINE_FAILURE: ErrorStatus(500, "server_error"),

@@ -5,6 +5,7 @@ batch API, models, health, metrics, tokenize."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -45,10 +46,12 @@ def validation_response(e: RequestValidationError) -> JSONResponse:
 
 
 def create_app(config: ServerConfig, *, on_failure: Callable[[str], None] | None = None,
-               state: ServerState | None = None) -> FastAPI:
+               state: ServerState | None = None,
+               clock: Callable[[], float] = time.time) -> FastAPI:
     """Build the app; the engine starts loading when the app starts (``/health`` answers 503
     until it is ready). ``state``: a :class:`ServerState` of another kind of engine (the Ray
-    ingress passes one whose engine is its replicas); default: one engine process."""
+    ingress passes one whose engine is its replicas); default: one engine process. ``clock``:
+    the batch API's wall clock (its recorded times and file expiry; tests move it)."""
     state = state or ServerState(config)
 
     @asynccontextmanager
@@ -65,7 +68,7 @@ def create_app(config: ServerConfig, *, on_failure: Callable[[str], None] | None
     app.add_middleware(ApiKeyAuth, keys=config.api_keys)
     app.add_middleware(_CountRequests, metrics=state.metrics)
     app.include_router(inference.router(state))  # chat, completions, responses
-    app.include_router(batches.router(state))  # /v1/files, /v1/batches and the batch worker
+    app.include_router(batches.router(state, clock=clock))  # files, batches, the batch worker
 
     @app.exception_handler(RequestValidationError)
     async def _on_validation(_: Request, e: RequestValidationError) -> JSONResponse:

@@ -4,12 +4,17 @@ Files and batches persist under the server's data dir (:mod:`grammarserve.batch.
 :class:`~grammarserve.batch.worker.BatchWorker` runs the batches through the server's engine at
 lower priority than interactive requests, and resumes unfinished batches after a restart.
 Registered on the app with ``app.include_router(batches.router(state))``.
+
+Uploads take OpenAI's ``expires_after`` (form fields ``expires_after[anchor]``, only
+``created_at``, and ``expires_after[seconds]``, 3600 to 2592000); an expired file is 404 like an
+unknown one. Each tenant's files count against ``max_tenant_bytes`` (413 past it).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -31,7 +36,8 @@ from grammarserve.server.uploads import FORM_OVERHEAD, receive_upload
 
 #: Purposes an upload may have (``batch_output`` is what the server itself produces).
 PURPOSES = ("batch", "user_data", "assistants", "fine-tune", "vision", "evals")
-
+#: Bounds of ``expires_after[seconds]`` (OpenAI's: an hour to 30 days).
+EXPIRY_BOUNDS = (3600, 30 * 24 * 3600)
 
 
 def _upload_doc(max_bytes: int) -> dict[str, Any]:
@@ -42,7 +48,29 @@ def _upload_doc(max_bytes: int) -> dict[str, Any]:
             "file": {"type": "string", "format": "binary",
                      "description": f"the file (JSONL for purpose 'batch'; at most "
                                     f"{max_bytes} bytes)"},
-            "purpose": {"type": "string", "enum": list(PURPOSES)}}}}}}}
+            "purpose": {"type": "string", "enum": list(PURPOSES)},
+            "expires_after[anchor]": {"type": "string", "enum": ["created_at"]},
+            "expires_after[seconds]": {"type": "integer", "minimum": EXPIRY_BOUNDS[0],
+                                       "maximum": EXPIRY_BOUNDS[1]}}}}}}}
+
+
+def expires_after(fields: Mapping[str, str]) -> int | None:
+    """Seconds after its creation an upload expires, from its ``expires_after[anchor]`` and
+    ``expires_after[seconds]`` form fields (how the OpenAI SDK sends ``expires_after``); None
+    without them (the purpose's default). A 400 naming the field otherwise."""
+    anchor = fields.get("expires_after[anchor]")
+    seconds = fields.get("expires_after[seconds]")
+    if anchor is None and seconds is None:
+        return None
+    if anchor != "created_at":
+        raise InvalidRequestError(f"expires_after.anchor must be 'created_at', got {anchor!r}",
+                                  param="expires_after.anchor")
+    low, high = EXPIRY_BOUNDS
+    text = (seconds or "").strip()
+    if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
+        raise InvalidRequestError(f"expires_after.seconds must be an integer from {low} to "
+                                  f"{high}, got {seconds!r}", param="expires_after.seconds")
+    return int(text)
 
 
 class CreateBatchRequest(RequestBody):
@@ -56,8 +84,9 @@ class BatchService:
     """The store and worker behind the routes, opened on first use (or at start-up when there
     may be batches to resume), so a server that never sees a batch creates no files."""
 
-    def __init__(self, state: ServerState) -> None:
+    def __init__(self, state: ServerState, clock: Callable[[], float]) -> None:
         self.state = state
+        self.clock = clock
         self.explicit_dir = state.config.data_dir is not None
         self.data_dir = state.config.data_dir or default_data_dir()
         self._store: BatchStore | None = None
@@ -66,7 +95,7 @@ class BatchService:
     @property
     def store(self) -> BatchStore:
         if self._store is None:
-            self._store = BatchStore(self.data_dir)
+            self._store = BatchStore(self.data_dir, clock=self.clock)
             rows = self.state.config.engine.max_num_reqs
             self.worker = BatchWorker(self._store, self.state, max_in_flight=max(1, rows // 2))
             self.worker.start()
@@ -83,9 +112,10 @@ class BatchService:
             self._store.close()
 
 
-def router(state: ServerState) -> APIRouter:
-    """The batch API routes, with a lifespan that starts and stops the batch worker."""
-    service = BatchService(state)
+def router(state: ServerState, *, clock: Callable[[], float] = time.time) -> APIRouter:
+    """The batch API routes, with a lifespan that starts and stops the batch worker.
+    ``clock``: wall-clock seconds of the store (recorded times, file expiry)."""
+    service = BatchService(state, clock)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -107,10 +137,11 @@ def router(state: ServerState) -> APIRouter:
             raise InvalidRequestError(f"the upload ({size} bytes) is larger than this server's "
                                       f"limit of {max_upload} bytes", param="file",
                                       kind=ErrorKind.TOO_LARGE)
-        store = service.store
+        store, tenant = service.store, tenant_of(request)
+        quota = await asyncio.to_thread(store.quota, tenant, state.config.max_tenant_bytes)
         file_id, tmp = store.new_upload()
         upload = await receive_upload(request.stream(), request.headers.get("content-type", ""),
-                                      tmp, max_file_bytes=max_upload)
+                                      tmp, max_file_bytes=max_upload, quota=quota)
         try:
             purpose = upload.fields.get("purpose", "").strip()
             if purpose not in PURPOSES:
@@ -120,7 +151,8 @@ def router(state: ServerState) -> APIRouter:
                 raise InvalidRequestError("a multipart field 'file' is required", param="file")
             row = await asyncio.to_thread(store.commit_upload, file_id, tmp,
                                           upload.filename or "upload.jsonl", purpose,
-                                          tenant=tenant_of(request))
+                                          tenant=tenant, expires_after=expires_after(upload.fields),
+                                          max_tenant_bytes=quota.limit)
         finally:
             tmp.unlink(missing_ok=True)  # gone already once committed (renamed)
         return file_object(row)

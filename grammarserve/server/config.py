@@ -74,6 +74,10 @@ class ServerConfig:
     max_upload_bytes:
         Largest ``/v1/files`` upload (413), streamed to disk and counted while it is read
         (OpenAI's batch input limit, 200 MB).
+    max_tenant_bytes:
+        Bytes of files one tenant may keep under ``data_dir`` (its uploads and its batches'
+        output and error files, until deleted or expired); an upload that would pass it is a
+        413 naming the quota. Without API keys the whole server is one tenant.
     max_prompt_chars:
         Characters of a prompt (the text of a chat's messages and tools, or one completion
         prompt) beyond which it is refused before it is tokenized. ``None``: the context length
@@ -101,6 +105,7 @@ class ServerConfig:
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     max_body_bytes: int = 8 * 2**20
     max_upload_bytes: int = MAX_BYTES
+    max_tenant_bytes: int = 10 * 2**30
     max_prompt_chars: int | None = None
     max_request_choices: int = 128
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
@@ -108,7 +113,7 @@ class ServerConfig:
 
     def __post_init__(self) -> None:
         for name in ("max_n", "max_pending_requests", "max_body_bytes", "max_upload_bytes",
-                     "max_request_choices", "max_json_depth"):
+                     "max_tenant_bytes", "max_request_choices", "max_json_depth"):
             if getattr(self, name) < 1:
                 raise InvalidRequestError(f"{name} must be >= 1", param=name)
         if self.max_prompt_chars is not None and self.max_prompt_chars < 1:

@@ -1,6 +1,7 @@
 """``/v1/files`` uploads: the ``multipart/form-data`` body is parsed as it arrives
 (``python-multipart``) and the ``file`` part written straight to disk, counting its bytes, so a
-file over the limit is refused (413) without ever being held in memory, chunked or not.
+file over the limit, or past its tenant's storage quota, is refused (413) without ever being
+held in memory, chunked or not.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import IO
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
 
+from grammarserve.batch.store import Quota
 from grammarserve.errors import ErrorKind, InvalidRequestError
 
 #: Bytes a form field other than ``file`` (``purpose``) may have.
@@ -38,10 +40,12 @@ class Upload:
 class _Reader:
     """python-multipart callbacks: part headers, small fields in memory, the file to disk."""
 
-    def __init__(self, upload: Upload, out: IO[bytes], max_file_bytes: int) -> None:
+    def __init__(self, upload: Upload, out: IO[bytes], max_file_bytes: int,
+                 quota: Quota | None) -> None:
         self.upload = upload
         self.out = out
         self.max_file_bytes = max_file_bytes
+        self.quota = quota
         self.parts = 0
         self._header_field = bytearray()
         self._header_value = bytearray()
@@ -90,6 +94,8 @@ class _Reader:
                 raise InvalidRequestError(
                     f"the file is larger than this server's limit of {self.max_file_bytes} "
                     "bytes", param="file", kind=ErrorKind.TOO_LARGE)
+            if self.quota is not None:
+                self.quota.check(self.upload.size, partial=True)
             self.out.write(data[start:end])
         else:
             self._value += data[start:end]
@@ -113,16 +119,16 @@ def boundary_of(content_type: str) -> bytes:
 
 
 async def receive_upload(chunks: AsyncIterator[bytes], content_type: str, path: Path, *,
-                         max_file_bytes: int) -> Upload:
+                         max_file_bytes: int, quota: Quota | None = None) -> Upload:
     """Parse a multipart body from ``chunks``, writing its ``file`` part to ``path``.
 
-    Raises :class:`InvalidRequestError` (413 kind when the file is over ``max_file_bytes``);
-    ``path`` is removed when it raises."""
+    Raises :class:`InvalidRequestError` (413 kinds when the file is over ``max_file_bytes``
+    or would pass ``quota``); ``path`` is removed when it raises."""
     upload = Upload(path)
     parser_boundary = boundary_of(content_type)
     out: IO[bytes] = await asyncio.to_thread(open, path, "wb")
     try:
-        reader = _Reader(upload, out, max_file_bytes)
+        reader = _Reader(upload, out, max_file_bytes, quota)
         parser = MultipartParser(parser_boundary, reader.callbacks())  # type: ignore[arg-type]
         total = 0
         async for chunk in chunks:
