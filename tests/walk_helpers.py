@@ -81,3 +81,72 @@ def walk_jump_forward(matcher: Matcher, text: str, tokenizer: Any, bitmask: torc
             and not matcher.take_retraction() and matcher.is_terminated()):
         return False, "the stop token is not accepted at the end", n_forced
     return True, "", n_forced
+
+
+#: Bytes that move JSON along: a token holding one is drawn more often by ``random_walk``.
+STRUCTURAL = frozenset(b'"{}[],:')
+
+
+def structural_tokens(token_bytes: list[bytes]) -> np.ndarray:
+    """A bool per token id: whether its bytes hold a byte of :data:`STRUCTURAL`."""
+    return np.array([any(b in STRUCTURAL for b in t) for t in token_bytes], dtype=bool)
+
+
+def random_walk(matcher: Matcher, bitmask: torch.Tensor, stop_token: int,
+                token_bytes: list[bytes], structural: np.ndarray, rng: Any, *,
+                max_tokens: int = 200, p_stop: float = 0.5,
+                p_structural: float = 0.5) -> tuple[bytes | None, str]:
+    """Generate through ``matcher`` by random legal tokens, as a sampler under the mask would:
+    forced tokens (jump-forward) taken where offered; else the stop token with probability
+    ``p_stop`` where allowed; else, with probability ``p_structural``, a token holding a
+    structural byte (``structural``, so the walk closes strings and containers), else any
+    allowed token, each uniformly from ``rng`` (a ``random.Random``). Tokens a value check
+    retracts are dropped from the output, as the engine does.
+
+    Returns
+    -------
+    (bytes | None, str)
+        ``(output, "")`` once the stop token was accepted; ``(None, why)`` if the matcher
+        failed (an allowed token refused: a bug), its value checks ran out of retries (``why``
+        begins with ``"exhausted"``: the engine fails such a request too) or ``max_tokens``
+        passed (``why`` is ``"unfinished"``).
+    """
+    out: list[int] = []
+
+    def text() -> bytes:
+        return b"".join(token_bytes[t] for t in out if t != stop_token)
+
+    for _ in range(max_tokens):
+        matcher.fill_bitmask(bitmask, 0)
+        if matcher.is_error():
+            return None, f"matcher error after {text()!r}: {matcher.error()}"
+        forced = matcher.forced_tokens()
+        if forced:
+            choice = forced
+        else:
+            bits = np.unpackbits(bitmask[0].numpy().view(np.uint8), bitorder="little")
+            bits = bits[:len(structural)]
+            allowed = np.flatnonzero(bits)
+            if len(allowed) == 0:
+                return None, f"no token allowed after {text()!r}"
+            if bits[stop_token] and rng.random() < p_stop:
+                choice = [stop_token]
+            else:
+                pool = allowed[allowed != stop_token]
+                if rng.random() < p_structural and structural[pool].any():
+                    pool = pool[structural[pool]]
+                if len(pool) == 0:
+                    pool = allowed
+                choice = [int(pool[rng.randrange(len(pool))])]
+        for t in choice:
+            if not matcher.accept_token(t):
+                if matcher.exhausted:
+                    return None, f"exhausted: {matcher.error()}"
+                return None, f"allowed token {t} refused after {text()!r}: {matcher.error()}"
+            out.append(t)
+            dropped = matcher.take_retraction()
+            if dropped:
+                del out[len(out) - dropped:]
+            if matcher.is_terminated():
+                return text(), ""
+    return None, "unfinished"

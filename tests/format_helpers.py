@@ -1,0 +1,438 @@
+"""Test helper: ``format`` as the tests hold the grammar layer to it.
+
+- :func:`optional_cases`: the JSON-Schema-Test-Suite's ``optional/`` and ``optional/format/``
+  groups that apply to generation, and :func:`truth`: whether an instance is valid, by
+  ``jsonschema`` with format checking on, else by the suite's own flag.
+- :func:`format_mutants`, :func:`mutant_tests`: format-invalid variants of a valid instance (a
+  date on 02-29 of a common year, ``256.1.1.1``, a date-time without its offset, ...), each
+  checked by ``jsonschema`` to fail the schema at the place it was put.
+- :data:`CHECKER`: ``jsonschema``'s format checker (the asserted formats) plus RFC 3339
+  ``date-time``/``time`` and RFC 1123 ``hostname`` checks of our own, for generated outputs.
+
+``jsonschema`` checks, with the extras installed here: date, email (an ``@`` only),
+idn-email, idn-hostname (``idna``), ipv4, ipv6, json-pointer and relative-json-pointer
+(``jsonpointer``), regex (Python's ``re``), uuid. Not: date-time and time
+(``rfc3339-validator``), duration (``isoduration``), hostname (``fqdn``), uri, uri-reference,
+iri, iri-reference (``rfc3987``), uri-template (``uri-template``).
+- :func:`style_backends`: which backend serves each JSON style of a compiled grammar, now.
+"""
+
+from __future__ import annotations
+
+import calendar
+import datetime
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+
+from grammarserve.fsm.config import AUTO_STYLES
+from grammarserve.fsm.conformance import SuiteCase, load_suite
+
+REPO = Path(__file__).resolve().parents[1]
+SUITE = REPO / "tests" / "data" / "json-schema-test-suite" / "draft2020-12"
+OPTIONAL = SUITE / "optional"
+
+Validator = jsonschema.Draft202012Validator
+
+#: The formats the grammar layer asserts (grammarserve/fsm/README.md; today
+#: ``grammarserve.fsm.normalize.KNOWN_FORMATS``). Every other format is dropped as an annotation.
+ASSERTED_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname",
+                              "ipv4", "ipv6", "uri", "uuid"})
+
+#: optional/ files left out, and why: both need documents of the suite's remotes/, which is not
+#: vendored (a metaschema with the format-assertion vocabulary; a draft 2019-09 schema).
+OPTIONAL_SKIPPED = {"format-assertion.json": "its $schema is a remote metaschema",
+                    "cross-draft.json": "$ref to a remote draft 2019-09 schema"}
+
+# Where ``jsonschema``'s verdict is not that of the specification, so the suite's flag is the
+# truth: its ``pattern`` and ``format: regex`` use Python's ``re`` (the suite's ECMA 262 cases
+# say "unlike e.g. Python", and ``\p{...}`` does not compile), its ``dependencies`` is not a
+# Draft 2020-12 keyword (the suite's optional compatibility, which the grammar layer takes),
+# ``email`` only looks for an ``@``, ``uuid`` parses with ``int(..., 16)`` (takes ``_`` and
+# non-ASCII digits), ``relative-json-pointer`` refuses ``100``, ``idn-hostname`` takes a
+# trailing dot. ``truth`` finds these by disagreement (the tests print them), so no list is
+# kept here.
+
+
+def optional_cases() -> Iterator[tuple[str, SuiteCase]]:
+    """``(name, case)`` for every group of ``optional/*.json`` and ``optional/format/*.json``
+    except :data:`OPTIONAL_SKIPPED`; ``name`` is the file's path under ``optional/``."""
+    for case in load_suite(OPTIONAL / "format"):
+        yield f"format/{case.file}", case
+    for case in load_suite(OPTIONAL):
+        if case.file not in OPTIONAL_SKIPPED:
+            yield case.file, case
+
+
+def schema_formats(schema: Any) -> set[str]:
+    """Every ``format`` value named anywhere in ``schema``."""
+    found: set[str] = set()
+
+    def visit(node: Any) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("format"), str):
+                found.add(node["format"])
+            for v in node.values():
+                visit(v)
+        elif isinstance(node, list):
+            for v in node:
+                visit(v)
+
+    visit(schema)
+    return found
+
+
+def jsonschema_verdict(schema: Any, instance: Any) -> bool | None:
+    """``jsonschema``'s verdict with format checking on; None where it cannot decide (a format
+    it has no checker for, given the installed extras, or a schema it cannot run)."""
+    if not schema_formats(schema) <= set(Validator.FORMAT_CHECKER.checkers):
+        return None
+    try:
+        return bool(Validator(schema, format_checker=Validator.FORMAT_CHECKER).is_valid(instance))
+    except Exception:  # noqa: BLE001 - e.g. a pattern Python's re cannot compile
+        return None
+
+
+def truth(schema: Any, instance: Any, suite_valid: bool) -> tuple[bool, bool | None]:
+    """``(valid, jsonschema's verdict)``. ``jsonschema`` (formats checked) decides where it
+    can, the suite's flag where it cannot (no checker, a schema it cannot run); where the two
+    disagree the suite's flag stands (the note above) and the tests list the case. So ``valid``
+    is always the suite's flag, confirmed by ``jsonschema`` wherever it decides."""
+    return suite_valid, jsonschema_verdict(schema, instance)
+
+
+# --------------------------------------------------------------------------- checking outputs
+
+
+_RFC3339_TIME = re.compile(r"(\d{2}):(\d{2}):(\d{2})(\.\d+)?([Zz]|([+-])(\d{2}):(\d{2}))",
+                           re.ASCII)
+_RFC3339_DATE = re.compile(r"(\d{4})-(\d{2})-(\d{2})", re.ASCII)
+
+
+def _time_ok(text: str) -> bool:
+    m = _RFC3339_TIME.fullmatch(text)
+    if m is None:
+        return False
+    hour, minute, second = int(m[1]), int(m[2]), int(m[3])
+    off_h, off_m = (int(m[7]), int(m[8])) if m[6] else (0, 0)
+    if hour > 23 or minute > 59 or second > 60 or off_h > 23 or off_m > 59:
+        return False
+    if second == 60:  # a leap second is 23:59:60 UTC
+        sign = -1 if m[6] == "+" else 1
+        utc = (hour * 60 + minute + sign * (off_h * 60 + off_m)) % (24 * 60)
+        return utc == 23 * 60 + 59
+    return True
+
+
+def _date_ok(text: str) -> bool:
+    m = _RFC3339_DATE.fullmatch(text)
+    if m is None:
+        return False
+    try:
+        datetime.date(int(m[1]), int(m[2]), int(m[3]))
+    except ValueError:
+        return False
+    return True
+
+
+def _date_time_ok(text: str) -> bool:
+    parts = re.split("[Tt]", text)
+    return len(parts) == 2 and _date_ok(parts[0]) and _time_ok(parts[1])
+
+
+_LABEL = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?", re.ASCII)
+
+
+def _hostname_ok(text: str) -> bool:
+    # RFC 1123 (no IDNA A-label decoding)
+    return 0 < len(text) <= 253 and all(_LABEL.fullmatch(label) for label in text.split("."))
+
+
+_UUID = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}")
+
+
+def _checker() -> jsonschema.FormatChecker:
+    checker = jsonschema.FormatChecker(formats=())
+    checker.checkers = {k: v for k, v in Validator.FORMAT_CHECKER.checkers.items()
+                        if k in ASSERTED_FORMATS}
+    ours = (("date-time", _date_time_ok), ("time", _time_ok), ("hostname", _hostname_ok),
+            ("uuid", lambda v: _UUID.fullmatch(v) is not None))
+    for name, ok in ours:
+        if name not in checker.checkers or name == "uuid":
+            checker.checks(name)(lambda v, ok=ok: not isinstance(v, str) or ok(v))
+    return checker
+
+
+#: The formats the grammar layer asserts (the others are annotations there): ``jsonschema``'s
+#: checkers and, where it has none, our own ``date-time``, ``time`` (RFC 3339, leap seconds at
+#: 23:59:60 UTC only) and ``hostname`` (RFC 1123) checks; ``uuid`` is ours too (RFC 4122's
+#: string form: ``jsonschema``'s parses with ``int(..., 16)``, which takes ``_`` and non-ASCII
+#: digits). ``email`` is ``jsonschema``'s, which looks for an ``@`` only.
+CHECKER = _checker()
+#: Formats no checker here decides (their outputs are checked on everything else).
+UNCHECKED_FORMATS = ASSERTED_FORMATS - set(CHECKER.checkers)
+
+
+def validation_errors(schema: Any, instance: Any) -> list[jsonschema.ValidationError]:
+    """The errors of ``instance`` against ``schema`` (its declared draft), formats checked by
+    :data:`CHECKER`."""
+    cls = jsonschema.validators.validator_for(schema, default=Validator)
+    return list(cls(schema, format_checker=CHECKER).iter_errors(instance))
+
+
+def known_format_error(error: jsonschema.ValidationError) -> str | None:
+    """The known bug (``BUG_*``) a ``format`` error of a generated value shows, if any."""
+    value = error.instance
+    if error.validator != "format" or not isinstance(value, str):
+        return None
+    if error.validator_value == "date-time" and _DATE_TIME_NO_DOT.fullmatch(value):
+        return BUG_DATE_TIME_NO_DOT
+    fixed = re.sub(r":60(?=[.Zz+-]|$)", ":59", value)
+    if error.validator_value in ("date-time", "time") and fixed != value and \
+            (_date_time_ok if error.validator_value == "date-time" else _time_ok)(fixed):
+        return BUG_LEAP_SECOND
+    return None
+
+
+_DATE_TIME_NO_DOT = re.compile(r"\d{4}-\d\d-\d\d[Tt]\d\d:\d\d:\d\d\d+([Zz]|[+-]\d\d:\d\d)",
+                               re.ASCII)
+
+
+# --------------------------------------------------------------------------- format mutants
+
+#: Strings that are not of each format (RFC 3339, 5321, 1123, 4122, 3986, 2673/4291, ISO 8601
+#: durations as RFC 3339 appendix A writes them).
+FORMAT_MUTANTS: dict[str, tuple[str, ...]] = {
+    "date": ("2023-02-29", "2100-02-29", "2021-04-31", "2023-13-01", "2023-1-01", "20230101"),
+    "date-time": ("2023-02-29T12:00:00Z", "2021-04-31T12:00:00Z", "2023-01-01T12:00:00",
+                  "2023-01-01T24:00:00Z", "2023-01-01T12:00Z", "2023-01-01",
+                  "2023-01-01T12:00:0012Z"),
+    "time": ("12:00:00", "24:00:00Z", "12:60:00Z", "12:00Z"),
+    "ipv4": ("256.1.1.1", "01.2.3.4", "1.2.3.04", "1.2.3", "1.2.3.4.5"),
+    "ipv6": ("12345::", "1:2:3:4:5:6:7:8:9", "1::2::3", ":::1", "::ffff:192.168.0.01"),
+    "email": ("plainaddress", "@example.com", "user@", "user@@example.com",
+              "us er@example.com"),
+    "hostname": ("-example.com", "example-.com", "exa_mple.com", "a..b", "a" * 64 + ".com"),
+    "uuid": ("2eb8aa08-aa98-11ea-b4aa-73b441d1638", "2eb8aa08aa9811eab4aa73b441d16380",
+             "zeb8aa08-aa98-11ea-b4aa-73b441d16380", "2eb8aa08-aa98-11ea-b4aa-73b441d16380-"),
+    "uri": ("example.com/path", "//example.com/path", "http://exa mple.com/",
+            "http://example.com/\\"),
+    "duration": ("P", "PT", "1Y", "P1D2H", "PT1D", "P1Y2"),
+}
+
+_OFFSET = re.compile(r"([Zz]|[+-]\d{2}:\d{2})$")
+
+
+def _common_year(year: int) -> int:
+    while calendar.isleap(year):
+        year += 1
+    return year
+
+
+def _derived(fmt: str, value: str) -> list[str]:
+    """Mutants made from a valid ``value``: its date moved to 02-29 of a common year, its
+    date-time or time without the offset."""
+    out = []
+    if fmt in ("date", "date-time") and re.match(r"\d{4}-", value):
+        out.append(f"{_common_year(int(value[:4])):04d}-02-29" + value[10:])
+    if fmt in ("date-time", "time") and _OFFSET.search(value):
+        out.append(_OFFSET.sub("", value))
+    return out
+
+
+class _Recorder(jsonschema.FormatChecker):
+    """Records the ``(format, string)`` pairs a validation asks about."""
+
+    def __init__(self) -> None:
+        super().__init__(formats=())
+        self.seen: set[tuple[str, str]] = set()
+
+    def check(self, instance: Any, format: str) -> None:
+        if isinstance(instance, str):
+            self.seen.add((format, instance))
+
+
+def _strings(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], str]]:
+    if isinstance(value, str):
+        yield path, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _strings(v, (*path, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _strings(v, (*path, i))
+
+
+def _replace(value: Any, path: tuple[Any, ...], new: str) -> Any:
+    if not path:
+        return new
+    copy = dict(value) if isinstance(value, dict) else list(value)
+    copy[path[0]] = _replace(value[path[0]], path[1:], new)
+    return copy
+
+
+def format_mutants(schema: Any, instance: Any, per_format: int = 2
+                   ) -> list[tuple[str, str, str, Any]]:
+    """``(pointer, format, planted, mutant)``: ``instance`` (valid) with one string a ``format`` of
+    :data:`FORMAT_MUTANTS` applies to replaced by a string not of that format, for at most
+    ``per_format`` places per format. Each mutant is checked to be invalid by ``jsonschema``
+    (the schema's draft) with a format checker that refuses exactly the planted string for that
+    format, so a branch or another keyword that takes it anyway (``anyOf`` with a plain string,
+    say) rules it out."""
+    cls = jsonschema.validators.validator_for(schema, default=Validator)
+    recorder = _Recorder()
+    try:
+        cls(schema, format_checker=recorder).is_valid(instance)
+    except Exception:  # noqa: BLE001 - e.g. a pattern Python's re cannot compile: no oracle
+        return []
+    base = cls.FORMAT_CHECKER.checkers
+    out: list[tuple[str, str, str, Any]] = []
+    places: dict[str, int] = {}
+    for path, value in _strings(instance):
+        for fmt in sorted(f for f, v in recorder.seen if v == value and f in FORMAT_MUTANTS):
+            if places.get(fmt, 0) >= per_format:
+                continue
+            places[fmt] = places.get(fmt, 0) + 1
+            for planted in dict.fromkeys([*FORMAT_MUTANTS[fmt], *_derived(fmt, value)]):
+                if planted == value:
+                    continue
+                mutant = _replace(instance, path, planted)
+                checker = jsonschema.FormatChecker(formats=())
+                checker.checkers = dict(base)
+                real = base.get(fmt, (lambda v: True, ()))[0]
+                checker.checks(fmt)(lambda v, p=planted, real=real: v != p and real(v))
+                if not cls(schema, format_checker=checker).is_valid(mutant):
+                    pointer = "".join(f"/{p}" for p in path)
+                    out.append((pointer, fmt, planted, mutant))
+    return out
+
+
+def mutant_tests(case: SuiteCase, per_format: int = 2) -> list[tuple[str, str, str, Any]]:
+    """``(description, format, planted, mutant)`` for the :func:`format_mutants` of every valid
+    instance of ``case``, each mutant once (described ``"<valid test> | <format> mutant at
+    <pointer>: <planted>"``)."""
+    out = []
+    seen = set()
+    for desc, instance, valid in case.tests:
+        if not valid:
+            continue
+        for pointer, fmt, planted, mutant in format_mutants(case.schema, instance, per_format):
+            text = json.dumps(mutant, sort_keys=True)
+            if text in seen:
+                continue
+            seen.add(text)
+            out.append((f"{desc} | {fmt} mutant at {pointer or '/'}: {planted}", fmt, planted,
+                        mutant))
+    return out
+
+
+# --------------------------------------------------------------------------- known bugs
+
+BUG_LEAP_SECOND = ("date-time, time: a leap second (:60) is taken at any hour and minute and "
+                   "with any offset; RFC 3339 has it only at 23:59:60 UTC")
+BUG_HOSTNAME_LENGTH = "hostname: no bound on the whole name (RFC 1123: at most 253 characters)"
+BUG_A_LABEL = ("hostname: an 'xn--' label is taken without checking that it decodes to a "
+               "valid U-label (RFC 5890/5891/5892)")
+BUG_IPV6_V4_ZERO = ("ipv6: the embedded IPv4 part takes a leading zero (the front end refuses "
+                    "xgrammar's ipv4 for this, not its ipv6)")
+BUG_FEFF = "pattern: \\s does not take U+FEFF (ECMA 262 WhiteSpace has it), so \\S takes it"
+BUG_HOSTNAME_LABEL = "hostname: a label of 64 characters is taken (RFC 1123: at most 63)"
+BUG_DATE_TIME_NO_DOT = (
+    "date-time: a fraction of a second without its '.' is taken: xgrammar 0.2.9 drops the first "
+    "character of an optional group ending in a '+' repeat, here the calendar pattern's "
+    "(\\.\\d+)? (normalize.CALENDAR_PATTERNS), as in ^a(\\.\\d+)?b$ taking 'a1b'; the front "
+    "end refuses such groups only when they hold a bounded repeat")
+
+_BOTH = ("llguidance", "xgrammar")
+#: Invalid instances of :func:`optional_cases` a backend accepts today: ``(file, group, test)``
+#: -> ``(backends, the bug)``. Each is a strict xfail (tests/test_fsm_formats.py).
+_DT = "format/date-time.json"
+_TIME = "format/time.json"
+_HOST = "format/hostname.json"
+KNOWN_ACCEPTED: dict[tuple[str, str, str], tuple[tuple[str, ...], str]] = {
+    (_DT, "validation of date-time strings",
+     "an invalid date-time with leap second on a wrong hour, UTC"): (_BOTH, BUG_LEAP_SECOND),
+    (_DT, "validation of date-time strings",
+     "an invalid date-time with leap second on a wrong minute, UTC"): (_BOTH, BUG_LEAP_SECOND),
+    **{(_TIME, "validation of time strings", desc): (_BOTH, BUG_LEAP_SECOND) for desc in (
+        "an invalid time string with invalid leap second (wrong hour)",
+        "an invalid time string with invalid leap second (wrong minute)",
+        "invalid leap second, Zulu (wrong hour)", "invalid leap second, Zulu (wrong minute)",
+        "invalid leap second, negative time-offset (wrong hour)",
+        "invalid leap second, negative time-offset (wrong minute)",
+        "invalid leap second, positive time-offset (wrong hour)",
+        "invalid leap second, positive time-offset (wrong minute)",
+        "invalid leap second, zero time-offset (wrong hour)",
+        "invalid leap second, zero time-offset (wrong minute)")},
+    (_HOST, "validation of host names", "exceeds maximum overall length (256)"):
+        (_BOTH, BUG_HOSTNAME_LENGTH),
+    **{(_HOST, "validation of A-label (punycode) host names", desc): (_BOTH, BUG_A_LABEL)
+       for desc in (
+        "Begins with a Spacing Combining Mark",
+        "Begins with a Nonspacing Mark", "Begins with an Enclosing Mark",
+        "Exceptions that are DISALLOWED, right-to-left chars",
+        "Exceptions that are DISALLOWED, left-to-right chars",
+        "MIDDLE DOT with no preceding 'l'", "MIDDLE DOT with nothing preceding",
+        "MIDDLE DOT with no following 'l'", "MIDDLE DOT with nothing following",
+        "Greek KERAIA not followed by anything", "Hebrew GERESH not preceded by anything",
+        "Hebrew GERSHAYIM not preceded by anything",
+        "KATAKANA MIDDLE DOT with no Hiragana, Katakana, or Han",
+        "KATAKANA MIDDLE DOT with no other characters",
+        "Arabic-Indic digits mixed with Extended Arabic-Indic digits",
+        "ZERO WIDTH JOINER not preceded by Virama", "ZERO WIDTH JOINER not preceded by anything",
+        "contains illegal char U+302E Hangul single dot tone mark")},
+    # NOTE: these hold an upper-case letter, which xgrammar's hostname refuses (README)
+    **{(_HOST, "validation of A-label (punycode) host names", desc): (("llguidance",), BUG_A_LABEL)
+       for desc in ("invalid Punycode", "contains \"--\" in the 3rd and 4th position",
+                    "Greek KERAIA not followed by Greek", "Hebrew GERESH not preceded by Hebrew",
+                    "Hebrew GERSHAYIM not preceded by Hebrew")},
+    (_HOST, "validation of host names", "exceeds maximum label length (63)"):
+        (("xgrammar",), BUG_HOSTNAME_LABEL),
+    ("format/ipv6.json", "validation of IPv6 addresses",
+     "a leading zero in the last IPv4 octet is invalid"): (("xgrammar",), BUG_IPV6_V4_ZERO),
+    ("ecmascript-regex.json", "ECMA 262 \\S matches everything but whitespace",
+     "zero-width whitespace does not match"): (("llguidance",), BUG_FEFF),
+}
+
+#: Strings of :data:`FORMAT_MUTANTS` a backend accepts today: ``(format, planted)`` ->
+#: ``(backends, the bug)``. Each is a strict xfail (tests/test_fsm_formats.py).
+KNOWN_MUTANTS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
+    ("hostname", "a" * 64 + ".com"): (("xgrammar",), BUG_HOSTNAME_LABEL),
+    ("ipv6", "::ffff:192.168.0.01"): (("xgrammar",), BUG_IPV6_V4_ZERO),
+    ("date-time", "2023-01-01T12:00:0012Z"): (("xgrammar",), BUG_DATE_TIME_NO_DOT),
+}
+
+
+# --------------------------------------------------------------------------- upgraded grammars
+
+
+def style_backends(grammar: Any) -> dict[str, str]:
+    """The backend that serves each JSON style of ``grammar`` now: ``{"compact": ..., "spaced":
+    ...}`` once its per-style grammars took over, ``{"either": ...}`` for the one grammar of
+    both styles a JSON schema starts with, ``{"any": ...}`` where every style is one language
+    (or the style is fixed). Follows a value-checked grammar to the grammar it wraps."""
+    inner = grammar
+    while getattr(inner, "inner", None) is not None:
+        inner = inner.inner
+    styled = getattr(inner, "styled", None)
+    if styled is None and hasattr(inner, "styled"):
+        return {"either": inner.backend}
+    styles = getattr(styled if styled is not None else inner, "styles", None)
+    if styles is None:
+        return {"any": inner.backend}
+    names = AUTO_STYLES if len(styles) == len(AUTO_STYLES) else [f"style{i}"
+                                                                  for i in range(len(styles))]
+    return {name: g.backend for name, g in zip(names, styles)}
+
+
+def text_styles(instance: Any) -> list[tuple[str, str]]:
+    """``(style, text)`` for the two forms of the ``auto`` JSON style (``instance_texts``);
+    one ``("any", text)`` where they are the same text."""
+    compact = json.dumps(instance, ensure_ascii=False, separators=(",", ":"))
+    spaced = json.dumps(instance, ensure_ascii=False)
+    return [("any", compact)] if compact == spaced else [("compact", compact),
+                                                          ("spaced", spaced)]
