@@ -31,6 +31,7 @@ import jsonschema
 
 from grammarserve.fsm.config import AUTO_STYLES
 from grammarserve.fsm.conformance import SuiteCase, load_suite
+from grammarserve.fsm.schema.normalize import KNOWN_FORMATS
 
 REPO = Path(__file__).resolve().parents[1]
 SUITE = REPO / "tests" / "data" / "json-schema-test-suite" / "draft2020-12"
@@ -38,10 +39,9 @@ OPTIONAL = SUITE / "optional"
 
 Validator = jsonschema.Draft202012Validator
 
-#: The formats the grammar layer asserts (grammarserve/fsm/README.md; today
-#: ``grammarserve.fsm.normalize.KNOWN_FORMATS``). Every other format is dropped as an annotation.
-ASSERTED_FORMATS = frozenset({"date-time", "time", "date", "duration", "email", "hostname",
-                              "ipv4", "ipv6", "uri", "uuid"})
+#: The formats the grammar layer asserts (grammarserve/fsm/README.md); every other format is
+#: dropped as an annotation.
+ASSERTED_FORMATS = KNOWN_FORMATS
 
 #: optional/ files left out, and why: both need documents of the suite's remotes/, which is not
 #: vendored (a metaschema with the format-assertion vocabulary; a draft 2019-09 schema).
@@ -344,7 +344,7 @@ BUG_HOSTNAME_LABEL = "hostname: a label of 64 characters is taken (RFC 1123: at 
 BUG_DATE_TIME_NO_DOT = (
     "date-time: a fraction of a second without its '.' is taken: xgrammar 0.2.9 drops the first "
     "character of an optional group ending in a '+' repeat, here the calendar pattern's "
-    "(\\.\\d+)? (normalize.CALENDAR_PATTERNS), as in ^a(\\.\\d+)?b$ taking 'a1b'; the front "
+    "(\\.\\d+)? (schema/normalize.CALENDAR_PATTERNS), as in ^a(\\.\\d+)?b$ taking 'a1b'; the front "
     "end refuses such groups only when they hold a bounded repeat")
 
 _BOTH = ("llguidance", "xgrammar")

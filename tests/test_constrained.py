@@ -133,7 +133,7 @@ def test_reply_completes_and_validates(batched: dict[bool, list[RequestOutput]],
     item, out = items[NAMES.index(name)], batched[jump_forward][NAMES.index(name)]
     if item["category"] == "hard" and out.finish_reason == "error":
         # keywords no grammar holds are refused by name, or checked when their value closes
-        # (fsm/checked.py): never dropped silently
+        # (fsm/checked_matcher.py): never dropped silently
         assert out.error is not None and ("unsupported keyword" in out.error
                                           or "value check failed" in out.error), out.error
         return

@@ -36,7 +36,7 @@ CORPUS = REPO / "schemas"
 SUITE_EXPECTED = REPO / "tests" / "data" / "suite_expected.json"
 # The corpus schemas auto refuses on purpose (schemas/README.md), by keyword: none.
 # (hard_shipping_conditional.json compiles: its ``not`` and ``if`` are rewritten exactly;
-# hard_unique_tags.json's ``uniqueItems`` and ``contains`` are value checks, fsm/checked.py.)
+# hard_unique_tags.json's ``uniqueItems`` and ``contains`` are value checks, fsm/checked_matcher.py.)
 CORPUS_REFUSED_AUTO: dict[str, list[str]] = {}
 
 # Valid instances we refuse on purpose (documented in grammarserve/fsm/README.md):
