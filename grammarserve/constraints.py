@@ -4,6 +4,10 @@ structural tag.
 A :class:`Constraint` travels inside :class:`~grammarserve.sampling_params.SamplingParams`; the
 engine compiles it with :class:`grammarserve.fsm.GrammarCompiler` (cached) and enforces it token
 by token.
+
+The kinds are defined once, here, below every layer that reads them: :class:`ConstraintKind`
+(what a constraint is) and :class:`GrammarSyntax` (how a grammar is written); the grammar
+layer's kind of a compiled spec is one of them (:data:`SpecKind`: a grammar's is its syntax).
 """
 
 from __future__ import annotations
@@ -11,10 +15,52 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Literal
+from typing import Any, Protocol, TypeAlias
 
-ConstraintKind = Literal["json_schema", "regex", "grammar", "choice", "tool_calls",
-                         "structural_tag"]
+
+class ConstraintKind(str, Enum):
+    """What a :class:`Constraint`'s ``spec`` is (the value is its name in the compiler's API,
+    ``GrammarCompiler.compile_async``)."""
+
+    JSON_SCHEMA = "json_schema"
+    REGEX = "regex"
+    GRAMMAR = "grammar"
+    CHOICE = "choice"
+    TOOL_CALLS = "tool_calls"
+    STRUCTURAL_TAG = "structural_tag"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class GrammarSyntax(str, Enum):
+    """How a ``grammar`` constraint is written: Lark, or EBNF (GBNF)."""
+
+    LARK = "lark"
+    EBNF = "ebnf"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+#: The kind of the grammar layer's validated spec (``GrammarSpec.kind``, what a backend
+#: compiles): the constraint's kind, except that a grammar's is its syntax.
+SpecKind: TypeAlias = ConstraintKind | GrammarSyntax
+
+
+class PreparedSpec(Protocol):
+    """The grammar layer's validated form of a constraint, :class:`grammarserve.fsm.GrammarSpec`
+    (typed by what it offers, so this module imports nothing above it): what the engine
+    compiles without running the front end again (``GrammarCompiler.compile_prepared_async``
+    takes only a ``GrammarSpec``)."""
+
+    @property
+    def kind(self) -> SpecKind: ...
+
+    @property
+    def source(self) -> str: ...
+
+    def key(self, fingerprint: str, backend: str) -> str: ...
 
 
 class StructuralFormat(str, Enum):
@@ -60,64 +106,76 @@ class Constraint:
     kind: ConstraintKind
     spec: Any
     strict: bool = False  # json_schema: OpenAI strict-mode rules
-    syntax: str = "lark"  # grammar: "lark" or "ebnf"
+    syntax: GrammarSyntax = GrammarSyntax.LARK  # grammar
     tool_choice: Any = "required"  # tool_calls: "auto" | "required" | {"type": "function", ...}
     parallel_tool_calls: bool = True
     tool_format: str = "hermes"  # tool_calls: a name of grammarserve.fsm.tool_formats.FORMATS
     #: The grammar layer's validated form of this constraint (a ``GrammarSpec``), when the
     #: caller already made it with a compiler of the same options (the server's, for the
     #: engine process): the engine compiles it without running the front end again.
-    prepared: Any = field(default=None, compare=False, repr=False)
+    prepared: PreparedSpec | None = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, ConstraintKind):
+            raise TypeError(f"a Constraint's kind is a ConstraintKind, got {self.kind!r} (build "
+                            "it with Constraint.json_schema(...), .regex(...), .grammar(...), ...)")
+        if not isinstance(self.syntax, GrammarSyntax):
+            raise TypeError(f"a Constraint's syntax is a GrammarSyntax, got {self.syntax!r}")
 
     @classmethod
     def json_schema(cls, schema: dict[str, Any] | str, *, strict: bool = False) -> Constraint:
-        return cls("json_schema", schema, strict=strict)
+        return cls(ConstraintKind.JSON_SCHEMA, schema, strict=strict)
 
     @classmethod
     def json_object(cls) -> Constraint:
-        return cls("json_schema", JSON_OBJECT_SCHEMA)
+        return cls(ConstraintKind.JSON_SCHEMA, JSON_OBJECT_SCHEMA)
 
     @classmethod
     def regex(cls, pattern: str) -> Constraint:
-        return cls("regex", pattern)
+        return cls(ConstraintKind.REGEX, pattern)
 
     @classmethod
-    def grammar(cls, text: str, syntax: str = "lark") -> Constraint:
-        return cls("grammar", text, syntax=syntax)
+    def grammar(cls, text: str, syntax: GrammarSyntax | str = GrammarSyntax.LARK) -> Constraint:
+        """A context-free grammar in ``syntax`` (``"lark"`` or ``"ebnf"``)."""
+        try:
+            form = GrammarSyntax(syntax)
+        except ValueError:
+            raise ValueError(f"grammar syntax must be 'lark' or 'ebnf', got {syntax!r}") from None
+        return cls(ConstraintKind.GRAMMAR, text, syntax=form)
 
     @classmethod
     def choice(cls, options: Sequence[str]) -> Constraint:
-        return cls("choice", list(options))
+        return cls(ConstraintKind.CHOICE, list(options))
 
     @classmethod
     def tool_calls(cls, tools: list[dict[str, Any]], tool_choice: Any = "required", *,
                    parallel: bool = True, tool_format: str = "hermes") -> Constraint:
-        return cls("tool_calls", tools, tool_choice=tool_choice, parallel_tool_calls=parallel,
-                   tool_format=tool_format)
+        return cls(ConstraintKind.TOOL_CALLS, tools, tool_choice=tool_choice,
+                   parallel_tool_calls=parallel, tool_format=tool_format)
 
     @classmethod
     def structural_tag(cls, tag: dict[str, Any] | str) -> Constraint:
         """Free text and tagged structures (``grammarserve.fsm.structural_tag``): the
         ``response_format`` object of type ``structural_tag``, as vLLM and SGLang take it (or
         its JSON text)."""
-        return cls("structural_tag", tag)
+        return cls(ConstraintKind.STRUCTURAL_TAG, tag)
 
     @property
     def may_repeat_calls(self) -> bool:
         """A tool-call constraint that allows more than one call (``required`` or ``auto`` with
         parallel calls): the engine's repeated-call stop applies to it."""
-        return (self.kind == "tool_calls" and self.parallel_tool_calls
+        return (self.kind is ConstraintKind.TOOL_CALLS and self.parallel_tool_calls
                 and self.tool_choice in ("auto", "required")
                 and self.tool_format in ("hermes", "json_array"))  # the guard's formats
 
-    def compile_args(self) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+    def compile_args(self) -> tuple[ConstraintKind, tuple[Any, ...], dict[str, Any]]:
         """``(kind, args, kwargs)`` for :meth:`GrammarCompiler.compile_async`."""
-        if self.kind == "json_schema":
-            return "json_schema", (self.spec,), {"strict": self.strict}
-        if self.kind == "grammar":
-            return "grammar", (self.spec,), {"syntax": self.syntax}
-        if self.kind == "tool_calls":
-            return "tool_calls", (self.spec, self.tool_choice), {
+        if self.kind is ConstraintKind.JSON_SCHEMA:
+            return self.kind, (self.spec,), {"strict": self.strict}
+        if self.kind is ConstraintKind.GRAMMAR:
+            return self.kind, (self.spec,), {"syntax": self.syntax}
+        if self.kind is ConstraintKind.TOOL_CALLS:
+            return self.kind, (self.spec, self.tool_choice), {
                 "parallel": self.parallel_tool_calls, "call_format": self.tool_format}
         return self.kind, (self.spec,), {}
 

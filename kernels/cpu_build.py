@@ -5,7 +5,7 @@ The cache folder is ``$GRAMMARSERVE_CACHE/kernels`` (else ``$XDG_CACHE_HOME/gram
 or ``~/.cache/grammarserve/kernels``); the file name carries a hash of the source, the local
 headers it includes (``avx_math.h``) and the flags, so an edited source or header or another
 instruction set is a new file. Concurrent builders each write a temp file and rename it into
-place.
+place. :func:`open_cached` is the one cache of the opened libraries, every kernel's.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import os
 import re
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -31,18 +32,44 @@ def cache_dir() -> Path:
     return Path(base) / "grammarserve" / "kernels"
 
 
-def open_cached(source: Path, flags: list[str], tag: str, libs: dict[str, ctypes.CDLL],
-                errors: dict[str, str]) -> ctypes.CDLL | None:
-    """:func:`build_and_open` once per ``tag``: the library from ``libs``, or None with the reason
-    kept in ``errors`` (a failed build is not retried)."""
-    if tag in libs or tag in errors:
-        return libs.get(tag)
-    try:
-        libs[tag] = build_and_open(source, flags, tag=tag)
-    except OSError as e:
-        errors[tag] = f"cannot build {source.name} for {tag}: {' '.join(str(e).split())[:300]}"
+#: The one cache of kernel libraries, by ``(source, tag)``: each is built and opened once per
+#: process, and a build that failed (or was refused) is not retried; its reason stays here.
+_LIBS: dict[tuple[Path, str], ctypes.CDLL] = {}
+_ERRORS: dict[tuple[Path, str], str] = {}
+
+
+def open_cached(source: Path, flags: list[str], tag: str = "", *,
+                declare: Callable[[ctypes.CDLL], None] | None = None,
+                refuse: Callable[[], str | None] | None = None) -> ctypes.CDLL | None:
+    """The library of ``source`` built with ``flags`` for ``tag`` (:func:`build_and_open`),
+    once per ``(source, tag)``: ``declare`` sets its functions' ``argtypes`` before anyone gets
+    it. None where it cannot be had, with the reason for :func:`build_error`: ``refuse``'s (asked
+    once, before building: an environment switch, a CPU without the instruction set), or the
+    build's own."""
+    key = (source, tag)
+    lib = _LIBS.get(key)
+    if lib is not None or key in _ERRORS:
+        return lib
+    why = refuse() if refuse is not None else None
+    if why is not None:
+        _ERRORS[key] = why
         return None
-    return libs[tag]
+    try:
+        lib = build_and_open(source, flags, tag=tag)
+    except OSError as e:
+        target = f" for {tag}" if tag else ""
+        _ERRORS[key] = f"cannot build {source.name}{target}: {' '.join(str(e).split())[:300]}"
+        return None
+    if declare is not None:
+        declare(lib)
+    _LIBS[key] = lib
+    return lib
+
+
+def build_error(source: Path, tag: str = "") -> str | None:
+    """Why :func:`open_cached` of ``(source, tag)`` gave None (None: it did not, or was not
+    asked yet)."""
+    return _ERRORS.get((source, tag))
 
 
 def _local_headers(source: Path) -> bytes:

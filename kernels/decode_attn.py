@@ -14,18 +14,16 @@ from pathlib import Path
 
 import torch
 
-from grammarserve_kernels.cpu_build import open_cached
+from grammarserve_kernels.cpu_build import build_error, open_cached
 from grammarserve_kernels.quant_q8 import _COMMON as _Q8_COMMON
 from grammarserve_kernels.quant_q8 import _ISA_FLAGS as _Q8_ISA_FLAGS
 from grammarserve_kernels.quant_q8 import cpu_isa
 
 _SOURCE = Path(__file__).with_name("decode_attn_cpu.cpp")
 _COMMON = _Q8_COMMON  # the same compiler flags and instruction-set builds as the matmuls
-_ISA_FLAGS = {isa: _Q8_ISA_FLAGS[isa] for isa in ("avx2", "avx512")}
+_FLAGS = {isa: _COMMON + _Q8_ISA_FLAGS[isa] for isa in ("avx2", "avx512")}
 HEAD_DIMS = (64, 128)
 KEY_TILE = 16  # keys per tile of the mirror's K layout (decode_attn_cpu.cpp)
-_libs: dict[str, ctypes.CDLL] = {}
-_errors: dict[str, str] = {}
 
 
 def attention_isa() -> str | None:
@@ -49,7 +47,8 @@ def decode_attention(q: torch.Tensor, kt: torch.Tensor, vs: torch.Tensor, kmt: t
     isa = isa or attention_isa()
     lib = _open(isa) if isa else None
     if lib is None:
-        raise RuntimeError(f"the decode attention kernel is unavailable: {_errors.get(isa or 'avx2')}")
+        raise RuntimeError("the decode attention kernel is unavailable: "
+                           f"{build_error(_SOURCE, isa or 'avx2')}")
     n, h, d = q.shape
     kvh, s = vm.shape[1], vm.shape[2]
     p = kt.shape[2] if kt.numel() else 0
@@ -86,7 +85,8 @@ def attention_address(isa: str) -> int:
     """Address of the ``isa`` build's ``gs_decode_attention`` (for ``decode_stack_cpu.cpp``)."""
     lib = _open(isa)
     if lib is None:
-        raise RuntimeError(f"the decode attention kernel is unavailable: {_errors.get(isa)}")
+        raise RuntimeError("the decode attention kernel is unavailable: "
+                           f"{build_error(_SOURCE, isa)}")
     return ctypes.cast(lib.gs_decode_attention, ctypes.c_void_p).value or 0
 
 
@@ -109,13 +109,11 @@ def decode_attention_ref(q: torch.Tensor, kt: torch.Tensor, vs: torch.Tensor, km
 
 
 def _open(isa: str) -> ctypes.CDLL | None:
-    if isa in _libs:  # called per layer: the argtypes are set once
-        return _libs[isa]
-    lib = open_cached(_SOURCE, _COMMON + _ISA_FLAGS[isa], isa, _libs, _errors)
-    if lib is None:
-        return None
+    return open_cached(_SOURCE, _FLAGS[isa], isa, declare=_declare)
+
+
+def _declare(lib: ctypes.CDLL) -> None:
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.gs_decode_attention.argtypes = [ptr, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, i64, i64,
                                         i64, i64, ptr, i32]
     lib.gs_decode_attention.restype = ctypes.c_int
-    return lib

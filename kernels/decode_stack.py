@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from grammarserve_kernels.cpu_build import open_cached
+from grammarserve_kernels.cpu_build import build_error, open_cached
 from grammarserve_kernels.decode_attn import (
     HEAD_DIMS,
     KEY_TILE,
@@ -30,8 +30,6 @@ from grammarserve_kernels.quant import QuantWeight
 from grammarserve_kernels.quant_q8 import _COMMON, PackedWeight, gemm_addresses, quant_matmul_q8_ref
 
 _SOURCE = Path(__file__).with_name("decode_stack_cpu.cpp")
-_libs: dict[str, ctypes.CDLL] = {}
-_errors: dict[str, str] = {}
 _i64, _ptr, _i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int32
 _Table = ctypes.Array[ctypes.c_void_p]  # per-layer addresses
 
@@ -138,7 +136,8 @@ class DecodeStack:
             raise ValueError(f"head_dim must be one of {HEAD_DIMS} and heads a multiple of kv heads")
         lib, isa = _open(), attention_isa()
         if lib is None or isa is None:
-            raise RuntimeError(f"the decode stack kernel is unavailable: {_errors.get('avx2')}")
+            raise RuntimeError("the decode stack kernel is unavailable: "
+                               f"{build_error(_SOURCE, 'avx2')}")
         self.dims, self.layers, self._lib = dims, layers, lib
         if head is not None and head.lm_head.bias is not None:
             raise ValueError("the LM head of the decode stack takes no bias")
@@ -266,10 +265,9 @@ def _addresses(tensors: list[torch.Tensor]) -> _Table:
 
 
 def _open() -> ctypes.CDLL | None:
-    if "avx2" in _libs or "avx2" in _errors:
-        return _libs.get("avx2")
-    lib = open_cached(_SOURCE, _COMMON, "avx2", _libs, _errors)
-    if lib is not None:
-        lib.gs_decode_stack.argtypes = [_ptr, _ptr, _ptr, _ptr]
-        lib.gs_decode_stack.restype = ctypes.c_int
-    return lib
+    return open_cached(_SOURCE, _COMMON, "avx2", declare=_declare)
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    lib.gs_decode_stack.argtypes = [_ptr, _ptr, _ptr, _ptr]
+    lib.gs_decode_stack.restype = ctypes.c_int

@@ -13,21 +13,19 @@ from grammarserve_kernels.cpu_build import open_cached
 from grammarserve_kernels.quant_q8 import _COMMON, cpu_isa
 
 _SOURCE = Path(__file__).with_name("greedy_cpu.cpp")
-_libs: dict[str, ctypes.CDLL] = {}
-_errors: dict[str, str] = {}
 
 
 def greedy_kernel() -> ctypes.CDLL | None:
     """The built kernel, or None where this CPU has no AVX2+FMA or the build failed."""
     if cpu_isa() is None:
         return None
-    fresh = "avx2" not in _libs
-    lib = open_cached(_SOURCE, _COMMON, "avx2", _libs, _errors)
-    if lib is not None and fresh:
-        i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        lib.gs_greedy.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, ptr, ctypes.c_int]
-        lib.gs_greedy.restype = None
-    return lib
+    return open_cached(_SOURCE, _COMMON, "avx2", declare=_declare)
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    lib.gs_greedy.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, ptr, ctypes.c_int]
+    lib.gs_greedy.restype = None
 
 
 def greedy_tokens_cpu(logits: torch.Tensor, bitmask: torch.Tensor | None,

@@ -18,14 +18,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from grammarserve_kernels.cpu_build import build_and_open
+from grammarserve_kernels.cpu_build import build_error, open_cached
 
 _SOURCE = Path(__file__).with_name("quant_cpu.cpp")
 _FLAGS = ["-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC", "-std=c++17"]
 # GGUF type -> (bytes per block of 32, header bytes before the quants)
 _BLOCK = {"Q4_1": (20, 4), "Q8_0": (34, 2)}
-_lib: ctypes.CDLL | None = None
-_lib_error: str | None = None
 
 
 @dataclass(frozen=True)
@@ -87,7 +85,7 @@ def quant_matmul(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
     """``x [R, K] @ w.T`` with the AVX2 kernel; ``x`` is fp32 on CPU. Needs the kernel."""
     lib = _load()
     if lib is None:
-        raise RuntimeError(f"the quantized CPU kernel is unavailable: {_lib_error}")
+        raise RuntimeError(f"the quantized CPU kernel is unavailable: {build_error(_SOURCE)}")
     n, k = w.shape
     if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != k or x.device.type != "cpu":
         raise ValueError(f"x must be fp32 [R, {k}] on CPU, got {x.dtype} {tuple(x.shape)}")
@@ -110,31 +108,24 @@ def quant_kernel_available() -> bool:
 def quant_kernel_error() -> str | None:
     """Why the kernel is unavailable, or None."""
     _load()
-    return _lib_error
+    return build_error(_SOURCE)
 
 
 def _load() -> ctypes.CDLL | None:
-    global _lib, _lib_error
-    if _lib is not None or _lib_error is not None:
-        return _lib
+    return open_cached(_SOURCE, _FLAGS, declare=_declare, refuse=_refused)
+
+
+def _refused() -> str | None:
     if os.environ.get("GRAMMARSERVE_QUANT_KERNEL", "1") == "0":
-        _lib_error = "disabled by GRAMMARSERVE_QUANT_KERNEL=0"
-        return None
+        return "disabled by GRAMMARSERVE_QUANT_KERNEL=0"
     if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
-        _lib_error = f"the CPU lacks AVX2 (torch reports {torch.backends.cpu.get_cpu_capability()})"
-        return None
-    try:
-        _lib = _build_and_open()
-    except OSError as e:
-        _lib_error = f"cannot build {_SOURCE.name}: {' '.join(str(e).split())[:300]}"
-    return _lib
+        return f"the CPU lacks AVX2 (torch reports {torch.backends.cpu.get_cpu_capability()})"
+    return None
 
 
-def _build_and_open() -> ctypes.CDLL:
-    lib = build_and_open(_SOURCE, _FLAGS)
+def _declare(lib: ctypes.CDLL) -> None:
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.gs_q4_1_gemm.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, i32]
     lib.gs_q4_1_gemm.restype = None
     lib.gs_q8_0_gemm.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, i32]
     lib.gs_q8_0_gemm.restype = None
-    return lib

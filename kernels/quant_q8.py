@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from grammarserve_kernels.cpu_build import open_cached
+from grammarserve_kernels.cpu_build import build_error, open_cached
 from grammarserve_kernels.quant import QuantWeight, dequantize
 
 ISAS = ("avx2", "avx512", "avx512vnni")  # in order: each needs the one before
@@ -36,8 +36,7 @@ _ISA_FLAGS = {
     "avx512vnni": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni"],
 }
 TILE = 16  # weight rows per tile of the x16 layout
-_libs: dict[str, ctypes.CDLL] = {}
-_errors: dict[str, str] = {}
+_FLAGS = {isa: _COMMON + flags for isa, flags in _ISA_FLAGS.items()}
 
 
 @dataclass(frozen=True)
@@ -87,7 +86,9 @@ def pack_x16(w: QuantWeight, isa: str | None = None, levels: int = 2) -> PackedW
 def _cpu_level() -> int:
     """``gs_cpu_level`` once per process (the avx2 build must be open): CPUID traps to the
     hypervisor on a VM (~15 us a call)."""
-    return int(_libs["avx2"].gs_cpu_level())
+    lib = _open("avx2")
+    assert lib is not None
+    return int(lib.gs_cpu_level())
 
 
 def cpu_isa() -> str | None:
@@ -118,7 +119,7 @@ def supported_isas() -> list[str]:
 def kernel_error(isa: str = "avx2") -> str | None:
     """Why the ``isa`` build is unavailable, or None."""
     _open(isa)
-    return _errors.get(isa)
+    return build_error(_SOURCE, isa)
 
 
 def quant_matmul_q8(x: torch.Tensor, w: PackedWeight, isa: str | None = None,
@@ -134,7 +135,8 @@ def quant_matmul_q8(x: torch.Tensor, w: PackedWeight, isa: str | None = None,
     isa = isa or w.isa
     lib = _open(isa) if isa else None
     if lib is None:
-        raise RuntimeError(f"the int8 CPU kernel is unavailable: {_errors.get(isa or 'avx2')}")
+        raise RuntimeError("the int8 CPU kernel is unavailable: "
+                           f"{build_error(_SOURCE, isa or 'avx2')}")
     n, k = w.n, w.k
     if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != k or x.device.type != "cpu":
         raise ValueError(f"x must be fp32 [R, {k}] on CPU, got {x.dtype} {tuple(x.shape)}")
@@ -154,7 +156,7 @@ def gemm_addresses(isa: str) -> tuple[int, int]:
     them from C++, e.g. ``decode_stack_cpu.cpp``)."""
     lib = _open(isa)
     if lib is None:
-        raise RuntimeError(f"the int8 CPU kernel is unavailable: {_errors.get(isa)}")
+        raise RuntimeError(f"the int8 CPU kernel is unavailable: {build_error(_SOURCE, isa)}")
     return (ctypes.cast(lib.gs_q8_0_gemm_q8, ctypes.c_void_p).value or 0,
             ctypes.cast(lib.gs_q4_1_gemm_q8, ctypes.c_void_p).value or 0)
 
@@ -201,18 +203,19 @@ def quant_matmul_q8_ref(x: torch.Tensor, w: QuantWeight, levels: int = 2) -> tor
 
 
 def _open(isa: str) -> ctypes.CDLL | None:
-    if isa in _libs or isa in _errors:
-        return _libs.get(isa)
+    return open_cached(_SOURCE, _FLAGS[isa], isa, declare=_declare, refuse=_disabled)
+
+
+def _disabled() -> str | None:
     if os.environ.get("GRAMMARSERVE_QUANT_KERNEL", "1") == "0":
-        _errors[isa] = "disabled by GRAMMARSERVE_QUANT_KERNEL=0"
-        return None
-    lib = open_cached(_SOURCE, _COMMON + _ISA_FLAGS[isa], isa, _libs, _errors)
-    if lib is None:
-        return None
+        return "disabled by GRAMMARSERVE_QUANT_KERNEL=0"
+    return None
+
+
+def _declare(lib: ctypes.CDLL) -> None:
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.gs_q4_1_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, i32, i32]
     lib.gs_q4_1_gemm_q8.restype = None
     lib.gs_q8_0_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, i32, i32]
     lib.gs_q8_0_gemm_q8.restype = None
     lib.gs_cpu_level.restype = ctypes.c_int
-    return lib

@@ -142,8 +142,6 @@ def test_activation_modes_are_checked() -> None:
 
 def test_no_compiler_falls_back_with_a_reason(monkeypatch: pytest.MonkeyPatch,
                                               tmp_path: Path) -> None:
-    monkeypatch.setattr(quant_q8, "_libs", {})
-    monkeypatch.setattr(quant_q8, "_errors", {})
     monkeypatch.setattr(quant_q8, "_SOURCE", tmp_path / "quant_q8_cpu.cpp")
     (tmp_path / "quant_q8_cpu.cpp").write_text("this is not C++\n")
     monkeypatch.setenv("GRAMMARSERVE_CACHE", str(tmp_path / "cache"))

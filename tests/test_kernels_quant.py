@@ -83,8 +83,6 @@ def test_linear_uses_blocks_only_for_skinny_batches() -> None:
 
 def test_no_compiler_falls_back_with_a_reason(monkeypatch: pytest.MonkeyPatch,
                                               tmp_path: Path) -> None:
-    monkeypatch.setattr(quant, "_lib", None)
-    monkeypatch.setattr(quant, "_lib_error", None)
     monkeypatch.setattr(quant, "_SOURCE", tmp_path / "quant_cpu.cpp")
     (tmp_path / "quant_cpu.cpp").write_text("this is not C++\n")
     monkeypatch.setenv("GRAMMARSERVE_CACHE", str(tmp_path / "cache"))

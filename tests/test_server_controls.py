@@ -33,7 +33,8 @@ def byte_tokenizer() -> Any:
 
 @pytest.fixture(scope="module")
 def ctx(byte_tokenizer: Any) -> ModelContext:
-    return ModelContext.create(byte_tokenizer, None, max_model_len=512, max_n=4, model_name="m")
+    return ModelContext.create(byte_tokenizer, None, max_model_len=512, max_n=4, model_name="m",
+                               vocab_size=256)
 
 
 def _body(url: str, **fields: Any) -> dict[str, Any]:

@@ -67,7 +67,8 @@ def main(args: argparse.Namespace, config: EngineConfig) -> int:
                               tool_call_format=config.tool_call_format,
                               reasoning_parser=config.reasoning_parser,
                               strict_thinking=config.strict_thinking,
-                              tool_call_parser=config.tool_call_parser)
+                              tool_call_parser=config.tool_call_parser,
+                              vocab_size=engine.vocab_size)
     print(f"grammarserve batch: loaded {config.model} in {time.perf_counter() - t0:.1f}s",
           file=sys.stderr)
     bar: Any = None

@@ -94,7 +94,8 @@ class BatchActor:
                                   tool_call_format=config.tool_call_format,
                                   reasoning_parser=config.reasoning_parser,
                                   strict_thinking=config.strict_thinking,
-                                  tool_call_parser=config.tool_call_parser)
+                                  tool_call_parser=config.tool_call_parser,
+                                  vocab_size=self.engine.vocab_size)
         self.runner = BatchRunner(self.engine, ctx)
 
     def __call__(self, batch: dict[str, Any]) -> dict[str, list[Any]]:

@@ -63,6 +63,7 @@ class Engine:
                                            chat_template=config.chat_template)
         mc = self.loaded.config
         self.tokenizer = self.loaded.tokenizer
+        self.vocab_size = mc.vocab_size  # NOTE: the one bound of token ids (engine/validate.py)
         self.prompt_encoder = SegmentEncoder(self.tokenizer)  # text prompts' cached pieces
         self.kv_bytes_per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads,
                                                          mc.head_dim, config.torch_kv_dtype)
@@ -125,9 +126,8 @@ class Engine:
             raise InvalidRequestError(f"request id {request_id!r} is already in use",
                                       param="request_id")
         ids = self.prompt_encoder.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        check_prompt(ids, vocab_size=self.loaded.config.vocab_size,
-                     max_model_len=self.max_model_len)
-        check_bias(params, vocab_size=self.loaded.config.vocab_size)
+        check_prompt(ids, vocab_size=self.vocab_size, max_model_len=self.max_model_len)
+        check_bias(params, vocab_size=self.vocab_size)
         if params.dry_multiplier is None:  # NOTE: the engine's default, for constrained replies
             params = dataclasses.replace(params, dry_multiplier=self.config.dry_multiplier
                                          if params.constraint is not None else 0.0)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from grammarserve.config import EngineConfig
+from grammarserve.constraints import ConstraintKind
 from grammarserve.engine.request import Req
 from grammarserve.errors import ErrorKind, GrammarError
 from grammarserve.fsm import GrammarCompiler
@@ -87,7 +88,7 @@ class GrammarRunner:
         constraint = req.params.constraint
         assert constraint is not None
         if constraint.prepared is not None:  # NOTE: the front end ran in the caller's process
-            req.grammar_future = self.compiler.compile_spec_async(constraint.prepared)
+            req.grammar_future = self.compiler.compile_prepared_async(constraint.prepared)
         else:
             kind, args, kwargs = constraint.compile_args()
             req.grammar_future = self.compiler.compile_async(kind, *args, **kwargs)
@@ -120,8 +121,8 @@ class GrammarRunner:
         (``EngineConfig.loop_guard``) and the whole reply is JSON (a JSON schema, or tool calls
         as one JSON array)."""
         c = req.params.constraint
-        json_out = c is not None and (c.kind == "json_schema" or (
-            c.kind == "tool_calls" and c.tool_format == "json_array"))
+        json_out = c is not None and (c.kind is ConstraintKind.JSON_SCHEMA or (
+            c.kind is ConstraintKind.TOOL_CALLS and c.tool_format == "json_array"))
         if not self.loop_guard or not json_out:
             return matcher
         table = self._comma_table()
@@ -347,7 +348,7 @@ class GrammarRunner:
         c = req.params.constraint
         if isinstance(req.matcher, ReasoningMatcher) and req.matcher.forcing:
             return True  # NOTE: the span's opening or close, and what follows it
-        return self.json_spans or c is None or c.kind != "json_schema"
+        return self.json_spans or c is None or c.kind is not ConstraintKind.JSON_SCHEMA
 
     def _only_stop(self, req: Req) -> int | None:
         """The stop token to emit if the matcher allows nothing but stop tokens, else None."""

@@ -313,7 +313,7 @@ def _engine_main(config: EngineConfig, conn: Connection) -> None:
                      "kv_bytes_per_token": engine.kv_bytes_per_token,
                      "rss_bytes": process_rss_bytes(), "model": config.model,
                      "model_folder": str(engine.loaded.folder),
-                     "vocab_size": engine.loaded.config.vocab_size,
+                     "vocab_size": engine.vocab_size,
                      "stop_token_ids": sorted(engine.eos_ids),
                      "max_model_len": engine.max_model_len, "gc_frozen_objects": frozen}))
     heap = HeapTrimmer()

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from grammarserve.constraints import ConstraintKind, GrammarSyntax, PreparedSpec
 from grammarserve.errors import GrammarBackendError, GrammarError
 from grammarserve.fsm.backends.messages import translate
 from grammarserve.fsm.cache import CacheStats, GrammarCache
@@ -174,19 +175,20 @@ class GrammarCompiler:
         GrammarError
             A subclass naming the problem and its JSON path.
         """
-        return self.compile_async("json_schema", schema, strict=strict).result()
+        return self.compile_async(ConstraintKind.JSON_SCHEMA, schema, strict=strict).result()
 
     def compile_regex(self, pattern: str) -> CompiledGrammar:
         """Compile a regular expression (the whole output must match it)."""
-        return self.compile_async("regex", pattern).result()
+        return self.compile_async(ConstraintKind.REGEX, pattern).result()
 
-    def compile_grammar(self, text: str, syntax: str = "lark") -> CompiledGrammar:
+    def compile_grammar(self, text: str, syntax: GrammarSyntax | str = GrammarSyntax.LARK
+                        ) -> CompiledGrammar:
         """Compile a context-free grammar in ``syntax`` ``"lark"`` or ``"ebnf"`` (GBNF)."""
-        return self.compile_async("grammar", text, syntax=syntax).result()
+        return self.compile_async(ConstraintKind.GRAMMAR, text, syntax=syntax).result()
 
     def compile_choice(self, options: list[str]) -> CompiledGrammar:
         """Compile a choice: the output is exactly one of ``options``."""
-        return self.compile_async("choice", options).result()
+        return self.compile_async(ConstraintKind.CHOICE, options).result()
 
     def compile_tool_calls(self, tools: list[dict[str, Any]], mode: Any = "required", *,
                            parallel: bool = True, call_format: str = "hermes"
@@ -197,7 +199,7 @@ class GrammarCompiler:
         plain text without a call, or free text then the calls from the first ``<tool_call>``
         on; otherwise only calls. ``"json_array"``: one JSON array of ``{"name",
         "parameters"}`` objects (no ``"auto"``). See :mod:`grammarserve.fsm.tools`."""
-        return self.compile_async("tool_calls", tools, mode, parallel=parallel,
+        return self.compile_async(ConstraintKind.TOOL_CALLS, tools, mode, parallel=parallel,
                                   call_format=call_format).result()
 
     def compile_structural_tag(self, tag: dict[str, Any] | str) -> CompiledGrammar:
@@ -205,14 +207,16 @@ class GrammarCompiler:
         ``response_format`` object ``{"type": "structural_tag", "format": {...}}`` or the legacy
         ``{"structures": [{"begin", "schema", "end"}], "triggers": [...]}`` (or its JSON
         text). The grammar covers the whole output. See :mod:`grammarserve.fsm.structural_tag`."""
-        return self.compile_async("structural_tag", tag).result()
+        return self.compile_async(ConstraintKind.STRUCTURAL_TAG, tag).result()
 
-    def compile_async(self, kind: str, *args: Any, **kwargs: Any) -> Future[CompiledGrammar]:
+    def compile_async(self, kind: ConstraintKind | str, *args: Any, **kwargs: Any
+                      ) -> Future[CompiledGrammar]:
         """Start compiling and return a future; identical in-flight requests share one future.
 
-        ``kind`` is ``"json_schema"``, ``"regex"``, ``"grammar"``, ``"choice"``,
-        ``"tool_calls"`` or ``"structural_tag"``, with the arguments of the matching ``compile_*`` method. Front-end
-        errors (bad schema, bad syntax) are delivered through the future too.
+        ``kind`` is a :class:`~grammarserve.constraints.ConstraintKind` (or its value:
+        ``"json_schema"``, ``"regex"``, ``"grammar"``, ...), with the arguments of the matching
+        ``compile_*`` method. Front-end errors (bad schema, bad syntax) are delivered through
+        the future too.
         """
         try:
             spec = self._memo_spec(kind, args, kwargs)
@@ -222,7 +226,7 @@ class GrammarCompiler:
             return failed
         return self.compile_spec_async(spec)
 
-    def spec(self, kind: str, *args: Any, **kwargs: Any) -> GrammarSpec:
+    def spec(self, kind: ConstraintKind | str, *args: Any, **kwargs: Any) -> GrammarSpec:
         """The front end alone: the validated :class:`GrammarSpec` of ``compile_async``'s
         arguments (remembered like a compile's); raises ``GrammarError`` naming the problem."""
         return self._memo_spec(kind, args, kwargs)
@@ -245,6 +249,16 @@ class GrammarCompiler:
                 return self._compile(spec)
 
         return self.cache.get_or_compile(key, journaled)
+
+    def compile_prepared_async(self, prepared: PreparedSpec) -> Future[CompiledGrammar]:
+        """:meth:`compile_spec_async` of a ``Constraint.prepared``, which must be a
+        :class:`GrammarSpec` made by :meth:`spec` (else the future holds a ``TypeError``)."""
+        if isinstance(prepared, GrammarSpec):
+            return self.compile_spec_async(prepared)
+        failed: Future[CompiledGrammar] = Future()
+        failed.set_exception(TypeError("Constraint.prepared must be a GrammarSpec made by "
+                                       f"GrammarCompiler.spec, got {type(prepared).__name__}"))
+        return failed
 
     def _compile(self, spec: GrammarSpec) -> CompiledGrammar:
         # NOTE: validators are built beside the backend compile (which drops the GIL).

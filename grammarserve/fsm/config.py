@@ -6,12 +6,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from grammarserve.constraints import SpecKind
 from grammarserve.fsm.limits import GrammarLimits
 from grammarserve.fsm.value_check import ValueCheck
 
 BackendName = Literal["auto", "xgrammar", "llguidance"]
-SpecKind = Literal["json_schema", "regex", "lark", "ebnf", "choice", "tool_calls",
-                   "structural_tag"]
 #: How JSON separators and whitespace are written (see ``style.py``). ``auto`` follows the model:
 #: the candidate styles run in lock-step until the output shows one, which is then locked.
 #: ``indented`` is not a candidate: offered, SmolLM2 chose it even after spaced examples and then

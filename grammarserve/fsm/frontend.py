@@ -10,6 +10,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from grammarserve.constraints import ConstraintKind, GrammarSyntax
 from grammarserve.errors import GrammarError
 from grammarserve.fsm import text_grammars
 from grammarserve.fsm.config import GrammarConfig, GrammarSpec, SpecKind, canonical_json
@@ -30,17 +31,19 @@ class SpecBuilder:
     def __init__(self, config: GrammarConfig) -> None:
         self.config = config
 
-    def spec(self, kind: str, *args: Any, **kwargs: Any) -> GrammarSpec:
+    def spec(self, kind: ConstraintKind | str, *args: Any, **kwargs: Any) -> GrammarSpec:
         """The validated spec of a ``compile_*`` call's arguments (``kind`` as in
         ``GrammarCompiler.compile_async``); raises ``GrammarError`` naming the problem."""
-        builders: dict[str, Callable[..., GrammarSpec]] = {
-            "json_schema": self.json_spec, "regex": self._regex_spec,
-            "grammar": self._grammar_spec, "choice": self._choice_spec,
-            "tool_calls": self._tools_spec, "structural_tag": self._structural_spec,
+        builders: dict[ConstraintKind, Callable[..., GrammarSpec]] = {
+            ConstraintKind.JSON_SCHEMA: self.json_spec, ConstraintKind.REGEX: self._regex_spec,
+            ConstraintKind.GRAMMAR: self._grammar_spec, ConstraintKind.CHOICE: self._choice_spec,
+            ConstraintKind.TOOL_CALLS: self._tools_spec,
+            ConstraintKind.STRUCTURAL_TAG: self._structural_spec,
         }
         if kind not in builders:
-            raise ValueError(f"unknown grammar kind {kind!r}; use one of {sorted(builders)}")
-        return builders[kind](*args, **kwargs)
+            raise ValueError(f"unknown grammar kind {kind!r}; use one of "
+                             f"{sorted(k.value for k in builders)}")
+        return builders[ConstraintKind(kind)](*args, **kwargs)
 
     def _json_options(self, source: str) -> tuple[tuple[str, Any], ...]:
         c = self.config
@@ -76,15 +79,15 @@ class SpecBuilder:
             else None
         prepared = self._check_schema(schema, strict, checks=checks, lean=lean)
         source = canonical_json(share_leaves(prepared))  # NOTE: see share.py
-        return GrammarSpec("json_schema", source,
+        return GrammarSpec(ConstraintKind.JSON_SCHEMA, source,
                            self._json_options(source) + (("strict", strict),),
                            tuple(checks or ()), origin=None if lean else schema)
 
     def lean(self, spec: GrammarSpec) -> GrammarSpec | None:
         """For a JSON schema the backends refused: the spec of its ``lean`` rewrite (conditions
         as run-time checks instead of cases, ``rewrite.rewrite_schema``), if that differs."""
-        if spec.kind != "json_schema" or spec.origin is None or not self.config.value_checks \
-                or spec.option("strict"):
+        if spec.kind != ConstraintKind.JSON_SCHEMA or spec.origin is None \
+                or not self.config.value_checks or spec.option("strict"):
             return None
         try:
             lean = self.json_spec(spec.origin, lean=True)
@@ -96,43 +99,44 @@ class SpecBuilder:
         if isinstance(pattern, str):
             check_text_depth(pattern, self.config.limits.max_depth, what="the regex",
                              path="$.regex")
-        return GrammarSpec("regex", text_grammars.check_regex(pattern))
+        return GrammarSpec(ConstraintKind.REGEX, text_grammars.check_regex(pattern))
 
-    def _grammar_spec(self, text: str, *, syntax: str = "lark") -> GrammarSpec:
+    def _grammar_spec(self, text: str, *, syntax: GrammarSyntax | str = GrammarSyntax.LARK
+                      ) -> GrammarSpec:
         kind: SpecKind
-        if syntax == "lark":
-            kind = "lark"
-        elif syntax == "ebnf":
-            kind = "ebnf"
-        else:
+        try:
+            kind = GrammarSyntax(syntax)
+        except ValueError:
             raise GrammarError(f"grammar syntax must be 'lark' or 'ebnf', got {syntax!r}",
-                               path="$.syntax")
+                               path="$.syntax") from None
         if isinstance(text, str):
             check_text_depth(text, self.config.limits.max_depth, what="the grammar",
                              path="$.grammar", quotes='"')
-        text = (text_grammars.check_lark(text) if syntax == "lark"
+        text = (text_grammars.check_lark(text) if kind is GrammarSyntax.LARK
                 else text_grammars.check_ebnf(text))
-        check_grammar_productive(text, syntax)
+        check_grammar_productive(text, kind)
         return GrammarSpec(kind, text)
 
     def _choice_spec(self, options: list[str]) -> GrammarSpec:
-        return GrammarSpec("choice", json.dumps(text_grammars.check_choice(options)))
+        choices = json.dumps(text_grammars.check_choice(options))
+        return GrammarSpec(ConstraintKind.CHOICE, choices)
 
     def _tools_spec(self, tools: list[dict[str, Any]], mode: Any = "required", *,
                     parallel: bool = True, call_format: str = "hermes") -> GrammarSpec:
         spec = normalize_tools(tools, mode, parallel=parallel, check_schema=self._check_schema,
                                fmt=call_format)
         source = canonical_json(spec)
-        return GrammarSpec("tool_calls", source, self._json_options(source))
+        return GrammarSpec(ConstraintKind.TOOL_CALLS, source, self._json_options(source))
 
     def _structural_spec(self, tag: Any) -> GrammarSpec:
         checks = TagChecks(schema=lambda schema, path: self._check_schema(schema, False, path),
                            regex=lambda pattern, path: _at(path, self._regex_spec, pattern),
                            grammar=lambda text, path: _at(
-                               path, functools.partial(self._grammar_spec, syntax="ebnf"), text))
+                               path, functools.partial(self._grammar_spec,
+                                                       syntax=GrammarSyntax.EBNF), text))
         tree = normalize_structural_tag(tag, checks, self.config.limits.max_depth)
         source = canonical_json(tree)
-        return GrammarSpec("structural_tag", source, self._json_options(source))
+        return GrammarSpec(ConstraintKind.STRUCTURAL_TAG, source, self._json_options(source))
 
 
 def _at(path: str, check: Callable[[str], GrammarSpec], text: str) -> str:

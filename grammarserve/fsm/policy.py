@@ -31,6 +31,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from grammarserve.constraints import ConstraintKind, GrammarSyntax
 from grammarserve.errors import GrammarError
 from grammarserve.fsm.backends import create_backend
 from grammarserve.fsm.backends.base import GrammarBackend
@@ -40,13 +41,13 @@ from grammarserve.fsm.style import StagedGrammar, StyledGrammar, separator_free,
 from grammarserve.fsm.vocab import VocabInfo
 
 AUTO_ORDER: dict[SpecKind, tuple[str, ...]] = {
-    "json_schema": ("llguidance", "xgrammar"),
-    "regex": ("llguidance", "xgrammar"),
-    "lark": ("llguidance", "xgrammar"),
-    "ebnf": ("xgrammar", "llguidance"),
-    "choice": ("llguidance", "xgrammar"),
-    "tool_calls": ("llguidance",),
-    "structural_tag": ("llguidance",),
+    ConstraintKind.JSON_SCHEMA: ("llguidance", "xgrammar"),
+    ConstraintKind.REGEX: ("llguidance", "xgrammar"),
+    GrammarSyntax.LARK: ("llguidance", "xgrammar"),
+    GrammarSyntax.EBNF: ("xgrammar", "llguidance"),
+    ConstraintKind.CHOICE: ("llguidance", "xgrammar"),
+    ConstraintKind.TOOL_CALLS: ("llguidance",),
+    ConstraintKind.STRUCTURAL_TAG: ("llguidance",),
 }
 
 
@@ -61,7 +62,7 @@ def _lower_priority(niceness: int) -> None:
 
 
 #: ``auto``: after a grammar of this kind compiles, upgrade it to this backend in the background.
-UPGRADES: dict[SpecKind, str] = {"json_schema": "xgrammar"}
+UPGRADES: dict[SpecKind, str] = {ConstraintKind.JSON_SCHEMA: "xgrammar"}
 
 
 class BackendPolicy:
@@ -161,9 +162,9 @@ class BackendPolicy:
 
     def _compile_styles(self, spec: GrammarSpec) -> CompiledGrammar:
         specs = [spec.with_option("json_style", style) for style in AUTO_STYLES]
-        if spec.kind == "json_schema" and separator_free(spec.source):
+        if spec.kind == ConstraintKind.JSON_SCHEMA and separator_free(spec.source):
             return self._compile_with_start(specs[0])  # NOTE: one language in every style
-        if (spec.kind == "json_schema" and self.config.background_upgrade
+        if (spec.kind == ConstraintKind.JSON_SCHEMA and self.config.background_upgrade
                 and self.order(spec.kind)[0] == "llguidance"):
             try:
                 return self._compile_staged(specs)

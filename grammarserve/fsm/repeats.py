@@ -20,34 +20,11 @@ not end a call.
 
 from __future__ import annotations
 
+from grammarserve.fsm.json_lex import JsonLexer
 from grammarserve.fsm.tools import END, TRIGGER
 
 #: The formats the guard reads (the others run without it).
 FORMATS = ("hermes", "json_array")
-
-
-class _JsonDepth:
-    """Bracket depth of JSON text fed one character at a time (strings skipped)."""
-
-    def __init__(self) -> None:
-        self.depth = 0
-        self.in_string = False
-        self.escape = False
-
-    def step(self, ch: str) -> None:
-        if self.in_string:
-            if self.escape:
-                self.escape = False
-            elif ch == "\\":
-                self.escape = True
-            elif ch == '"':
-                self.in_string = False
-        elif ch == '"':
-            self.in_string = True
-        elif ch in "{[":
-            self.depth += 1
-        elif ch in "}]":
-            self.depth -= 1
 
 
 class CallRepeatGuard:
@@ -62,7 +39,7 @@ class CallRepeatGuard:
         self._pos = 0  # text[:_pos] is scanned
         self._boundary = -1  # end of the last complete call (-1: none yet)
         self._start = -1  # start of the call being written (-1: between calls)
-        self._json = _JsonDepth()
+        self._json = JsonLexer()
         self._json_done = False  # hermes: the call's JSON object closed; the end tag follows
         self._closed = False  # json_array: the array closed, no call can follow
 
@@ -105,7 +82,7 @@ class CallRepeatGuard:
                 self._pos = max(self._pos, len(text) - len(TRIGGER) + 1)
                 return None
             self._start, self._pos = i, i + len(TRIGGER)
-            self._json, self._json_done = _JsonDepth(), False
+            self._json, self._json_done = JsonLexer(), False
             return None
         if not self._json_done:
             ch = text[self._pos]

@@ -54,6 +54,10 @@ class ModelContext:
     prompt_encoder:
         Tokenizes rendered prompts with the pieces between added tokens cached (the tools block
         of an agent's every request; :meth:`create` builds it), or None: one encode call.
+    vocab_size:
+        The model's ``vocab_size`` (``Engine.vocab_size``, the engine's info ``vocab_size``):
+        the one bound of token ids in requests (prompt ids, ``logit_bias`` keys; see
+        :mod:`grammarserve.engine.validate`), or None: left to the engine to check.
     """
 
     tokenizer: Any
@@ -69,6 +73,7 @@ class ModelContext:
     strict_thinking: bool = False
     tool_call_parser: str | None = None
     prompt_encoder: SegmentEncoder | None = None
+    vocab_size: int | None = None
 
     @classmethod
     def create(cls, tokenizer: Any, compiler: GrammarCompiler | None, *, max_model_len: int,
@@ -78,7 +83,8 @@ class ModelContext:
                max_choices: int | None = None,
                reasoning_parser: str | None = EngineConfig.reasoning_parser,
                strict_thinking: bool = EngineConfig.strict_thinking,
-               tool_call_parser: str = EngineConfig.tool_call_parser) -> ModelContext:
+               tool_call_parser: str = EngineConfig.tool_call_parser,
+               vocab_size: int | None = None) -> ModelContext:
         """A context for ``tokenizer`` (its token texts built once; ``max_prompt_chars``
         derived from the context when not given)."""
         if max_prompt_chars is None and tokenizer is not None:
@@ -91,7 +97,8 @@ class ModelContext:
                    TokenTexts(tokenizer), max_prompt_chars, max_choices,
                    reasoning_format=reasoning, strict_thinking=strict_thinking,
                    tool_call_parser=family,
-                   prompt_encoder=SegmentEncoder(tokenizer) if tokenizer is not None else None)
+                   prompt_encoder=SegmentEncoder(tokenizer) if tokenizer is not None else None,
+                   vocab_size=vocab_size)
 
     def encode(self, text: str) -> list[int]:
         """The ids of a rendered prompt (``tokenizer.encode(text, add_special_tokens=False)``;
@@ -99,11 +106,6 @@ class ModelContext:
         if self.prompt_encoder is not None:
             return self.prompt_encoder.encode(text)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
-
-    @property
-    def vocab_size(self) -> int:
-        """Tokens of the tokenizer (bounds ``logit_bias`` keys and prompt token ids)."""
-        return len(self.tokenizer)
 
 
 def model_name(config: EngineConfig, folder: str | None = None, served: str | None = None

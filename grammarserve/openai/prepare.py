@@ -183,7 +183,7 @@ def prepare_completion(ctx: ModelContext, req: CompletionRequest) -> Prepared:
     if req.echo and req.logprobs is not None:
         raise InvalidRequestError("echo together with logprobs is not supported", param="echo")
     plan, refusal = _front_end(ctx, constraint_plan(req, None))
-    prompts = completion_prompts(req, ctx.tokenizer)
+    prompts = completion_prompts(req, ctx.tokenizer, ctx.vocab_size)
     n = req.n or 1
     all_prompts: list[list[int]] = []
     params: list[SamplingParams] = []

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from grammarserve.constraints import Constraint, ReasoningSpan
+from grammarserve.constraints import Constraint, ConstraintKind, ReasoningSpan
 from grammarserve.errors import InvalidRequestError
 from grammarserve.fsm.reasoning_formats import PromptState, ReasoningFormat
 from grammarserve.fsm.tool_formats import CALL_MARKERS
@@ -149,8 +149,8 @@ def reasoning_plan(fmt: ReasoningFormat | None, ask: ReasoningAsk, prompt: str,
     enforce = constraint is not None or budget is not None or ask.strict
     span = None
     if enforce:
-        header = "" if constraint is not None and constraint.kind == "tool_calls" else \
-            fmt.answer_header
+        calls = constraint is not None and constraint.kind is ConstraintKind.TOOL_CALLS
+        header = "" if calls else fmt.answer_header
         span = ReasoningSpan(end=fmt.end, open=fmt.open_text if state is PromptState.NONE else "",
                              close=fmt.close_text, after=fmt.after_end + header, budget=budget,
                              strict=ask.strict, banned=STRICT_BANNED if ask.strict else ())

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from grammarserve.constraints import Constraint
+from grammarserve.constraints import Constraint, GrammarSyntax
 from grammarserve.errors import InvalidRequestError
 
 FIELD = "structured_outputs"
@@ -81,4 +81,5 @@ def structured_outputs_constraint(value: Any) -> tuple[Constraint, str] | None:
         raise InvalidRequestError(f"'{param}' must be a non-empty string", param=param)
     if kind == "regex":
         return Constraint.regex(spec), param
-    return Constraint.grammar(spec, "ebnf" if "::=" in spec else "lark"), param
+    syntax = GrammarSyntax.EBNF if "::=" in spec else GrammarSyntax.LARK
+    return Constraint.grammar(spec, syntax), param

@@ -74,33 +74,3 @@ class CallParser(Protocol):
 
     def finish(self) -> list[Event]: ...
 
-
-class JsonValueEnd:
-    """Finds where a JSON object/array that starts at the first character fed ends."""
-
-    def __init__(self) -> None:
-        self.depth = 0
-        self.in_string = False
-        self.escape = False
-        self.done = False
-
-    def feed(self, text: str) -> int:
-        """Consume ``text``; returns how many characters belong to the value."""
-        for i, ch in enumerate(text):
-            if self.in_string:
-                if self.escape:
-                    self.escape = False
-                elif ch == "\\":
-                    self.escape = True
-                elif ch == '"':
-                    self.in_string = False
-            elif ch == '"':
-                self.in_string = True
-            elif ch in "{[":
-                self.depth += 1
-            elif ch in "}]":
-                self.depth -= 1
-                if self.depth == 0:
-                    self.done = True
-                    return i + 1
-        return len(text)

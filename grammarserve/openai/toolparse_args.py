@@ -18,9 +18,9 @@ import json
 import re
 from typing import Any
 
+from grammarserve.fsm.json_lex import JsonValueEnd, string_end
 from grammarserve.fsm.tool_args import resolve_ref, value_types
 from grammarserve.fsm.tool_formats import Args
-from grammarserve.openai.toolparse import JsonValueEnd
 
 _XML_PARAM = re.compile(r"<parameter=([^>\n]*)>\n?")
 _XML_END = "\n</parameter>"
@@ -101,17 +101,7 @@ class JsonArgs(ArgsDecoder):
 def _scalar_end(text: str, start: int) -> int | None:
     """The end of the JSON scalar at ``start`` (None: not complete yet)."""
     if text[start] == '"':
-        i, escape = start + 1, False
-        while i < len(text):
-            ch = text[i]
-            if escape:
-                escape = False
-            elif ch == "\\":
-                escape = True
-            elif ch == '"':
-                return i + 1
-            i += 1
-        return None
+        return string_end(text, start)
     m = re.compile(r"[^\s,}\]]*").match(text, start)
     end = m.end() if m else start
     return end if end < len(text) else None

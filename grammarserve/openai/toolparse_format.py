@@ -25,11 +25,11 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
+from grammarserve.fsm.json_lex import JsonValueEnd
 from grammarserve.fsm.tool_formats import ToolFormat
 from grammarserve.openai.toolparse import (
     ContentDelta,
     Event,
-    JsonValueEnd,
     ParsedCall,
     ToolCallArgs,
     ToolCallStart,

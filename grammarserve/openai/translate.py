@@ -8,7 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from grammarserve.constraints import Constraint
+from grammarserve.constraints import Constraint, ConstraintKind, GrammarSyntax
+from grammarserve.engine.validate import check_token_ids
 from grammarserve.errors import ErrorKind, GrammarError, InvalidRequestError
 from grammarserve.fsm.tool_formats import tool_format
 from grammarserve.openai.custom_tools import (
@@ -163,7 +164,8 @@ def constraint_plan(req: _Generation, tools: ToolsPlan | None) -> ConstraintPlan
 def custom_constraint(tool: CustomToolSpec) -> ConstraintPlan | None:
     """The constraint of a custom tool's input (None for free text); ``label``: its name."""
     if tool.syntax is CustomSyntax.LARK:
-        return ConstraintPlan(Constraint.grammar(tool.definition, "lark"), tool.param, tool.name)
+        return ConstraintPlan(Constraint.grammar(tool.definition, GrammarSyntax.LARK), tool.param,
+                              tool.name)
     if tool.syntax is CustomSyntax.REGEX:
         return ConstraintPlan(Constraint.regex(tool.definition), tool.param, tool.name)
     return None
@@ -274,8 +276,7 @@ def max_new_tokens(requested: int | None, prompt_len: int, max_model_len: int,
 
 def logit_bias(req: _Generation, vocab_size: int | None) -> dict[int, float] | None:
     """``logit_bias`` with its keys as token ids: each key must be the decimal id of a token of
-    the vocabulary (``vocab_size`` tokens; not checked when None) and each bias in
-    ``[-100, 100]``."""
+    the model (below ``vocab_size``; not checked when None) and each bias in ``[-100, 100]``."""
     if not req.logit_bias:
         return None
     out: dict[int, float] = {}
@@ -284,9 +285,8 @@ def logit_bias(req: _Generation, vocab_size: int | None) -> dict[int, float] | N
             raise InvalidRequestError(f"logit_bias keys must be token ids (decimal integer "
                                       f"strings), got {key!r}", param="logit_bias")
         tok = int(key)
-        if vocab_size is not None and tok >= vocab_size:
-            raise InvalidRequestError(f"logit_bias key {key} is not a token id of this model "
-                                      f"(ids are 0 to {vocab_size - 1})", param="logit_bias")
+        if vocab_size is not None:
+            check_token_ids((tok,), vocab_size=vocab_size, param="logit_bias")
         if not -100.0 <= bias <= 100.0:
             raise InvalidRequestError(f"logit_bias values must be in [-100, 100], got {bias} for "
                                       f"token {key}", param="logit_bias")
@@ -312,7 +312,7 @@ def sampling_params(req: _Generation, *, max_tokens: int, plan: ConstraintPlan |
         temperature, top_p = 0.0, 1.0
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     done = (tool_format(plan.constraint.tool_format).stop
-            if plan is not None and plan.constraint.kind == "tool_calls" else None)
+            if plan is not None and plan.constraint.kind is ConstraintKind.TOOL_CALLS else None)
     if done is not None:
         # NOTE: with grammar_max_whitespace > 0 the tool-call grammar allows whitespace after
         # the last call before the stop token, and small models fill it with newlines; a blank
@@ -341,7 +341,7 @@ def grammar_error(e: GrammarError, plan: ConstraintPlan) -> InvalidRequestError:
     """A compile error as a 400 naming the field (and, in the message, the keyword path)."""
     message = str(e)
     param = plan.param
-    if plan.constraint.kind == "structural_tag":
+    if plan.constraint.kind is ConstraintKind.STRUCTURAL_TAG:
         return _structural_error(e, plan.param)
     if plan.param.startswith("response_format"):
         detail = message.removeprefix("Invalid schema: ")
@@ -371,8 +371,10 @@ def _structural_error(e: GrammarError, base: str) -> InvalidRequestError:
     return InvalidRequestError(f"Invalid structural_tag: {message}", param=param)
 
 
-def completion_prompts(req: CompletionRequest, tokenizer: Any) -> list[list[int]]:
-    """``prompt`` (string, strings, token ids or lists of token ids) as token-id lists."""
+def completion_prompts(req: CompletionRequest, tokenizer: Any, vocab_size: int | None = None
+                       ) -> list[list[int]]:
+    """``prompt`` (string, strings, token ids or lists of token ids) as token-id lists, ids below
+    ``vocab_size`` (not checked when None)."""
     p = req.prompt
     if isinstance(p, str):
         items: list[str | list[int]] = [p]
@@ -382,14 +384,13 @@ def completion_prompts(req: CompletionRequest, tokenizer: Any) -> list[list[int]
         items = list(p)  # type: ignore[arg-type]
     if not items:
         raise InvalidRequestError("'prompt' must not be empty", param="prompt")
-    vocab = len(tokenizer)
     out = []
     for i, item in enumerate(items):
         ids = tokenizer.encode(item, add_special_tokens=False) if isinstance(item, str) else item
         if not ids:
             raise InvalidRequestError(f"prompt {i} is empty", param="prompt")
-        if any(not 0 <= t < vocab for t in ids):
-            raise InvalidRequestError(f"prompt token ids must be in [0, {vocab})", param="prompt")
+        if vocab_size is not None:
+            check_token_ids(ids, vocab_size=vocab_size, param="prompt")
         out.append(list(ids))
     return out
 

@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from grammarserve.engine.validate import check_token_ids
 from grammarserve.errors import ErrorKind, GrammarserveError, InvalidRequestError
 from grammarserve.openai.errors import error_response, kind_response, validation_error
 from grammarserve.openai.protocol import DetokenizeRequest, TokenizeRequest
@@ -143,11 +144,10 @@ def create_app(config: ServerConfig, *, on_failure: Callable[[str], None] | None
 
     @app.post("/detokenize")
     async def detokenize(req: DetokenizeRequest) -> dict[str, Any]:
-        state.require_engine()
-        if any(not 0 <= t < len(state.tokenizer) for t in req.tokens):
-            raise InvalidRequestError(f"token ids must be in [0, {len(state.tokenizer)})",
-                                      param="tokens")
-        return {"prompt": state.tokenizer.decode(req.tokens)}
+        ctx = state.require_context()
+        if ctx.vocab_size is not None:
+            check_token_ids(req.tokens, vocab_size=ctx.vocab_size, param="tokens")
+        return {"prompt": ctx.tokenizer.decode(req.tokens)}
 
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

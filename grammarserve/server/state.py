@@ -143,7 +143,7 @@ class ServerState:
             strict_thinking=self.config.engine.strict_thinking,
             tool_call_parser=self.config.engine.tool_call_parser,
             max_prompt_chars=self.config.max_prompt_chars,
-            max_choices=self.config.request_choices_limit)
+            max_choices=self.config.request_choices_limit, vocab_size=int(info["vocab_size"]))
         self.status = "ready"
 
     def _start_engine(self, box: list[EngineProcess | BaseException]) -> None:

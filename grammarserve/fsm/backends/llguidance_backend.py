@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from llguidance.gbnf_to_lark import any_to_lark
 
+from grammarserve.constraints import ConstraintKind, GrammarSyntax
 from grammarserve.errors import GrammarBackendError, GrammarError, UnsupportedSchemaError
 from grammarserve.fsm.backends.base import GrammarBackend
 from grammarserve.fsm.backends.messages import translate
@@ -176,7 +177,7 @@ class LLGuidanceBackend(GrammarBackend):
         """The llguidance grammar (JSON or Lark text) for ``spec``."""
         max_ws = spec.option("max_whitespace")
         style = spec.option("json_style", "flexible")
-        if spec.kind == "json_schema":
+        if spec.kind == ConstraintKind.JSON_SCHEMA:
             if style == "indented":
                 # NOTE: llguidance has no indentation rule; newline-led free whitespace let
                 # SmolLM2 drift (`{\n"a": ["x",\n    "y"`) and loop in 10 of 17 corpus replies.
@@ -196,17 +197,17 @@ class LLGuidanceBackend(GrammarBackend):
             # cannot switch on ``lenient`` (silently ignored keywords).
             return str(llguidance.LLMatcher.grammar_from_json_schema(
                 spec.source, overrides=options))  # type: ignore[arg-type]
-        if spec.kind == "regex":
+        if spec.kind == ConstraintKind.REGEX:
             return str(llguidance.LLMatcher.grammar_from_regex(spec.source))
-        if spec.kind == "lark":
+        if spec.kind == GrammarSyntax.LARK:
             return str(llguidance.LLMatcher.grammar_from_lark(spec.source))
-        if spec.kind == "ebnf":
+        if spec.kind == GrammarSyntax.EBNF:
             return str(llguidance.LLMatcher.grammar_from_lark(any_to_lark(spec.source)))
-        if spec.kind == "choice":
+        if spec.kind == ConstraintKind.CHOICE:
             options = json.loads(spec.source)
             alts = " | ".join(json.dumps(o) for o in options)
             return str(llguidance.LLMatcher.grammar_from_lark(f"start: {alts}\n"))
-        if spec.kind == "tool_calls":
+        if spec.kind == ConstraintKind.TOOL_CALLS:
             if style == "either":  # NOTE: the tracker would read free text as JSON
                 raise GrammarBackendError("tool calls take a fixed JSON style",
                                           backend=self.name)
@@ -215,19 +216,20 @@ class LLGuidanceBackend(GrammarBackend):
             lark = tool_calls_lark(json.loads(spec.source), self.json_options(style, max_ws),
                                    between)
             return str(llguidance.LLMatcher.grammar_from_lark(lark))
-        if spec.kind == "structural_tag":
+        if spec.kind == ConstraintKind.STRUCTURAL_TAG:
             if style == "either":  # NOTE: the tracker would read free text as JSON
                 raise GrammarBackendError("structural tags take a fixed JSON style",
                                           backend=self.name)
             return structural_tag_grammar(
                 json.loads(spec.source), self.json_options(style, max_ws),
                 no_forcing=not spec.option("force_tokenization", True))
-        raise GrammarBackendError(f"llguidance cannot compile a {spec.kind!r} grammar",
+        raise GrammarBackendError(f"llguidance cannot compile a '{spec.kind}' grammar",
                                   backend=self.name)
 
     def compile(self, spec: GrammarSpec, *, background: bool = False) -> CompiledGrammar:
         start = time.perf_counter()
-        if spec.kind in ("json_schema", "tool_calls", "structural_tag"):
+        if spec.kind in (ConstraintKind.JSON_SCHEMA, ConstraintKind.TOOL_CALLS,
+                         ConstraintKind.STRUCTURAL_TAG):
             trap = unit_exclusive_range(json.loads(spec.source))
             if trap is not None:  # NOTE: auto falls back to xgrammar, which is exact there
                 raise UnsupportedSchemaError(
@@ -243,7 +245,7 @@ class LLGuidanceBackend(GrammarBackend):
             raise _refusal(spec, proto.get_error())
         vocab, shared = self.vocab, SharedMasks()
         free = None
-        tools = json.loads(spec.source) if spec.kind == "tool_calls" else None
+        tools = json.loads(spec.source) if spec.kind == ConstraintKind.TOOL_CALLS else None
         auto_tools = tools is not None and tools["mode"] == "auto"
         form = tool_format(tools.get("format", "hermes")) if tools is not None else None
         if auto_tools and form is not None and form.trigger_anywhere:
@@ -252,7 +254,8 @@ class LLGuidanceBackend(GrammarBackend):
         # ``auto`` tool call is prose, so it gets none.
         digits = spec.option("max_digits")
         budget = (self.digit_budget(digits) if digits is not None and not auto_tools
-                  and spec.kind in ("json_schema", "tool_calls") else None)
+                  and spec.kind in (ConstraintKind.JSON_SCHEMA, ConstraintKind.TOOL_CALLS)
+                  else None)
 
         styles = self.style_table() if spec.option("json_style") == "either" else None
 

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from grammarserve.constraints import ConstraintKind, GrammarSyntax
 from grammarserve.fsm.config import GrammarSpec
 from grammarserve.fsm.schema.tree import iter_subschemas, json_path
 
@@ -84,9 +85,9 @@ def _first_line(message: str) -> str:
 
 
 def _schema(spec: GrammarSpec | None) -> Any:
-    if spec is None or spec.kind not in ("json_schema", "tool_calls"):
+    if spec is None or spec.kind not in (ConstraintKind.JSON_SCHEMA, ConstraintKind.TOOL_CALLS):
         return None
-    origin = spec.origin if spec.kind == "json_schema" else None
+    origin = spec.origin if spec.kind == ConstraintKind.JSON_SCHEMA else None
     try:
         if isinstance(origin, str):
             return json.loads(origin)
@@ -127,9 +128,9 @@ def _patterns(schema: Any) -> Iterator[tuple[str, str]]:
 
 
 def _pattern_path(spec: GrammarSpec | None, schema: Any, regex: str | None) -> str | None:
-    if spec is not None and spec.kind == "regex":
+    if spec is not None and spec.kind == ConstraintKind.REGEX:
         return "$.regex"
-    if spec is not None and spec.kind in ("lark", "ebnf"):
+    if spec is not None and spec.kind in (GrammarSyntax.LARK, GrammarSyntax.EBNF):
         return "$.grammar"
     found = list(_patterns(schema)) if isinstance(schema, dict) else []
     exact = [path for p, path in found if regex is not None and p == regex]

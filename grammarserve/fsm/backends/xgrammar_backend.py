@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import xgrammar as xgr
 
+from grammarserve.constraints import ConstraintKind, GrammarSyntax
 from grammarserve.errors import GrammarBackendError, GrammarError, GrammarSyntaxError
 from grammarserve.fsm.backends.base import GrammarBackend
 from grammarserve.fsm.backends.messages import translate
@@ -89,8 +90,8 @@ class XGrammarBackend(GrammarBackend):
     def accepts(self, spec: GrammarSpec) -> bool:
         if len(spec.source) > self.config.limits.xgrammar_max_bytes:
             return False
-        if spec.kind != "json_schema":
-            return spec.kind not in ("tool_calls", "structural_tag")
+        if spec.kind != ConstraintKind.JSON_SCHEMA:
+            return spec.kind not in (ConstraintKind.TOOL_CALLS, ConstraintKind.STRUCTURAL_TAG)
         if spec.option("json_style") not in (*_SEPARATORS, "indented", "flexible"):
             return False
         try:
@@ -100,7 +101,8 @@ class XGrammarBackend(GrammarBackend):
         return True
 
     def upgrade_pays(self, spec: GrammarSpec) -> bool:
-        return spec.kind != "json_schema" or slow_masks_at(json.loads(spec.source)) is None
+        return (spec.kind != ConstraintKind.JSON_SCHEMA
+                or slow_masks_at(json.loads(spec.source)) is None)
 
     def _json_grammar(self, spec: GrammarSpec) -> Any:
         schema = json.dumps(xgrammar_schema(json.loads(spec.source)))
@@ -128,18 +130,18 @@ class XGrammarBackend(GrammarBackend):
         return budgets
 
     def _grammar(self, spec: GrammarSpec) -> Any:
-        if spec.kind == "json_schema":
+        if spec.kind == ConstraintKind.JSON_SCHEMA:
             return self._json_grammar(spec)
-        if spec.kind == "regex":
+        if spec.kind == ConstraintKind.REGEX:
             return xgr.Grammar.from_regex(spec.source)
-        if spec.kind == "lark":
+        if spec.kind == GrammarSyntax.LARK:
             return xgr.Grammar.from_lark(spec.source)
-        if spec.kind == "ebnf":
+        if spec.kind == GrammarSyntax.EBNF:
             return xgr.Grammar.from_ebnf(spec.source)
-        if spec.kind == "choice":
+        if spec.kind == ConstraintKind.CHOICE:
             alts = " | ".join(json.dumps(o) for o in json.loads(spec.source))
             return xgr.Grammar.from_ebnf(f"root ::= {alts}")
-        raise GrammarBackendError(f"xgrammar backend does not compile {spec.kind!r} grammars",
+        raise GrammarBackendError(f"xgrammar backend does not compile '{spec.kind}' grammars",
                                   backend=self.name)
 
     def _compile(self, spec: GrammarSpec, compiler: Any) -> Any:
@@ -168,7 +170,7 @@ class XGrammarBackend(GrammarBackend):
             compiled = self._compile(spec, self._compilers[background])
         except (RuntimeError, ValueError, TypeError) as e:
             msg = str(e).strip()
-            if spec.kind in ("ebnf", "lark"):
+            if spec.kind in (GrammarSyntax.EBNF, GrammarSyntax.LARK):
                 raise GrammarSyntaxError(f"xgrammar could not parse the {spec.kind} grammar: "
                                          f"{msg}", path="$.grammar") from None
             ours = translate(msg, spec, self.name)
@@ -178,7 +180,7 @@ class XGrammarBackend(GrammarBackend):
             raise GrammarBackendError(f"xgrammar refused the {spec.kind}: {msg}",
                                       backend=self.name) from None
         vocab, shared = self.vocab, SharedMasks()
-        budgets = self._runs(spec) if spec.kind == "json_schema" else []
+        budgets = self._runs(spec) if spec.kind == ConstraintKind.JSON_SCHEMA else []
 
         def make() -> Matcher:
             runs = tuple(RunTracker(b) for b in budgets)
