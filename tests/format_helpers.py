@@ -189,17 +189,12 @@ def known_format_error(error: jsonschema.ValidationError) -> str | None:
     value = error.instance
     if error.validator != "format" or not isinstance(value, str):
         return None
-    if error.validator_value == "date-time" and _DATE_TIME_NO_DOT.fullmatch(value):
-        return BUG_DATE_TIME_NO_DOT
     fixed = re.sub(r":60(?=[.Zz+-]|$)", ":59", value)
     if error.validator_value in ("date-time", "time") and fixed != value and \
             (_date_time_ok if error.validator_value == "date-time" else _time_ok)(fixed):
         return BUG_LEAP_SECOND
     return None
 
-
-_DATE_TIME_NO_DOT = re.compile(r"\d{4}-\d\d-\d\d[Tt]\d\d:\d\d:\d\d\d+([Zz]|[+-]\d\d:\d\d)",
-                               re.ASCII)
 
 
 # --------------------------------------------------------------------------- format mutants
@@ -341,12 +336,6 @@ BUG_IPV6_V4_ZERO = ("ipv6: the embedded IPv4 part takes a leading zero (the fron
                     "xgrammar's ipv4 for this, not its ipv6)")
 BUG_FEFF = "pattern: \\s does not take U+FEFF (ECMA 262 WhiteSpace has it), so \\S takes it"
 BUG_HOSTNAME_LABEL = "hostname: a label of 64 characters is taken (RFC 1123: at most 63)"
-BUG_DATE_TIME_NO_DOT = (
-    "date-time: a fraction of a second without its '.' is taken: xgrammar 0.2.9 drops the first "
-    "character of an optional group ending in a '+' repeat, here the calendar pattern's "
-    "(\\.\\d+)? (schema/normalize.CALENDAR_PATTERNS), as in ^a(\\.\\d+)?b$ taking 'a1b'; the front "
-    "end refuses such groups only when they hold a bounded repeat")
-
 _BOTH = ("llguidance", "xgrammar")
 #: Invalid instances of :func:`optional_cases` a backend accepts today: ``(file, group, test)``
 #: -> ``(backends, the bug)``. Each is a strict xfail (tests/test_fsm_formats.py).
@@ -403,7 +392,6 @@ KNOWN_ACCEPTED: dict[tuple[str, str, str], tuple[tuple[str, ...], str]] = {
 KNOWN_MUTANTS: dict[tuple[str, str], tuple[tuple[str, ...], str]] = {
     ("hostname", "a" * 64 + ".com"): (("xgrammar",), BUG_HOSTNAME_LABEL),
     ("ipv6", "::ffff:192.168.0.01"): (("xgrammar",), BUG_IPV6_V4_ZERO),
-    ("date-time", "2023-01-01T12:00:0012Z"): (("xgrammar",), BUG_DATE_TIME_NO_DOT),
 }
 
 

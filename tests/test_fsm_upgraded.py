@@ -37,7 +37,6 @@ from typing import Any
 import pytest
 from format_helpers import (
     ASSERTED_FORMATS,
-    BUG_DATE_TIME_NO_DOT,
     KNOWN_ACCEPTED,
     KNOWN_MUTANTS,
     SUITE,
@@ -339,7 +338,6 @@ def test_xgrammar_strings_refuse_encoded_surrogates(entries: dict[str, Any],
     assert not walk(grammar.matcher(), ids, compiler.stop_token_ids[0], bitmask)[0]
 
 
-@pytest.mark.xfail(strict=True, reason=BUG_DATE_TIME_NO_DOT)
 @pytest.mark.parametrize(("schema", "text"), [
     ({"type": "string", "format": "date-time"}, "2023-01-01T12:00:0012Z"),
     ({"type": "string", "pattern": "^a(\\.\\d+)?b$"}, "a1b"),
@@ -348,6 +346,9 @@ def test_xgrammar_strings_refuse_encoded_surrogates(entries: dict[str, Any],
 def test_xgrammar_optional_group_ending_in_a_repeat(schema: dict[str, Any], text: str,
                                                    entries: dict[str, Any],
                                                    tokenizer: Any) -> None:
+    """xgrammar 0.2.9 drops the first character of a ``?``-optional group that ends in a
+    repeat (``^a(\\.\\d+)?b$`` took ``a1b``, the calendar pattern a fraction without its
+    ``.``): the xgrammar subset writes such groups ``{0,1}`` (``xgrammar_subset.optional_groups``)."""
     compiler = entries["compiler"]
     grammar = compiler.compile_json_schema(schema)
     grammar.matcher()

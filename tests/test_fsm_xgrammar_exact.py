@@ -12,7 +12,7 @@ import pytest
 
 from grammarserve.errors import UnsupportedSchemaError
 from grammarserve.fsm import CompiledGrammar, GrammarCompiler
-from grammarserve.fsm.backends.xgrammar_subset import may_need_escape, xgrammar_schema
+from grammarserve.fsm.backends.xgrammar_subset import may_need_escape, optional_groups, xgrammar_schema
 from grammarserve.fsm.conformance import walk
 
 pytestmark = pytest.mark.model  # the embedded model's tokenizer
@@ -111,3 +111,11 @@ def test_an_unknown_schema_uri_is_read_as_2020_12(tokenizer: Any) -> None:
     grammar = compiler.compile_json_schema(schema)
     assert _accepts(compiler, grammar, tokenizer, '{"a": 1}')
     assert "$schema" in schema  # the caller's schema is left as it was
+
+
+def test_optional_groups_written_as_zero_or_one() -> None:
+    """Only a group's own ``?`` changes: escaped parentheses, classes and ``(?:`` stay."""
+    assert optional_groups(r"^a(\.\d+)?b$") == r"^a(\.\d+){0,1}b$"
+    assert optional_groups(r"^a(?:x)??b$") == r"^a(?:x){0,1}?b$"
+    assert optional_groups(r"[)?](a)?\)?$") == r"[)?](a){0,1}\)?$"
+    assert optional_groups(r"^((a)?b)?$") == r"^((a){0,1}b){0,1}$"

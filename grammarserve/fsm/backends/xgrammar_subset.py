@@ -28,9 +28,6 @@ _SINGLE_CHAR_RUN = re.compile(r"^\^((?:\[(?:\\.|[^\]\\\[])+\])|\\[dw]|[A-Za-z0-9
 #: and date-time reach no backend as formats (``normalize.CALENDAR_PATTERNS``).
 #: NOTE: its stricter hostname (no upper case) is kept: rare in output, fast with xgrammar.
 _FORMATS_OFF = {"ipv4": "takes leading zeros (01.2.3.4)"}
-#: The front end's exact date and date-time patterns: their alternatives are inside a group.
-_CALENDAR = frozenset(CALENDAR_PATTERNS.values())
-
 _ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment",
                           "deprecated", "readOnly", "writeOnly", "$schema", "$id", "$defs",
                           "definitions", "$anchor", "contentEncoding", "contentMediaType",
@@ -70,9 +67,11 @@ def xgrammar_schema(schema: dict[str, Any]) -> dict[str, Any]:
     - Recursion through the root (``"$ref": "#"``) goes through ``$defs`` instead.
     - A key forbidden by ``properties: {k: false}`` beside ``additionalProperties: false`` is
       dropped from ``properties``.
+    - A group made optional by ``?`` is written ``{0,1}`` (``optional_groups``).
     """
     out = copy.deepcopy(schema)
     for sub, _ in list(iter_subschemas(out)):
+        _exact_optional_groups(sub)
         _drop_false_properties(sub)
         if "pattern" in sub and ("minLength" in sub or "maxLength" in sub):
             _merge_lengths(sub)
@@ -82,6 +81,33 @@ def xgrammar_schema(schema: dict[str, Any]) -> dict[str, Any]:
         out = _root_into_defs(out)
     check_xgrammar_exact(out)
     return out
+
+
+def optional_groups(pattern: str) -> str:
+    """``pattern`` with each group quantifier ``?`` written ``{0,1}`` (the same language).
+    xgrammar 0.2.9 drops the first character of a ``?``-optional group whose body ends in a
+    repeat or holds a bounded one (``^a(\\.\\d+)?b$`` takes ``a1b``, so the front end's own
+    date-time pattern took ``12:00:0012Z``; ``^1(x[0-9]{1,4})?$`` takes ``12``), and reads
+    ``{0,1}`` right."""
+    out, last = [], 0
+    for i, c, inside in regex_chars(pattern):
+        if not inside and c == ")" and pattern[i + 1:i + 2] == "?":
+            out += [pattern[last:i + 1], "{0,1}"]
+            last = i + 2
+    return "".join(out) + pattern[last:]
+
+
+#: The front end's exact date and date-time patterns (their alternatives are inside a group),
+#: as xgrammar gets them.
+_CALENDAR = frozenset(optional_groups(p) for p in CALENDAR_PATTERNS.values())
+
+
+def _exact_optional_groups(sub: dict[str, Any]) -> None:
+    if isinstance(sub.get("pattern"), str):
+        sub["pattern"] = optional_groups(sub["pattern"])
+    if isinstance(sub.get("patternProperties"), dict):
+        sub["patternProperties"] = {optional_groups(k): v
+                                    for k, v in sub["patternProperties"].items()}
 
 
 def _drop_false_properties(sub: dict[str, Any]) -> None:
@@ -240,8 +266,8 @@ def may_need_escape(pattern: str) -> bool:
 
 
 def quantified_bounded_group(pattern: str) -> bool:
-    """Whether ``pattern`` has a group followed by a quantifier (``?``, ``*``, ``+``, ``{``)
-    whose body holds a bounded repeat ``{m}`` / ``{m,n}`` (the issue-33 soak found xgrammar's
+    """Whether ``pattern`` has a group followed by a quantifier (``?``, ``*``, ``+``, ``{``;
+    ``{0,1}`` is read right) whose body holds a bounded repeat ``{m}`` / ``{m,n}`` (the issue-33 soak found xgrammar's
     JSON-schema patterns taking ``S102`` for ``^[A-Z][0-9]{2}(\\.[0-9A-Z]{1,4})?$``)."""
     opened: list[bool] = []  # per open group: whether its body holds a bounded repeat so far
     for i, c, inside in regex_chars(pattern):
@@ -253,7 +279,8 @@ def quantified_bounded_group(pattern: str) -> bool:
             opened[-1] = True
         elif c == ")" and opened:
             bounded = opened.pop()
-            if bounded and pattern[i + 1:i + 2] in ("?", "*", "+", "{"):
+            after = pattern[i + 1:i + 6]
+            if bounded and after[:1] in ("?", "*", "+", "{") and after != "{0,1}":
                 return True
             if bounded and opened:
                 opened[-1] = True
