@@ -22,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from machine import stamp
+
 ROOT = Path(__file__).resolve().parents[1]
 
 _CHILD = r"""
@@ -91,7 +93,7 @@ def main() -> None:
         for i in range(args.pairs):
             for name in (("base", "work") if i % 2 == 0 else ("work", "base")):
                 runs[name].append(_run(base if name == "base" else None, args))
-    print(json.dumps({"bench": "ab_decode_step", "base": args.base, "rows": args.rows,
+    print(json.dumps({**stamp(), "bench": "ab_decode_step", "base": args.base, "rows": args.rows,
                       "context": args.context, "runs": runs,
                       **{f"{k}_median_step_ms": round(statistics.median(
                           r["step_ms"] for r in v), 2) for k, v in runs.items()}}))

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from machine import stamp
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = "kernels/quant_q8_cpu.cpp"
@@ -91,7 +92,7 @@ def main() -> None:
                           **{f"{t}_median_ms": round(1e3 * statistics.median(v), 2)
                              for t, v in times.items()},
                           "max_rel_diff": float(f"{diff:.2e}")}
-    print(json.dumps(out))
+    print(json.dumps({**stamp(), **out}))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import jsonschema
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import extraction_workload as wl
 from figures import success_figures
+from machine import stamp
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -208,7 +209,7 @@ def main() -> None:
             ours = result["grammarserve_cli"]["goodput_valid_per_s"]
             theirs = base["goodput_valid_per_s"]
             result["goodput_ratio"] = round(ours / theirs, 2) if ours and theirs else None
-    print(json.dumps(result))
+    print(json.dumps({**stamp(), **result}))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import cpu_name
+from machine import stamp
 from serverproc import ROOT, ServerProcess, request
 
 
@@ -47,7 +47,7 @@ def main() -> None:
     folder = ROOT / "schemas" / "realworld"
     schemas = [json.loads(p.read_text())["schema"] for p in sorted(folder.glob("*.json"))]
     schemas = schemas[:args.limit] if args.limit else schemas
-    out: dict[str, Any] = {"bench": "cold_requests", "cpu": cpu_name(), "schemas": len(schemas)}
+    out: dict[str, Any] = {"bench": "cold_requests", "schemas": len(schemas)}
     with tempfile.TemporaryDirectory() as tmp:
         server = ServerProcess(Path(tmp) / "server.log")
         server.start()
@@ -63,7 +63,7 @@ def main() -> None:
                 out[phase] = {**_pcts(times), "statuses": statuses}
         finally:
             server.stop()
-    print(json.dumps(out))
+    print(json.dumps({**stamp(), **out}))
 
 
 if __name__ == "__main__":

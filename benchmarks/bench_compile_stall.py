@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import cpu_name
+from machine import stamp
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -113,7 +113,7 @@ def main() -> None:
     while eng.scheduler.waiting or any(r.num_computed < len(r.prompt_ids)
                                        for r in eng.scheduler.running):
         eng.step()
-    out: dict[str, Any] = {"bench": "compile_stall", "cpu": cpu_name(), "rows": args.rows,
+    out: dict[str, Any] = {"bench": "compile_stall", "rows": args.rows,
                            "context": args.context, "schemas": count,
                            "warmed_up": not args.no_warm_up, "prepared": args.prepared}
     # NOTE: quiet first: the rows' contexts grow by one token an iteration, so a quiet run
@@ -122,7 +122,7 @@ def main() -> None:
     times, adds = _iterations(eng, constraints, count, "c")
     out["with_compiles"] = _pcts(times)
     out["add_request"] = _pcts(adds)  # the part of those iterations spent in the front end
-    print(json.dumps(out))
+    print(json.dumps({**stamp(), **out}))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import extraction_workload as wl
 from figures import success_figures
+from machine import stamp
 
 
 def run(engine: Any, prompts: list[str], params: list[Any],
@@ -158,7 +159,7 @@ def main() -> None:
         "throughput_c_over_a": round(c["tok_per_s"] / a["tok_per_s"], 2),
         "throughput_c_over_b": round(c["tok_per_s"] / b["tok_per_s"], 2),
     }
-    print(json.dumps({"bench": "constrained", **summary, **res}))
+    print(json.dumps({**stamp(), "bench": "constrained", **summary, **res}))
 
 
 if __name__ == "__main__":

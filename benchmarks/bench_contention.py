@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 import torch
+from machine import stamp
 
 
 def _spin() -> None:
@@ -81,7 +82,7 @@ def main() -> None:
         finally:
             for p in spinners:
                 p.kill()
-    print(json.dumps(out))
+    print(json.dumps({**stamp(), **out}))
 
 
 if __name__ == "__main__":

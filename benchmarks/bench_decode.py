@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 import torch
-from machine import cpu_name
+from machine import stamp
 
 
 def _grammarserve(prompts: list[list[int]], new_tokens: int, llm: Any) -> float:
@@ -109,7 +109,7 @@ def main() -> None:
     results: dict[str, Any] = {"bench": "decode", "model": "SmolLM2-135M-Instruct (GGUF Q4_1 "
                                "dequantized, fp32)", "prompt_len": args.prompt_len,
                                "new_tokens": args.new_tokens, "threads": args.threads,
-                               "cpu": cpu_name(), "runs": []}
+                               "runs": []}
     # Warm-up at the prompt length: the first prefill of a shape pays one-time costs (BLAS
     # kernel selection, thread pools) that would otherwise count as prefill time.
     warm = torch.randint(100, vocab, (1, args.prompt_len), generator=gen).tolist()
@@ -145,7 +145,7 @@ def main() -> None:
             r["grammarserve"]["steady_decode_tok_s"]
             / max(base["grammarserve"]["steady_decode_tok_s"], 1e-9), 2)
         for r in results["runs"][1:]}
-    print(json.dumps(results))
+    print(json.dumps({**stamp(), **results}))
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import extraction_workload as wl
+from machine import stamp
 
 
 def main() -> None:
@@ -92,7 +93,7 @@ def main() -> None:
     full = args.concurrency
     tt = sorted(ttft.values())
     print(json.dumps({
-        "bench": "engine_loop", "requests": args.requests, "concurrency": args.concurrency,
+        **stamp(), "bench": "engine_loop", "requests": args.requests, "concurrency": args.concurrency,
         "warmup": args.warmup, "wall_s": round(wall, 2),
         "requests_per_s": round(args.requests / wall, 3),
         "forward_passes": len(steps), "forward_s": round(sum(t for *_, t in steps), 2),

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import cpu_name
+from machine import stamp
 
 
 def _full_collection_ms(repeat: int) -> float:
@@ -43,7 +43,7 @@ def main() -> None:
     before = _full_collection_ms(args.repeat)
     frozen = freeze_startup_heap()
     after = _full_collection_ms(args.repeat)
-    print(json.dumps({"bench": "gc", "cpu": cpu_name(), "model": args.model,
+    print(json.dumps({**stamp(), "bench": "gc", "model": args.model,
                       "kv_capacity": engine.runner.pool.capacity, "tracked_objects": tracked,
                       "frozen_objects": frozen, "full_collection_ms_before": before,
                       "full_collection_ms_after": after}))

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import cpu_name
+from machine import stamp
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -84,7 +84,7 @@ def main() -> None:
     bitmask = torch.zeros(gs.vocab.bitmask_width, dtype=torch.int32)
     xgb = gs.policy.backend("xgrammar")
     xspec = spec(args.xgrammar_schema)
-    out: dict[str, Any] = {"bench": "gil", "cpu": cpu_name(), "schema": args.schema,
+    out: dict[str, Any] = {"bench": "gil", "schema": args.schema,
                            "xgrammar_schema": args.xgrammar_schema}
     out["llguidance_build"] = _beside_sleeper(
         lambda: llguidance.LLMatcher(llg._tok, text, log_level=0))
@@ -93,7 +93,7 @@ def main() -> None:
                                                             bitmask.numel() * 4))
     out["xgrammar_ahead_of_time"] = _beside_sleeper(lambda: xgb.compile(xspec, background=True))
     out["xgrammar_lazy"] = _beside_sleeper(lambda: xgb.compile(xspec))
-    print(json.dumps(out))
+    print(json.dumps({**stamp(), **out}))
 
 
 if __name__ == "__main__":

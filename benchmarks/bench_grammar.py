@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import cpu_name
+from machine import stamp
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SUITE = REPO / "tests" / "data" / "json-schema-test-suite" / "draft2020-12"
@@ -241,7 +241,7 @@ def main() -> None:
     stop = int(tok.eos_token_id)
     bitmask = torch.zeros((1, (len(tok) + 31) // 32), dtype=torch.int32)
     encoded: dict[str, list[int]] = {}  # text -> token ids, shared by all engines
-    result: dict[str, Any] = {"cpu": cpu_name(), "targets": TARGETS, "corpora": {}}
+    result: dict[str, Any] = {**stamp(), "targets": TARGETS, "corpora": {}}
     totals: dict[str, _Tally] = {}
     for corpus, cases in corpora.items():
         block: dict[str, Any] = {"schemas": len(cases), "engines": {}}

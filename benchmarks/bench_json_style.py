@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import extraction_workload as wl
 from bench_constrained import run
-from machine import cpu_name
+from machine import stamp
 
 
 def main() -> None:
@@ -77,8 +77,8 @@ def main() -> None:
         del engine
     if dump:
         dump.close()
-    print(json.dumps({"bench": "json_style", "docs": args.docs, "max_tokens": args.max_tokens,
-                      "cpu": cpu_name(), "results": results}))
+    print(json.dumps({**stamp(), "bench": "json_style", "docs": args.docs, "max_tokens": args.max_tokens,
+                      "results": results}))
 
 
 if __name__ == "__main__":

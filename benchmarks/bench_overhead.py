@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import torch
+from machine import stamp
 
 
 def measure(engine: Any, batch: int, prompt_len: int, steps: int,
@@ -92,7 +93,7 @@ def main() -> None:
         rows.append({"constrained": False, **measure(engine, b, args.prompt_len, args.steps)})
         rows.append({"constrained": True, **measure(engine, b, args.prompt_len, args.steps,
                                                     free_text)})
-    print(json.dumps({"bench": "overhead", "prompt_len": args.prompt_len, "steps": args.steps,
+    print(json.dumps({**stamp(), "bench": "overhead", "prompt_len": args.prompt_len, "steps": args.steps,
                       "threads": args.threads, "results": rows}))
 
 

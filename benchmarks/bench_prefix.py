@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import torch
+from machine import stamp
 
 TOOLS = ["search_flights", "book_hotel", "get_weather", "convert_currency", "lookup_customer",
          "create_ticket", "send_email", "schedule_meeting", "translate_text", "summarize_doc"]
@@ -111,7 +112,7 @@ def main() -> None:
     result["warm_ttft_vs_cold"] = (round(on["ttft_p50_warm_s"] / off["ttft_p50_all_s"], 3)
                                    if on["ttft_p50_warm_s"] else None)
     result["speedup_wall"] = round(off["wall_s"] / on["wall_s"], 2)
-    print(json.dumps(result))
+    print(json.dumps({**stamp(), **result}))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from machine import stamp
 
 
 def _median_ms(fn: Callable[[], object], repeat: int) -> float:
@@ -81,7 +82,7 @@ def main() -> None:
                               "linears": len(layers), "isa": cpu_isa()}
     for r in (int(x) for x in args.rows.split(",")):
         out[f"rows_{r}"] = _figures(r, layers, head, args.repeat)
-    print(json.dumps(out))
+    print(json.dumps({**stamp(), **out}))
 
 
 if __name__ == "__main__":

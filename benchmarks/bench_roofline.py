@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from machine import cpu_name
+from machine import stamp
 
 HERE = Path(__file__).resolve().parent
 
@@ -228,7 +228,7 @@ def main() -> None:
               kv_cache_tokens=tokens + 4096, decode_mirror_tokens=tokens)
     timers = _Timers()
     sh = _model_shapes(llm)
-    out: dict[str, Any] = {"bench": "roofline", "cpu": cpu_name(), "isa": isa,
+    out: dict[str, Any] = {"bench": "roofline", "isa": isa,
                            "threads": args.threads, "context": args.context,
                            "activation_levels": sh["levels"], "steps": []}
     llm.generate([[5] * 32], SamplingParams(max_tokens=2, temperature=0))  # warm-up
@@ -264,7 +264,7 @@ def main() -> None:
                       "matmul_roofline_ms": round(est["matmul"] * 1e3, 1),
                       "attention_ms": round(timers.acc["attention"] * 1e3, 1),
                       "tok_s": round(args.prefill / dt, 1)}
-    print(json.dumps(out))
+    print(json.dumps({**stamp(), **out}))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import router_workload as wl
+from machine import stamp
 
 from grammarserve.cluster.router import RouterConfig, RouteRequest, make_policy
 
@@ -313,7 +314,7 @@ def main() -> None:
             per_tenant=args.live_per_tenant, kv_tokens=args.live_kv_tokens,
             concurrency=args.live_concurrency, max_tokens=args.live_max_tokens)
             for p in args.policies.split(",")]
-        print(json.dumps({"bench": "router_live", "kv_tokens": args.live_kv_tokens,
+        print(json.dumps({**stamp(), "bench": "router_live", "kv_tokens": args.live_kv_tokens,
                           "concurrency": args.live_concurrency,
                           "max_tokens": args.live_max_tokens, "results": live}))
         return
@@ -325,7 +326,7 @@ def main() -> None:
                         per_tenant=args.per_tenant, kv_tokens=args.kv_tokens, slots=args.slots,
                         load=args.load, seed=args.seed)
                for r in args.replicas.split(",") for p in args.policies.split(",")]
-    print(json.dumps({"bench": "router_simulation", "service_times": str(DATA.name),
+    print(json.dumps({**stamp(), "bench": "router_simulation", "service_times": str(DATA.name),
                       "measured": data["measured"], "kv_tokens": args.kv_tokens,
                       "slots": args.slots, "load": args.load, "results": results}))
 

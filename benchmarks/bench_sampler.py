@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 import xgrammar
+from machine import stamp
 
 from grammarserve.engine.sampler import RowRng, sample
 from grammarserve.sampling_params import SamplingParams
@@ -91,7 +92,7 @@ def main() -> None:
     temperature = 0.0 if args.greedy else TEMPERATURE
     results = [bench(b, v, args.density, args.iters, device, temperature)
                for v in map(int, args.vocabs.split(",")) for b in map(int, args.batches.split(","))]
-    print(json.dumps({"bench": "sampler", "device": str(device),
+    print(json.dumps({**stamp(), "bench": "sampler", "device": str(device),
                       "threads": torch.get_num_threads(), "density": args.density,
                       "temperature": temperature, "iters": args.iters, "results": results}))
 

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 import openai
+from machine import stamp
 
 PROMPT = ("Write a long, detailed story about a lighthouse keeper who finds a message in a "
           "bottle, and what happens over the following year.")
@@ -55,7 +56,7 @@ def main() -> None:
     one(client, args.model, 8)  # warm-up (lazy start-up work, the prompt's prefix cached)
     runs = [one(client, args.model, args.max_tokens) for _ in range(args.repeats)]
     rates = [r["decode_tok_s"] for r in runs if r["decode_tok_s"] is not None]
-    print(json.dumps({"bench": "stream", "server": args.label, "workload": "decode",
+    print(json.dumps({**stamp(), "bench": "stream", "server": args.label, "workload": "decode",
                       "max_tokens": args.max_tokens,
                       "decode_tok_s": statistics.median(rates) if rates else None,
                       "ttft_s": statistics.median(r["ttft_s"] for r in runs), "runs": runs}))

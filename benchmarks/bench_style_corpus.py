@@ -19,6 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
+from machine import stamp
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -49,7 +51,7 @@ def main() -> None:
         if args.v:
             for n, o in zip(names, replies):
                 print(style, n, o.finish_reason, repr(o.text[:120]), file=sys.stderr)
-    print(json.dumps({"bench": "style_corpus", "max_tokens": tc.MAX_TOKENS, "styles": out}))
+    print(json.dumps({**stamp(), "bench": "style_corpus", "max_tokens": tc.MAX_TOKENS, "styles": out}))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from machine import stamp
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SUITE = REPO / "tests" / "data" / "json-schema-test-suite" / "draft2020-12"
 
@@ -101,7 +103,7 @@ def main() -> None:
     if args.misses:
         for line in misses:
             print(line, file=sys.stderr)
-    print(json.dumps({"suite": Path(args.suite).name, "open_schemas": not args.closed,
+    print(json.dumps({**stamp(), "suite": Path(args.suite).name, "open_schemas": not args.closed,
                       **figures}))
 
 

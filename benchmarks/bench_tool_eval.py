@@ -37,6 +37,7 @@ import jsonschema
 import openai
 from bench_serving import start_server, stop_server
 from figures import success_figures
+from machine import stamp
 from tool_eval import check_calls, parse_calls
 
 DATA = Path(__file__).resolve().parent / "data" / "tool_eval.jsonl"
@@ -190,7 +191,7 @@ def main() -> None:
            "model": model, "tool_choice": args.tool_choice, "strict_tools": args.strict_tools,
            "parallel": not args.no_parallel, "stream": args.stream, "max_tokens": args.max_tokens,
            "concurrency": args.concurrency, **summarize(results, wall)}
-    print(json.dumps(out), flush=True)
+    print(json.dumps({**stamp(), **out}), flush=True)
     sys.stdout.flush()
 
 

@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_grammar
-from machine import cpu_name
+from machine import stamp
 
 
 def _size_class(allowed: int) -> str:
@@ -86,7 +86,7 @@ def main() -> None:
     keys = sorted(masks)
     total = sum(masks.values())
     print(json.dumps({
-        "cpu": cpu_name(), "corpus": args.corpus, "threshold_us": args.threshold_us,
+        **stamp(), "corpus": args.corpus, "threshold_us": args.threshold_us,
         "masks": total, "slow": sum(slow.values()),
         "slow_share": round(sum(slow.values()) / max(total, 1), 4),
         "by_walk": {k: {"masks": masks[k], "slow": slow[k]} for k in keys},

@@ -11,8 +11,16 @@ batch 32 on the SmolLM2 shape, graphs on and off), ``decode`` (ms/step and peak 
 1, 32 and 128 on random Llama-3.2-1B and Llama-3.1-8B shapes in bf16) and ``attention``
 (the varlen flash path against the torch SDPA path, one layer of the 8B shape).
 
+Each section is judged pass / fail / skip with its reason (benchmarks/smoke_verdict.py: the
+tolerances against the CPU fp32 reference and the rules); the JSON line carries them under
+``verdicts`` and the run's result under ``overall``, and stderr lists them. Exit status: 0 when
+every section passed; 1 when any failed; 3 when none failed but some were skipped, which is what a
+run without CUDA always is ("skipped: no CUDA": ``--device cpu``, or ``--device cuda`` where torch
+sees no CUDA device, in which case no section runs). ``--allow-skip`` makes a skip exit 0 (the
+label still says "skipped"); 2 is a usage error.
+
     python benchmarks/gpu_smoke.py --device cuda --out $OUT/gpu_smoke.json
-    python benchmarks/gpu_smoke.py --device cpu --small   # dry run of every non-CUDA path
+    python benchmarks/gpu_smoke.py --device cpu --small --allow-skip  # dry run of every path
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
 import torch
+from machine import stamp
 from random_models import (
     decode_bench,
     llama_config,
@@ -45,6 +54,7 @@ from smoke_engine import (
     greedy_parity,
     sync_listing,
 )
+from smoke_verdict import judge, overall
 
 from grammarserve.models.config import ModelConfig
 
@@ -121,7 +131,7 @@ def kernel_tests(device: torch.device, timeout_s: float) -> dict[str, Any]:
     tail = (proc.stdout + proc.stderr).strip().splitlines()
     summary = next((line for line in reversed(tail) if " passed" in line or " failed" in line
                     or " error" in line), tail[-1] if tail else "")
-    return {"ok": proc.returncode == 0, "summary": summary,
+    return {"returncode": proc.returncode, "summary": summary,
             "compiled": device.type == "cuda", "tail": tail[-8:] if proc.returncode else []}
 
 
@@ -154,7 +164,12 @@ def decode_section(device: torch.device, small: bool, batches: list[int],
     return out
 
 
-def main() -> int:
+#: The sections in the order they run (kernel_tests last: it may use what is left of the budget).
+SECTIONS = ("parity", "engine_paths", "sync_debug", "engine_process", "engine_decode", "decode",
+            "attention", "kernel_tests")
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--small", action="store_true", help="tiny shapes (CPU dry run)")
@@ -164,14 +179,43 @@ def main() -> int:
     ap.add_argument("--tokenizer-dir", type=Path, default=ROOT / ".smoke" / "smollm2",
                     help="folder with the embedded model's config.json and tokenizer files")
     ap.add_argument("--skip", default="", help="comma-separated sections to leave out")
-    args = ap.parse_args()
+    ap.add_argument("--allow-skip", action="store_true",
+                    help="exit 0 when no section failed but some were skipped (no CUDA)")
+    args = ap.parse_args(argv)
     device = torch.device(args.device)
+    cuda = device.type == "cuda" and torch.cuda.is_available()
     skip = set(filter(None, args.skip.split(",")))
     smoke = Smoke(args.budget_s)
     r = smoke.result
+    r.update(stamp())
     r["date"] = time.strftime("%Y-%m-%d")
-    r["env"] = env_info(device)
+    r["env"] = env_info(device if cuda else torch.device("cpu"))
     r["flashinfer"] = FLASHINFER
+    if device.type == "cuda" and not cuda:
+        for name in SECTIONS:  # nothing to run them on
+            r[name] = {"skipped": "no CUDA: torch.cuda.is_available() is False"}
+    else:
+        _run_sections(smoke, args, device, skip)
+    verdicts = {name: judge(name, r.get(name), cuda) for name in SECTIONS}
+    label, status = overall(verdicts, cuda, args.allow_skip)
+    r["verdicts"] = {name: v.as_json() for name, v in verdicts.items()}
+    r["overall"] = label
+    r["ok"] = label == "pass"
+    r["seconds"] = round(time.monotonic() - smoke.t0, 1)
+    line = json.dumps(r, separators=(",", ":"), default=str)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(line + "\n")
+    print(line, flush=True)
+    for name, v in verdicts.items():
+        log(f"{name}: {v.status.value}: {v.reason}")
+    log(f"overall: {label} (exit {status})")
+    return status
+
+
+def _run_sections(smoke: Smoke, args: argparse.Namespace, device: torch.device,
+                  skip: set[str]) -> None:
+    r = smoke.result
     small = args.small
     cfg_json = json.loads((args.tokenizer_dir / "config.json").read_text())
     if small:  # the tokenizer's vocabulary, a tiny decoder
@@ -180,29 +224,24 @@ def main() -> int:
     folder = write_random_folder(args.work / "smollm2-random", cfg_json, args.tokenizer_dir)
     r["model"] = {"config": "SmolLM2-135M (GGUF metadata)" if not small else "tiny",
                   "weights": "random (seeded, scaled for logit margins)"}
-    plan = [("parity", 40, greedy_parity, folder, device, small),
-            ("engine_paths", 30, engine_paths, folder, device),
-            ("sync_debug", 20, sync_listing, folder, device),
-            ("engine_process", 40, engine_process_round_trip, folder, device),
-            ("engine_decode", 20, engine_decode, folder, device),
-            ("decode", 60, decode_section, device, small, [32, 1, 128] if not small else [1, 4],
-             smoke),
-            ("attention", 20, attention_bench, device, small),
-            ("kernel_tests", 30, kernel_tests, device, None)]
+    plan: list[tuple[Any, ...]] = [
+        ("parity", 40, greedy_parity, folder, device, small),
+        ("engine_paths", 30, engine_paths, folder, device),
+        ("sync_debug", 20, sync_listing, folder, device),
+        ("engine_process", 40, engine_process_round_trip, folder, device),
+        ("engine_decode", 20, engine_decode, folder, device),
+        ("decode", 60, decode_section, device, small, [32, 1, 128] if not small else [1, 4],
+         smoke),
+        ("attention", 20, attention_bench, device, small),
+        ("kernel_tests", 30, kernel_tests, device, None)]
+    assert tuple(name for name, *_ in plan) == SECTIONS
     for name, need, fn, *fargs in plan:
         if name == "kernel_tests":  # last: it may use what is left of the budget
             fargs = [device, max(20.0, smoke.left() - 10)]
-        if name not in skip:
+        if name in skip:
+            r[name] = {"skipped": "left out by --skip"}
+        else:
             smoke.run(name, need, fn, *fargs)
-    r["ok"] = all(not (isinstance(v, dict) and ("error" in v or v.get("ok") is False))
-                  for v in r.values())
-    r["seconds"] = round(time.monotonic() - smoke.t0, 1)
-    line = json.dumps(r, separators=(",", ":"), default=str)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(line + "\n")
-    print(line, flush=True)
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,11 +1,14 @@
 """What machine a benchmark ran on, for its JSON line: every figure must say which CPU measured it
-(the CPU model varies between machines of this project's kind: AVX2 only, or AVX-512 with VNNI)."""
+(the CPU model varies between machines of this project's kind: AVX2 only, or AVX-512 with VNNI),
+from which checkout and when. :func:`stamp` gives all three; every script of benchmarks/ that
+prints a JSON result line starts the line with it (tests/test_bench_stamps.py checks that)."""
 
 from __future__ import annotations
 
 import os
 import platform
 import subprocess
+import time
 from pathlib import Path
 
 
@@ -29,3 +32,10 @@ def revision() -> str:
     out = subprocess.run(["git", "describe", "--always", "--dirty"], check=False,
                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True)
     return out.stdout.strip() or "unknown"
+
+
+def stamp() -> dict[str, str]:
+    """``{"git": revision(), "cpu": cpu_name(), "time": <local time, ISO 8601 with offset>}``,
+    taken when called: the first keys of a benchmark's JSON result line
+    (``{**stamp(), ...}``)."""
+    return {"git": revision(), "cpu": cpu_name(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}

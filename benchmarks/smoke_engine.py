@@ -8,9 +8,11 @@ import time
 import warnings
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
+from smoke_verdict import ROUND_TRIP_TOKENS, near_tie_threshold
 
 from grammarserve.attention.backend import AttentionBackend, TorchSDPABackend
 from grammarserve.attention.forward_batch import ForwardBatch
@@ -108,10 +110,22 @@ def greedy_parity(folder: Path, device: torch.device, small: bool) -> dict[str, 
     noise = float((cpu - f32).abs().max())
     top2 = cpu.topk(2, dim=-1).values
     margin = top2[:, 0] - top2[:, 1]
-    threshold = max(10 * noise, 1e-4)
+    threshold = near_tie_threshold(noise)
+    margins = margin.split([len(t) for t in ref])  # per prompt, per generated token
 
     def first_diff(a: list[int], b: list[int]) -> int:
-        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), len(a))
+        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+    def diverged(name: str) -> list[dict[str, Any]]:
+        """Where each prompt's greedy tokens first leave the reference, with the reference's
+        top-2 margin there (a difference is acceptable only at a near tie)."""
+        out = []
+        for i, (a, b) in enumerate(zip(ref, tokens[name])):
+            if a != b:
+                d = first_diff(a, b)
+                out.append({"prompt": i, "token": d,
+                            "top2_margin": float(margins[i][min(d, len(a) - 1)])})
+        return out
 
     fp32_equal = sum(a == b for a, b in zip(ref, tokens["fp32"]))
     return {
@@ -121,6 +135,7 @@ def greedy_parity(folder: Path, device: torch.device, small: bool) -> dict[str, 
         "prompts": len(ref), "tokens_each": 32,
         "fp32_equal_prompts": fp32_equal,
         "fp32_first_diff": [first_diff(a, b) for a, b in zip(ref, tokens["fp32"])],
+        "fp32_diverged": diverged("fp32"), "fp32_eager_diverged": diverged("fp32_eager"),
         "bf16_first_diff": [first_diff(a, b) for a, b in zip(ref, tokens["bf16"])],
         "fp32_max_abs_logit_diff": noise,
         "logit_std": round(float(cpu.std()), 3),
@@ -130,17 +145,18 @@ def greedy_parity(folder: Path, device: torch.device, small: bool) -> dict[str, 
         "bf16_teacher_forced_argmax_agreement": round(float(
             (b16.argmax(-1) == cpu.argmax(-1)).float().mean()), 4),
         "bf16_max_abs_logit_diff": round(float((cpu - b16).abs().max()), 4),
-        "ok": fp32_equal == len(ref) or bool(
-            (margin < threshold).any()),  # a difference is only acceptable at a near tie
     }
 
 
 def engine_paths(folder: Path, device: torch.device) -> dict[str, Any]:
     """Shared-prefix pair (the second request reuses the first's KV) and a JSON-schema request
-    with long forced spans, on ``device`` in the engine's default dtype."""
+    with long forced spans, on ``device`` in the engine's default dtype. The spans are jumped
+    forward only with ``json_schema_spans`` (off by default), and forced only in the compact
+    style (the default flexible one lets whitespace come between any two tokens); with the
+    defaults the CPU dry run forced 1 token of 123."""
     import jsonschema
 
-    engine = _engine(folder, device)
+    engine = _engine(folder, device, grammar_json_style="compact", json_schema_spans=True)
     g = torch.Generator().manual_seed(7)
     prefix = torch.randint(100, 40000, (700,), generator=g).tolist()
     suffixes = [torch.randint(100, 40000, (20,), generator=g).tolist() for _ in range(2)]
@@ -169,8 +185,7 @@ def engine_paths(folder: Path, device: torch.device) -> dict[str, Any]:
             "shared_prefix_group_cached": [group[f"g{i}"].num_cached_tokens for i in range(4)],
             "json_valid": valid, "json_finish": out.finish_reason,
             "json_tokens": len(out.token_ids), "json_forced_tokens": forced,
-            "json_text": out.text[:300],
-            "ok": valid and b.num_cached_tokens >= 640 and forced > 20}
+            "json_text": out.text[:300]}
 
 
 def sync_listing(folder: Path, device: torch.device) -> dict[str, Any]:
@@ -220,15 +235,15 @@ def engine_process_round_trip(folder: Path, device: torch.device) -> dict[str, A
     try:
         started = time.monotonic() - t0
         proc_info = {k: v for k, v in proc.info.items() if isinstance(v, (str, int, float))}
-        out = proc.add_request("r", "Hello", SamplingParams(max_tokens=8, temperature=0,
+        out = proc.add_request("r", "Hello", SamplingParams(max_tokens=ROUND_TRIP_TOKENS,
+                                                             temperature=0,
                                                              ignore_eos=True)).result(timeout=120)
         stats = proc.stats()
     finally:
         proc.shutdown()
     return {"start_s": round(started, 1), "tokens": len(out.token_ids),
             "finish": out.finish_reason, "generated_total": stats.generated_tokens,
-            "kv_capacity": stats.kv_capacity, "info": proc_info,
-            "ok": len(out.token_ids) == 8}
+            "kv_capacity": stats.kv_capacity, "info": proc_info}
 
 
 def _attn_case(backend: str, device: torch.device, b: int, ctx: int, ext: int,
@@ -244,7 +259,9 @@ def _attn_case(backend: str, device: torch.device, b: int, ctx: int, ext: int,
     attn: AttentionBackend = (VarlenBackend(pool, table) if backend == "varlen"
                               else PagedDecodeBackend(pool, table) if backend == "paged"
                               else TorchSDPABackend(pool, table, mirror_tokens=0))
-    runner = ModelRunner(torch.nn.Module(), pool, table, attn)  # type: ignore[arg-type]
+    stub = torch.nn.Module()  # no forward here: the runner only builds the batch
+    stub.config = SimpleNamespace(vocab_size=2)  # type: ignore[assignment]  # token id 1 below
+    runner = ModelRunner(stub, pool, table, attn)  # type: ignore[arg-type]
     batch: ForwardBatch = runner.build_batch([BatchEntry(r, ctx - ext, [1] * ext, r)
                                               for r in range(b)])
     q = torch.randn(b * ext, heads, d, dtype=dtype, device=device)
@@ -276,7 +293,7 @@ def attention_bench(device: torch.device, small: bool) -> dict[str, Any]:
              "chunk2048_over_8192": (1, 10240, 2048)}
     if small:
         cases = {"decode_b4_ctx64": (4, 64, 1), "chunk16_over_48": (1, 64, 16)}
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"dtype": "bfloat16" if device.type == "cuda" else "float32"}
     for name, (b, ctx, ext) in cases.items():
         backends = ("varlen", "torch", "paged") if ext == 1 else ("varlen", "torch")
         torch.manual_seed(0)  # the same K/V pool and queries for every backend

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import cpu_name, revision
+from machine import cpu_name, revision, stamp
 from serverproc import ROOT, ServerProcess, metrics, request
 from soak_adversarial import CRASH_CLASS, adversarial_cases, body, corpus_cases
 from soak_check import Verdict, check
@@ -364,7 +364,7 @@ def main() -> None:
                     sample_s=args.sample_s, seed=args.seed)
 
     if args.url:
-        print(json.dumps(run(args.url.rstrip("/"))), flush=True)
+        print(json.dumps({**stamp(), **run(args.url.rstrip("/"))}), flush=True)
         return
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         log = Path(tmp) / "server.log"
@@ -379,7 +379,7 @@ def main() -> None:
         report["server_exit_code"] = code
         report["engine_deaths_logged"] = log.read_text(errors="replace").count(
             "the engine process died")
-        print(json.dumps(report), flush=True)
+        print(json.dumps({**stamp(), **report}), flush=True)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import cpu_name
+from machine import stamp
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,7 @@ def main() -> None:
     compiler = GrammarCompiler(tok)
     xgrammar = compiler.policy.backend("xgrammar")
     folders = {"schemas": REPO / "schemas", "realworld": REPO / "schemas" / "realworld"}
-    result: dict[str, object] = {"cpu": cpu_name()}
+    result: dict[str, object] = {**stamp()}
     for corpus in args.corpora.split(","):
         why: Counter[str] = Counter()
         taken = 0

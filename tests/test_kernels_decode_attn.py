@@ -17,6 +17,7 @@ from grammarserve_kernels.decode_attn import (
     untile_keys,
 )
 from grammarserve_kernels.quant_q8 import supported_isas
+from isa_helpers import require_isa
 
 can_build = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and bool(
     shutil.which("c++"))
@@ -38,8 +39,7 @@ CASES = [  # N queries, H heads, KV heads, head dim, shared P, rows B, mirror ca
 @pytest.mark.parametrize("isa", ["avx2", "avx512"])
 @pytest.mark.parametrize("case", CASES, ids=[str(c) for c in CASES])
 def test_fused_decode_attention_matches_reference(isa: str, case: tuple[int, ...]) -> None:
-    if isa not in {i[:6] for i in supported_isas()}:
-        pytest.skip(f"this CPU does not run {isa}")
+    require_isa(isa)
     n, h, kvh, d, p, b, s = case
     gen = torch.Generator().manual_seed(sum(case))
     q = torch.randn(n, h, d, generator=gen) * 3 / d ** 0.5
@@ -137,8 +137,7 @@ def test_span_tokens_get_the_bits_they_get_alone(isa: str, case: tuple) -> None:
     """A span's tokens are attended in blocks that mix their heads (no padded query head); each
     query's sums are still its own, in the same order: the same bits as the token alone (one
     block of its G heads), and close to the torch reference."""
-    if isa not in {i[:6] for i in supported_isas()}:
-        pytest.skip(f"this CPU does not run {isa}")
+    require_isa(isa)
     rows, h, kvh, d, p = case
     q, kt, vs, kmt, vm, qb, qlen = _span_case(len(rows) + h + p, rows, h, kvh, d, p)
     together = decode_attention(q, kt, vs, kmt, vm, qb, qlen, isa=isa)

@@ -20,6 +20,7 @@ from grammarserve_kernels.decode_stack import (
 )
 from grammarserve_kernels.quant import pack_gguf_blocks
 from grammarserve_kernels.quant_q8 import pack_x16, supported_isas
+from isa_helpers import require_isa
 from quant_helpers import random_blocks
 
 can_build = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and bool(
@@ -80,8 +81,7 @@ CASES = [  # kind, mirror row and position of each token, shared prefix length, 
 @pytest.mark.parametrize("isa", ["avx2", "avx512vnni"])
 @pytest.mark.parametrize("case", CASES, ids=[str(c[:4]) for c in CASES])
 def test_decode_stack_matches_reference(isa: str, case: tuple) -> None:
-    if isa not in supported_isas():
-        pytest.skip(f"this CPU does not run {isa}")
+    require_isa(isa)
     kind, qb, qpos, prefix, bias = case
     layers = _layers(kind, isa, bias=bias)
     gen = torch.Generator().manual_seed(11)

@@ -21,6 +21,7 @@ from grammarserve_kernels.quant_q8 import (
     quantize_activations_ref,
     supported_isas,
 )
+from isa_helpers import require_isa
 from quant_helpers import random_blocks
 
 from grammarserve.config import EngineConfig
@@ -32,17 +33,12 @@ can_build = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and bo
 needs_kernel = pytest.mark.skipif(not can_build, reason="needs an AVX2 CPU and a C++ compiler")
 
 
-def _isa_or_skip(isa: str) -> None:
-    if isa not in supported_isas():
-        pytest.skip(f"this CPU does not run {isa} (it runs {supported_isas()})")
-
-
 @needs_kernel
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
 @pytest.mark.parametrize("k", [32, 96, 576, 1536])  # 32, 96: an odd number of blocks
 def test_kernel_matches_reference(isa: str, kind: str, k: int) -> None:
-    _isa_or_skip(isa)
+    require_isa(isa)  # skips an ISA this CPU lacks; fails where its build failed
     gen = torch.Generator().manual_seed(k)
     for n in (5, 16, 17, 72):  # partial, exact and multiple tiles of 16 rows
         w = pack_gguf_blocks(kind, random_blocks(kind, n, k, seed=k + n))

@@ -9,7 +9,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -164,8 +164,79 @@ def _engine_pids() -> list[int]:
     return [int(p) for p in pids if parent(p) in replicas and b"spawn_main" in cmdline(p)]
 
 
+def _metric(base_url: str, name: str) -> float:
+    """The ingress's value of the unlabelled sample ``name`` (0 where absent)."""
+    text = httpx.get(f"{base_url}/metrics", timeout=60).text
+    return next((s.value for family in text_string_to_metric_families(text)
+                 for s in family.samples if s.name == name and not s.labels), 0.0)
+
+
+@pytest.fixture(scope="module")
+def replicas(base_url: str) -> Any:
+    """A handle on the engine deployment (its broadcasts reach every replica)."""
+    return serve.get_deployment_handle("EngineReplica", app_name=APP_NAME)
+
+
+def _replica_counts(replicas: Any) -> dict[str, dict[str, Any]]:
+    """Each replica's :meth:`EngineReplica.counts` by replica id (answers while an engine is
+    stopped)."""
+    return {c["replica"]: c for c in replicas.broadcast("counts").results(timeout_s=60)}
+
+
+def _wait_for(what: str, done: Callable[[], bool], timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _chat(base_url: str, system: str, stream: bool) -> tuple[int, str]:
+    r = httpx.post(f"{base_url}/v1/chat/completions", timeout=300, json={
+        "model": "m", "temperature": 0, "max_tokens": 24, "stream": stream,
+        "messages": [{"role": "system", "content": system},
+                     {"role": "user", "content": "Tell me a short story."}]})
+    return r.status_code, r.text
+
+
+def _check_reply(status: int, body: str, stream: bool) -> None:
+    """A complete reply: 200, text, a finish reason (a stream: chunks, one finish, ``[DONE]``,
+    no error event)."""
+    assert status == 200, body[:500]
+    if not stream:
+        reply = json.loads(body)
+        choice = reply["choices"][0]
+        assert isinstance(choice["message"]["content"], str) and choice["message"]["content"]
+        assert choice["finish_reason"] in ("stop", "length")
+        assert 0 < reply["usage"]["completion_tokens"] <= 24
+        return
+    events = [line[len("data: "):] for line in body.split("\n\n") if line]
+    assert events[-1] == "[DONE]", events[-3:]
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert not [c for c in chunks if "error" in c], chunks
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]
+            and c["choices"][0]["finish_reason"]] in (["stop"], ["length"])
+
+
 def test_engine_killed_under_load_loses_no_batch_line_and_answers_no_500(
-        base_url: str, client: Any, tmp_path: Path) -> None:
+        base_url: str, client: Any, replicas: Any, tmp_path: Path) -> None:
+    """An engine is stopped (SIGSTOP), so every request that reaches it from then on has no
+    output; four chats sharing a prompt are held there (their home replica, under the router's
+    queue threshold), a batch and four more chats start, then the engine is killed. Every chat
+    must come back complete (the ingress sends each request its replica lost before any output
+    once more, to the live replica: counted), every batch line exactly once, and Ray must start
+    a new replica in place of the dead one."""
+    shared = "You are the night-shift assistant of a lighthouse on a rocky coast. " * 14
+    before = _replica_counts(replicas)
+    assert len(before) == 2
+    client.chat.completions.create(model="m", temperature=0, max_tokens=1, messages=[
+        {"role": "system", "content": shared}, {"role": "user", "content": "Hello."}])
+    after = _replica_counts(replicas)
+    (home,) = [r for r in after if after[r]["received"] > before[r]["received"]]
+    victim = after[home]["engine_pid"]
+    assert victim in _engine_pids()
+    retried = _metric(base_url, "grammarserve_replica_retried_requests_total")
+
     src = tmp_path / "batch.jsonl"
     src.write_text("".join(json.dumps({
         "custom_id": f"b{i}", "method": "POST", "url": "/v1/chat/completions",
@@ -174,43 +245,56 @@ def test_engine_killed_under_load_loses_no_batch_line_and_answers_no_500(
             {"role": "user", "content": f"Line {i}: say something."}]}}) + "\n"
         for i in range(24)))
     uploaded = client.files.create(file=src.open("rb"), purpose="batch")
-    batch = client.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions",
-                                  completion_window="24h")
-    statuses: list[int] = []
+    outcomes: dict[int, tuple[int, str] | BaseException] = {}
+    streams = {i: i % 2 == 1 for i in range(8)}
 
-    def chat(i: int) -> None:
-        r = httpx.post(f"{base_url}/v1/chat/completions", timeout=300, json={
-            "model": "m", "temperature": 0, "max_tokens": 24, "stream": i % 2 == 1,
-            "messages": [{"role": "system", "content": f"You are assistant number {i}."},
-                         {"role": "user", "content": "Tell me a short story."}]})
-        statuses.append(r.status_code)
+    def chat(i: int, system: str) -> None:
+        try:
+            outcomes[i] = _chat(base_url, system, streams[i])
+        except BaseException as e:  # noqa: BLE001 - collected and asserted below
+            outcomes[i] = e
 
-    threads = [threading.Thread(target=chat, args=(i,)) for i in range(8)]
-    for t in threads:
-        t.start()
-    time.sleep(1.0)
-    victims = _engine_pids()
-    assert len(victims) == 2
-    os.kill(victims[0], signal.SIGKILL)
+    threads = [threading.Thread(target=chat, args=(i, shared)) for i in range(4)]
+    threads += [threading.Thread(target=chat, args=(i, f"You are assistant number {i}."))
+                for i in range(4, 8)]
+    os.kill(victim, signal.SIGSTOP)
+    try:
+        for t in threads[:4]:
+            t.start()
+        _wait_for("the four shared-prompt chats at their home replica", lambda: (
+            _replica_counts(replicas)[home]["received"] >= after[home]["received"] + 4))
+        batch = client.batches.create(input_file_id=uploaded.id,
+                                      endpoint="/v1/chat/completions", completion_window="24h")
+        for t in threads[4:]:
+            t.start()
+        _wait_for("the batch past validation", lambda: client.batches.retrieve(
+            batch.id).status != "validating")
+    finally:
+        os.kill(victim, signal.SIGKILL)  # a stopped process dies too
     for t in threads:
         t.join(timeout=300)
-    assert statuses and all(s in (200, 503) for s in statuses), statuses
+    assert sorted(outcomes) == list(range(8)), outcomes  # every thread ended
+    for i, outcome in sorted(outcomes.items()):
+        assert not isinstance(outcome, BaseException), (i, outcome)
+        _check_reply(*outcome, stream=streams[i])
+    # The four held requests at least were lost before their first output, and sent again.
+    assert _metric(base_url, "grammarserve_replica_retried_requests_total") >= retried + 4
 
-    deadline = time.monotonic() + 600
-    while batch.status not in ("completed", "failed", "cancelled"):
-        assert time.monotonic() < deadline
-        time.sleep(1)
-        batch = client.batches.retrieve(batch.id)
+    _wait_for("the batch to end", lambda: client.batches.retrieve(batch.id).status in (
+        "completed", "failed", "cancelled"), timeout=600)
+    batch = client.batches.retrieve(batch.id)
     assert batch.status == "completed"
     lines = client.files.content(batch.output_file_id).text.splitlines()
-    ids = [json.loads(x)["custom_id"] for x in lines]
-    assert sorted(ids) == sorted(f"b{i}" for i in range(24))  # each line exactly once
+    records = [json.loads(x) for x in lines]
+    assert sorted(r["custom_id"] for r in records) == sorted(f"b{i}" for i in range(24))
+    for r in records:  # each line exactly once, each a complete reply
+        assert r["response"]["status_code"] == 200, r
+        assert r["response"]["body"]["choices"][0]["message"]["content"], r
 
     # Ray starts a new replica (a new engine process) in place of the dead one.
-    while True:
-        assert time.monotonic() < deadline
-        health = httpx.get(f"{base_url}/health", timeout=30).json()
-        pids = _engine_pids()
-        if health.get("replicas_ready") == 2 and len(pids) == 2 and victims[0] not in pids:
-            break
-        time.sleep(1)
+    _wait_for("a new replica", lambda: (
+        httpx.get(f"{base_url}/health", timeout=30).json().get("replicas_ready") == 2
+        and len(pids := _engine_pids()) == 2 and victim not in pids), timeout=600)
+    counts = _replica_counts(replicas)
+    assert len(counts) == 2 and home not in counts
+    assert victim not in {c["engine_pid"] for c in counts.values()}

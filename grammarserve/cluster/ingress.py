@@ -72,8 +72,9 @@ class RayEngine:
     :class:`~grammarserve.engine.process.EngineProcess`.
 
     A request whose replica dies before it produced any output is sent once more (Serve routes
-    it to a live replica); one that had produced output ends with :class:`EngineDeadError`
-    (a 503, or an error event in a stream that had begun).
+    it to a live replica; ``retried`` counts these, exported as
+    ``grammarserve_replica_retried_requests_total``); one that had produced output ends with
+    :class:`EngineDeadError` (a 503, or an error event in a stream that had begun).
     """
 
     def __init__(self, handle: Any, info: dict[str, Any]) -> None:
@@ -82,6 +83,7 @@ class RayEngine:
         self.pid: int | None = None  # no local engine process
         self.alive = True  # Ray replaces dead replicas; health() counts the live ones
         self.replicas: list[dict[str, Any]] = []  # the last stats of each replica
+        self.retried = 0  # requests sent again: their replica died before their first output
         self._tasks: dict[str, asyncio.Task[None]] = {}
 
     def add_request_async(self, request_id: str, prompt: str | list[int],
@@ -112,6 +114,7 @@ class RayEngine:
                 if isinstance(err, EngineDeadError) and not delivered and attempt == 0:
                     log.warning("engine replica lost request %s before its first output; "
                                 "retrying it once", stream.request_id)
+                    self.retried += 1
                     # NOTE: the dead replica's process exits within a second; by then Serve
                     # routes around it (the same key would pick it again before).
                     await asyncio.sleep(RETRY_DELAY_S)
@@ -152,13 +155,20 @@ class RayEngine:
 
 
 class _ReplicaCollector(Collector):
-    """Per-replica series (label ``replica``) from the last stats the ingress read."""
+    """Per-replica series (label ``replica``) from the last stats the ingress read, and the
+    requests it sent again after their replica died."""
 
-    def __init__(self, replicas: Callable[[], list[dict[str, Any]]]) -> None:
-        self.replicas = replicas
+    def __init__(self, engine: Callable[[], RayEngine | None]) -> None:
+        self.engine = engine
 
     def collect(self) -> Iterator[Metric]:
-        snapshots = self.replicas()
+        engine = self.engine()
+        snapshots = engine.replicas if engine is not None else []
+        retried = CounterMetricFamily(f"{PREFIX}_replica_retried_requests",
+                                      "Engine requests sent again because their replica died "
+                                      "before their first output")
+        retried.add_metric([], engine.retried if engine is not None else 0)
+        yield retried
         ready = GaugeMetricFamily(f"{PREFIX}_replicas_ready",
                                   "Engine replicas that answered the last stats call")
         ready.add_metric([], len(snapshots))
@@ -189,8 +199,7 @@ class RayServerState(ServerState):
         self.health_period_s = health_period_s
         self.ray_engine: RayEngine | None = None
         self._stop = threading.Event()
-        self.metrics.registry.register(_ReplicaCollector(
-            lambda: self.ray_engine.replicas if self.ray_engine is not None else []))
+        self.metrics.registry.register(_ReplicaCollector(lambda: self.ray_engine))
 
     def _load(self, on_failure: Callable[[str], None] | None) -> None:
         try:

@@ -52,6 +52,7 @@ class EngineReplica:
     def __init__(self, config: EngineConfig, startup_timeout_s: float = 900.0) -> None:
         self.engine = EngineProcess(config, startup_timeout_s=startup_timeout_s)
         self.replica_id = _replica_id()
+        self.received = 0  # generate calls begun here
         self.served = 0  # generate calls finished here (the router test counts them)
         self._closing = False
         threading.Thread(target=self._exit_with_engine, daemon=True,
@@ -72,6 +73,7 @@ class EngineReplica:
                        namespace: str) -> AsyncIterator[RequestOutput]:
         """The outputs of one engine request, as the engine produces them. Cancelling the call
         (the client went away) aborts the request."""
+        self.received += 1
         stream = self.engine.add_request_async(request_id, prompt, params, namespace=namespace)
         finished = False
         try:
@@ -92,6 +94,13 @@ class EngineReplica:
         stats = await self.engine.stats_async(timeout=10.0)
         return {"replica": self.replica_id, "engine": dataclasses.asdict(stats),
                 "served": self.served}
+
+    def counts(self) -> dict[str, Any]:
+        """This replica's id, its engine process's id and its generate calls (``received``:
+        begun here, ``served``: ended here), without asking the engine: they answer while the
+        engine is busy, stopped or gone."""
+        return {"replica": self.replica_id, "engine_pid": self.engine.pid,
+                "received": self.received, "served": self.served}
 
     def info(self) -> dict[str, Any]:
         """The engine's start-up facts (model folder, context length, KV capacity) and the
