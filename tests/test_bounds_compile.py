@@ -16,8 +16,8 @@ import pytest
 
 from grammarserve.errors import GrammarBackendError, GrammarError, SchemaValidationError
 from grammarserve.fsm import GrammarCompiler
-from grammarserve.fsm import frontend as frontend_module
 from grammarserve.fsm.limits import GrammarLimits
+from grammarserve.fsm.schema import prepare as prepare_module
 
 pytestmark = pytest.mark.model
 
@@ -121,8 +121,8 @@ def test_refusals_are_remembered(tokenizer: Any) -> None:
     """The same bad input is refused from memory: the front end's analysis runs once for it,
     a backend's refusal compiles once, and both count as ``refused``."""
     compiler = GrammarCompiler(tokenizer)
-    with mock.patch.object(frontend_module, "check_finite",
-                           wraps=frontend_module.check_finite) as analysis:
+    with mock.patch.object(prepare_module, "check_finite",
+                           wraps=prepare_module.check_finite) as analysis:
         for _ in range(3):
             with pytest.raises(SchemaValidationError, match="no finite instance"):
                 compiler.compile_json_schema(OOM_SCHEMA)
