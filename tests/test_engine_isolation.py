@@ -126,20 +126,25 @@ def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-@pytest.fixture
-def engine(tiny_folder: Path) -> Engine:
-    """A fresh engine per test: a test that fails leaves nothing behind for the next."""
+def _engine(tiny_folder: Path, *, adaptive: bool = True) -> Engine:
     from grammarserve.config import EngineConfig
 
     # NOTE: the auto (locked) style: its greedy path on the tiny model closes the contains
     # array early, which the check then takes back (the path under test); the schemas' key
     # spans jump forward, so a fault while computing a span is reached; no loop guard, so the
     # faulty matcher is the one the engine calls (the guard would turn its exceptions into
-    # its own error state)
+    # its own error state); ``adaptive=False``: a draft on every step where a match exists
+    # (the adaptive switch drafts by measured costs, so whether a step drafts is timing's)
     return Engine(EngineConfig(model=str(tiny_folder), device="cpu", kv_cache_tokens=4096,
                                max_num_reqs=8, grammar_check_retries=5,
                                grammar_json_style="auto", json_schema_spans=True,
-                               loop_guard=0))
+                               loop_guard=0, speculative_adaptive=adaptive))
+
+
+@pytest.fixture
+def engine(tiny_folder: Path) -> Engine:
+    """A fresh engine per test: a test that fails leaves nothing behind for the next."""
+    return _engine(tiny_folder)
 
 
 def _faulty(engine: Engine, monkeypatch: pytest.MonkeyPatch, faults: dict[str, str]) -> None:
@@ -191,9 +196,14 @@ def _pool_is_whole(engine: Engine) -> None:
     assert pool.num_free + (cache.total_tokens if cache is not None else 0) == pool.capacity
 
 
+@pytest.mark.parametrize("drafting", ["adaptive", "always"])
 @pytest.mark.parametrize("fault", sorted(FAULTS))
-def test_a_failing_request_fails_alone(engine: Engine, monkeypatch: pytest.MonkeyPatch,
-                                       fault: str) -> None:
+def test_a_failing_request_fails_alone(tiny_folder: Path, monkeypatch: pytest.MonkeyPatch,
+                                       fault: str, drafting: str) -> None:
+    """A request whose matcher breaks (each of :data:`FAULTS`) fails alone, with its error;
+    the others' replies are what they are alone. Once, a forced token outside the vocabulary
+    broke prompt lookup's fold inside every request's step whenever the step drafted."""
+    engine = _engine(tiny_folder, adaptive=drafting == "adaptive")
     alone = {rid: out for r in _healthy() for rid, out in _run(engine, [r]).items()}
     _faulty(engine, monkeypatch, {"bad": fault})
     if fault == "vocab":  # NOTE: the span goes to the batch as forced (not re-tokenized)

@@ -41,6 +41,16 @@ def test_ngram_index_after_tokens_were_taken_back() -> None:
     assert index.match([1, 2]) is None
 
 
+def test_ngram_index_keeps_an_id_the_fold_does_not_cover() -> None:
+    # a forced token outside the vocabulary fails its request at the batch entry check; the
+    # index must not fail first (an IndexError there failed every request's step)
+    index = NgramIndex(fold=[0, 0, 2])
+    seq = [1, 9, 2, 1, 9]
+    index.update(seq)
+    m = index.match(seq)
+    assert m is not None and m.n == 2 and m.source[m.start] == 2
+
+
 def test_space_folded_ids() -> None:
     vocab = {"Kofi": 0, "\u0120Kofi": 1, "\u0120Smith": 2, "\u2581is": 3, "is": 4, "\u0120": 5}
     assert space_folded(vocab, 7) == [0, 0, 2, 4, 4, 5, 6]  # no space-less twin: kept

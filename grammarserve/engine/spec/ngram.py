@@ -56,13 +56,21 @@ class NgramIndex:
             self._keys.clear()
         keys, fold = self._keys, self._fold
         del keys[self._seen:]
-        keys.extend(tokens[len(keys):] if fold is None else
-                    [fold[t] for t in tokens[len(keys):]])
+        keys.extend(tokens[len(keys):] if fold is None else self._folded(tokens[len(keys):]))
         pos = self._pos
         for i in range(max(self._seen, MIN_N), len(tokens)):
             for n in range(MIN_N, min(MAX_N, i) + 1):
                 pos[tuple(keys[i - n:i])] = i
         self._seen = len(tokens)
+
+    def _folded(self, tokens: Sequence[int]) -> list[int]:
+        """``tokens`` folded; an id the fold does not cover (outside the vocabulary: the batch
+        entry check fails its request later, which must not be an IndexError here first, in
+        every request's step) is kept as it is."""
+        fold = self._fold
+        assert fold is not None
+        size = len(fold)
+        return [fold[t] if 0 <= t < size else t for t in tokens]
 
     def match(self, tokens: Sequence[int], source: Sequence[int] | None = None) -> Match | None:
         """The longest n-gram ending ``tokens`` that occurred in the indexed sequence
@@ -70,7 +78,7 @@ class NgramIndex:
         src = tokens if source is None else source
         tail = tokens[max(len(tokens) - MAX_N, 0):]
         if self._fold is not None:
-            tail = [self._fold[t] for t in tail]
+            tail = self._folded(tail)
         for n in range(min(MAX_N, len(tail)), MIN_N - 1, -1):
             i = self._pos.get(tuple(tail[len(tail) - n:]))
             if i is not None and i < len(src):
