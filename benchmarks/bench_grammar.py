@@ -4,7 +4,9 @@ check-jsonschema, benchmarks/make_realworld_corpus.py) and the JSON-Schema-Test-
 2020-12), plus all of them together.
 
 Prints one JSON line: per corpus and engine, compile p50/p99 (ms), per-token mask p50/p99 (µs),
-schemas compiled/refused, valid instances accepted, invalid instances refused (and accepted);
+schemas compiled/refused, valid instances accepted, invalid instances refused (and accepted),
+and for ``grammarserve_cold`` the causes of each valid walk refused (``fsm/exactness.py``: by
+cause and by kind: generation policy, backend limit, vocabulary, unexplained);
 then (on stderr) grammarserve's figures against the targets of issue 16.
 
 - ``grammarserve_cold``: the first compile of each schema (compiled grammars and validated
@@ -70,6 +72,9 @@ class _Raw:
     def is_terminated(self) -> bool:
         return self.done
 
+    def take_retraction(self) -> bool:
+        return False  # NOTE: a raw backend checks nothing after the grammar
+
     def error(self) -> str:
         return ""
 
@@ -127,6 +132,26 @@ def _engines(tok: Any) -> dict[str, Callable[[Any], Any]]:
             "llguidance": raw_llguidance}
 
 
+def _explainers(tok: Any) -> dict[str, Callable[[Any, Any, str], Any]]:
+    """The causes of a refused valid walk, per grammarserve engine: its own compiler (the
+    defaults, closed schemas) beside one with ``open_schemas=True``. Compiled with no
+    background upgrade, so the grammar explained is the first requests' one."""
+    from grammarserve.fsm import GrammarCompiler
+    from grammarserve.fsm.conformance import explain_refusal
+
+    closed = GrammarCompiler(tok, background_upgrade=False, compile_timeout_s=600)
+    opened = GrammarCompiler(tok, background_upgrade=False, compile_timeout_s=600,
+                             open_schemas=True)
+    bitmask = closed.allocate_bitmask(1)
+
+    def explain(schema: Any, instance: Any, form: str) -> Any:
+        return explain_refusal(closed, schema, instance, form, tok, bitmask,
+                               open_compiler=opened)
+
+    # NOTE: not the steady engine's: its upgraded grammars are xgrammar's, not the explained ones
+    return {"grammarserve_cold": explain}
+
+
 class _Tally:
     """Compile times, mask times and walk counts of one engine over some schemas."""
 
@@ -134,12 +159,16 @@ class _Tally:
         self.compile_ms: list[float] = []
         self.mask_s: list[float] = []
         self.c = {"schemas": 0, "compiled": 0, "refused": 0, "valid_accepted": 0,
-                  "valid_total": 0, "invalid_refused": 0, "invalid_accepted": 0,
+                  "valid_total": 0, "valid_total_compiled": 0, "invalid_refused": 0, "invalid_accepted": 0,
                   "invalid_total": 0}
+        self.refusals: list[Any] = []  # exactness.Refusal of each valid walk refused
+        self.explained = False  # whether refused valid walks were given their causes
 
     def add(self, other: _Tally) -> None:
         self.compile_ms += other.compile_ms
         self.mask_s += other.mask_s
+        self.refusals += other.refusals
+        self.explained = self.explained or other.explained
         for k, v in other.c.items():
             self.c[k] += v
 
@@ -147,20 +176,40 @@ class _Tally:
         def r(x: float | None, nd: int) -> float | None:
             return None if x is None else round(x, nd)
 
+        from grammarserve.fsm.exactness import CauseKind, tally
+
         mask = self.mask_s
+        kinds = {k.name.lower(): sum(1 for f in self.refusals
+                                     if {c.kind for c in f.causes} == {k}
+                                     or (k is CauseKind.OURS and any(
+                                         c.kind is k for c in f.causes)))
+                 for k in CauseKind}
+        exactness = {}
+        total = self.c["valid_total_compiled"] or 1
+        rates = {"valid_accepted_rate": round(self.c["valid_accepted"] / total, 4)}
+        if self.explained:
+            exactness = {"valid_refused_by_cause": tally(self.refusals),
+                         "valid_refused_by_kind": kinds,
+                         "valid_accepted_or_policy_rate": round(
+                             (self.c["valid_accepted"] + kinds["policy"]) / total, 4)}
         return {"compile_ms_p50": r(_pct(self.compile_ms, 0.5), 3),
                 "compile_ms_p99": r(_pct(self.compile_ms, 0.99), 3),
                 "mask_us_p50": r((_pct(mask, 0.5) or 0) * 1e6, 2),
                 "mask_us_p99": r((_pct(mask, 0.99) or 0) * 1e6, 1),
                 "mask_us_mean": r(statistics.fmean(mask) * 1e6, 2) if mask else None,
-                "masks": len(mask), **self.c}
+                "masks": len(mask), **self.c, **rates, **exactness}
 
 
 def _run(compile_fn: Callable[[Any], Any], cases: list[Any], tok: Any, stop: int,
-         bitmask: torch.Tensor, encoded: dict[str, list[int]], walks: bool = True) -> _Tally:
-    from grammarserve.fsm.conformance import instance_texts, walk
+         bitmask: torch.Tensor, encoded: dict[str, list[int]], walks: bool = True,
+         explain: Callable[[Any, Any, str], Any] | None = None) -> _Tally:
+    """Compile and walk ``cases``; ``explain(schema, instance, form)``: the causes of a valid
+    walk refused (grammarserve's engines; see ``fsm/exactness.py``)."""
+    from grammarserve.fsm.conformance import FORMS, instance_texts, walk
+    from grammarserve.fsm.exactness import Refusal
 
     t = _Tally()
+    t.explained = explain is not None
     for case in cases:
         t.c["schemas"] += 1
         start = time.perf_counter()
@@ -176,15 +225,19 @@ def _run(compile_fn: Callable[[Any], Any], cases: list[Any], tok: Any, stop: int
             t.c["refused"] += 1
         for _, instance, valid in case.tests if walks else []:
             texts = instance_texts(instance) if valid else instance_texts(instance)[:1]
-            for text in texts:
+            for form, text in zip(FORMS, texts):
                 ok = False
                 if make is not None:
                     ids = encoded.setdefault(text, tok.encode(text, add_special_tokens=False))
                     ok, _ = walk(make(), ids, stop, bitmask, mask_times=t.mask_s)
                 key = "valid" if valid else "invalid"
                 t.c[f"{key}_total"] += 1
+                t.c["valid_total_compiled"] += valid and make is not None
                 if valid and ok:
                     t.c["valid_accepted"] += 1
+                elif valid and make is not None and explain is not None:
+                    t.refusals.append(Refusal(case.file, case.description, form,
+                                              explain(case.schema, instance, form)))
                 elif not valid:
                     t.c["invalid_accepted" if ok else "invalid_refused"] += 1
     return t
@@ -238,6 +291,7 @@ def main() -> None:
             cases = list(loaders[name]())
             corpora[name] = cases[:args.limit] if args.limit else cases
     engines = _engines(tok)
+    explainers = _explainers(tok)
     stop = int(tok.eos_token_id)
     bitmask = torch.zeros((1, (len(tok) + 31) // 32), dtype=torch.int32)
     encoded: dict[str, list[int]] = {}  # text -> token ids, shared by all engines
@@ -247,7 +301,7 @@ def main() -> None:
         block: dict[str, Any] = {"schemas": len(cases), "engines": {}}
         for name in args.engines.split(","):
             tally = _run(engines[name], cases, tok, stop, bitmask, encoded,
-                         walks=not args.compile_only)
+                         walks=not args.compile_only, explain=explainers.get(name))
             totals.setdefault(name, _Tally()).add(tally)
             block["engines"][name] = tally.summary()
             print(f"# {corpus} {name}: {json.dumps(block['engines'][name])}", file=sys.stderr)

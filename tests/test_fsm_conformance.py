@@ -16,13 +16,16 @@ from walk_helpers import walk_jump_forward
 from grammarserve.errors import GrammarError
 from grammarserve.fsm import GrammarCompiler
 from grammarserve.fsm.conformance import (
+    FORMS,
     SuiteCase,
+    explain_refusal,
     instance_texts,
     load_corpus,
     load_suite,
     walk,
 )
 from grammarserve.fsm.conformance import refusal_keyword as conformance_refusal_keyword
+from grammarserve.fsm.exactness import Cause, Refusal, tally
 
 pytestmark = pytest.mark.model  # every test here uses the embedded model
 
@@ -39,31 +42,9 @@ SUITE_EXPECTED = REPO / "tests" / "data" / "suite_expected.json"
 # hard_unique_tags.json's ``uniqueItems`` and ``contains`` are value checks, fsm/checked_matcher.py.)
 CORPUS_REFUSED_AUTO: dict[str, list[str]] = {}
 
-# Valid instances we refuse on purpose (documented in grammarserve/fsm/README.md):
-# keys are generated in schema order; integers are written without a fraction; ``format`` is
-# asserted, not just annotated. Each entry: (file, group, test).
-KEY_ORDER = {("allOf.json", "allOf", "allOf"),
-             ("allOf.json", "allOf with base schema", "valid"),
-             # keys only ``dependentRequired`` names come dependents first (rewrite_cond.py)
-             ("dependentRequired.json", "dependencies with escaped characters", "CRLF"),
-             # the $ref'd schema's keys come first
-             ("unevaluatedProperties.json", "unevaluatedProperties with $ref",
-              "with no unevaluated properties")}
-
-
-def _documented(case: SuiteCase, desc: str, instance: Any) -> bool:
-    if (case.file, case.description, desc) in KEY_ORDER or case.file == "format.json":
-        return True
-    return "float" in desc or any(isinstance(v, float) and v.is_integer()
-                                  for v in _scalars(instance))
-
-
-def _scalars(value: Any) -> list[Any]:
-    if isinstance(value, dict):
-        return [s for v in value.values() for s in _scalars(v)]
-    if isinstance(value, list):
-        return [s for v in value for s in _scalars(v)]
-    return [value]
+# Valid instances refused are explained by a documented rule (fsm/exactness.py's causes: key
+# order, integers without a fraction, ``format`` asserted in every draft...), found by rewriting
+# the instance or compiling the schema without the rule; an unexplained refusal fails the test.
 
 
 @pytest.fixture(scope="module")
@@ -100,11 +81,14 @@ def refusal_keyword(e: GrammarError) -> str:
 
 
 def _run_cases(compiler: GrammarCompiler, tokenizer: Any, cases: list[SuiteCase],
-               documented: Any) -> dict[str, Any]:
+               explain: bool) -> dict[str, Any]:
+    """Compile and walk ``cases``; with ``explain``, a refused valid walk a documented cause
+    explains is counted under it (``valid_documented``), else every one is a failure."""
     bitmask = compiler.allocate_bitmask(1)
     stop = compiler.stop_token_ids[0]
     counts: dict[str, Any] = {"schemas_ok": 0, "schemas_refused": 0, "valid_ok": 0,
                               "valid_documented": 0, "invalid_refused": 0}
+    causes: list[Refusal] = []
     refused: dict[str, list[str]] = {}  # keyword -> "file | schema description"
     failures: list[str] = []
     for case in cases:
@@ -117,13 +101,18 @@ def _run_cases(compiler: GrammarCompiler, tokenizer: Any, cases: list[SuiteCase]
         counts["schemas_ok"] += 1
         for desc, instance, valid in case.tests:
             texts = instance_texts(instance) if valid else instance_texts(instance)[:1]
-            for text in texts:
+            for form, text in zip(FORMS, texts):
                 ids = tokenizer.encode(text, add_special_tokens=False)
                 ok, why = walk(grammar.matcher(), ids, stop, bitmask)
+                found = frozenset({Cause.UNEXPLAINED})
+                if valid and not ok and explain:
+                    found = explain_refusal(compiler, case.schema, instance, form, tokenizer,
+                                            bitmask)
                 if valid and ok:
                     counts["valid_ok"] += 1
-                elif valid and documented(case, desc, instance):
+                elif valid and Cause.UNEXPLAINED not in found:
                     counts["valid_documented"] += 1
+                    causes.append(Refusal(f"{case.file} | {case.description}", desc, form, found))
                 elif valid:
                     failures.append(f"valid refused: {case.file} | {case.description} | "
                                     f"{desc} | {text!r}: {why}")
@@ -134,6 +123,7 @@ def _run_cases(compiler: GrammarCompiler, tokenizer: Any, cases: list[SuiteCase]
                                     f"{desc} | {text!r}")
     counts["failures"] = failures
     counts["refused"] = {k: sorted(v) for k, v in sorted(refused.items())}
+    counts["valid_documented_by_cause"] = tally(causes)
     return counts
 
 
@@ -151,7 +141,7 @@ def test_json_schema_test_suite(backend: str, compilers: dict[str, GrammarCompil
     """Every valid instance of a compiled schema is accepted (or refused for a documented
     reason), every invalid one refused; the schemas refused at compile time are exactly the
     expected list, keyword by keyword (tests/data/suite_expected.json), and so are the counts."""
-    counts = _run_cases(compilers[backend], tokenizer, list(load_suite(SUITE)), _documented)
+    counts = _run_cases(compilers[backend], tokenizer, list(load_suite(SUITE)), explain=True)
     failures, refused = counts.pop("failures"), counts.pop("refused")
     print(f"\n{backend}: {counts}; refused per keyword: "
           f"{ {k: len(v) for k, v in refused.items()} }")
@@ -170,7 +160,7 @@ def test_json_schema_test_suite(backend: str, compilers: dict[str, GrammarCompil
 def test_schemas_corpus(backend: str, compilers: dict[str, GrammarCompiler],
                         tokenizer: Any) -> None:
     cases = list(load_corpus(CORPUS))
-    counts = _run_cases(compilers[backend], tokenizer, cases, lambda *a: False)
+    counts = _run_cases(compilers[backend], tokenizer, cases, explain=False)
     failures, refused = counts.pop("failures"), counts.pop("refused")
     print(f"\n{backend}: {counts}; refused: {refused}")
     assert failures == [], "\n".join(failures[:20])

@@ -7,8 +7,8 @@ are bounded, SOURCES.md names each file's origin and licence.
 
 With the embedded tokenizer, every schema goes through ``GrammarCompiler``: either it compiles,
 and then every invalid instance is refused (a hard rule) and the valid ones are accepted token by
-token; or it is refused with a ``GrammarError`` naming the keyword (its JSON path, or the
-backend's message). What is refused, by keyword, and which valid walks fail are exactly
+token (a valid walk refused is given its causes, ``fsm/exactness.py``); or it is refused with
+a ``GrammarError`` naming the keyword (its JSON path, or the backend's message). What is refused, by keyword, and which valid walks fail are exactly
 tests/data/realworld_expected.json, so a change shows up as a diff;
 GRAMMARSERVE_WRITE_REALWORLD_EXPECTED=1 rewrites it from the current run, to review and commit.
 """
@@ -24,8 +24,16 @@ import jsonschema
 import pytest
 
 from grammarserve.errors import GrammarError
-from grammarserve.fsm.conformance import SuiteCase, instance_texts, load_corpus, walk
+from grammarserve.fsm.conformance import (
+    FORMS,
+    SuiteCase,
+    explain_refusal,
+    instance_texts,
+    load_corpus,
+    walk,
+)
 from grammarserve.fsm.conformance import refusal_keyword as conformance_refusal_keyword
+from grammarserve.fsm.exactness import Refusal, tally
 
 REPO = Path(__file__).resolve().parents[1]
 REALWORLD = REPO / "schemas" / "realworld"
@@ -103,6 +111,7 @@ def run_corpus(compiler: Any, tokenizer: Any, cases: list[SuiteCase]) -> dict[st
               "invalid_refused": 0}
     refused: dict[str, list[str]] = {}
     valid_refused: list[str] = []
+    causes: list[Refusal] = []
     accepted: list[str] = []
     for case in cases:
         name = case.file.removesuffix(".json")
@@ -116,20 +125,24 @@ def run_corpus(compiler: Any, tokenizer: Any, cases: list[SuiteCase]) -> dict[st
         counts["schemas_ok"] += 1
         for desc, instance, valid in case.tests:
             texts = instance_texts(instance) if valid else instance_texts(instance)[:1]
-            for form, text in zip(("compact", "spaced"), texts):
+            for form, text in zip(FORMS, texts):
                 ids = tokenizer.encode(text, add_special_tokens=False)
                 ok, _ = walk(grammar.matcher(), ids, stop, bitmask)
                 if valid and ok:
                     counts["valid_ok"] += 1
                 elif valid:
                     counts["valid_refused"] += 1
-                    valid_refused.append(f"{name} | {desc} | {form}")
+                    found = Refusal(name, desc, form, explain_refusal(
+                        compiler, case.schema, instance, form, tokenizer, bitmask))
+                    causes.append(found)
+                    valid_refused.append(f"{name} | {desc} | {form} | {found.label}")
                 elif ok:
                     accepted.append(f"{name} | {desc} | {text[:200]}")
                 else:
                     counts["invalid_refused"] += 1
     return {"counts": counts, "refused": {k: sorted(v) for k, v in sorted(refused.items())},
-            "valid_refused": valid_refused, "invalid_accepted": accepted}
+            "valid_refused": valid_refused, "valid_refused_by_cause": tally(causes),
+            "invalid_accepted": accepted}
 
 
 def _diff(expected: dict[str, list[str]], got: dict[str, list[str]]) -> list[str]:
@@ -161,8 +174,8 @@ def test_realworld_corpus_through_the_compiler(tokenizer: Any) -> None:
         got["invalid_accepted"][:20])
     assert counts["schemas_ok"] + counts["schemas_refused"] == len(cases)
     if os.environ.get("GRAMMARSERVE_WRITE_REALWORLD_EXPECTED"):
-        EXPECTED.write_text(json.dumps({k: got[k] for k in ("counts", "refused",
-                                                             "valid_refused")},
+        EXPECTED.write_text(json.dumps({k: got[k] for k in (
+            "counts", "refused", "valid_refused", "valid_refused_by_cause")},
                                        indent=1, sort_keys=True) + "\n")
     expected = json.loads(EXPECTED.read_text())
     assert _diff(expected["refused"], refused) == []
@@ -170,3 +183,4 @@ def test_realworld_corpus_through_the_compiler(tokenizer: Any) -> None:
     assert walks == set(), "valid walks refused that were not, or accepted that were not:\n" + \
         "\n".join(sorted(walks)[:20])
     assert counts == expected["counts"]
+    assert got["valid_refused_by_cause"] == expected["valid_refused_by_cause"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from grammarserve.errors import GrammarError
+from grammarserve.fsm.exactness import Cause, refusal_causes, without_formats
 from grammarserve.fsm.matcher import Matcher
 
 
@@ -99,3 +100,34 @@ def refusal_keyword(e: GrammarError, named: list[tuple[str, str | None]]) -> str
         if found:
             return keyword or found.group(1)
     return type(e).__name__
+
+
+#: The separators of each form :func:`instance_texts` writes.
+FORMS = {"compact": (",", ":"), "spaced": (", ", ": ")}
+
+
+def explain_refusal(compiler: Any, schema: Any, instance: Any, form: str, tokenizer: Any,
+                    bitmask: torch.Tensor, *, open_compiler: Any = None) -> frozenset[Cause]:
+    """The causes (``exactness.refusal_causes``) of ``compiler``'s grammar of ``schema``
+    refusing the valid ``instance`` written in ``form`` (a key of :data:`FORMS`);
+    ``open_compiler``: one with ``open_schemas=True`` where ``compiler`` closes schemas."""
+    stop = compiler.stop_token_ids[0]
+
+    def accepts_with(c: Any, s: Any) -> Callable[[str], bool]:
+        try:
+            grammar = c.compile_json_schema(s)
+        except GrammarError:
+            return lambda text: False
+        return lambda text: walk(grammar.matcher(), tokenizer.encode(
+            text, add_special_tokens=False), stop, bitmask)[0]
+
+    def spells(text: str) -> bool:
+        return bool(tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text)
+
+    seps = FORMS[form]
+    variants = [(Cause.CLOSED, accepts_with(open_compiler, schema))] if open_compiler else []
+    variants.append((Cause.FORMAT, accepts_with(compiler, without_formats(schema))))
+    prepared = json.loads(compiler.spec("json_schema", schema).source)
+    return refusal_causes(instance, lambda v: json.dumps(v, ensure_ascii=False, separators=seps),
+                          prepared, accepts=accepts_with(compiler, schema), spells=spells,
+                          variants=variants)

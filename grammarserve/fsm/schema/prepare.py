@@ -1,8 +1,9 @@
 """The JSON-Schema front end's stages, in order: parse, translate an older draft, meta-validate,
 make references local, refuse keywords (after the exact rewrites, where they apply), check the
-schema is finite and non-empty, strict mode's rules, normalize, fit numbers to what the backend
-represents exactly, close. Sharing identical leaves (``schema/share.py``) comes last, on the source the
-grammar is compiled from (``frontend.py``)."""
+schema is finite and non-empty, strict mode's rules, normalize, put each object's own
+``properties`` before its applicators' (``order.py``: the key order generated), fit numbers
+to what the backend represents exactly, close. Sharing identical leaves (``schema/share.py``)
+comes last, on the source the grammar is compiled from (``frontend.py``)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from grammarserve.fsm.schema.depth import check_schema_depth
 from grammarserve.fsm.schema.exact_numbers import exact_numbers, exact_range
 from grammarserve.fsm.schema.keywords import check_keywords
 from grammarserve.fsm.schema.normalize import normalize
+from grammarserve.fsm.schema.order import own_properties_first
 from grammarserve.fsm.schema.read.drafts import to_draft_2020
 from grammarserve.fsm.schema.read.localrefs import hoist_ref_targets, localize_refs
 from grammarserve.fsm.schema.read.metavalidate import meta_validate
@@ -60,7 +62,7 @@ def prepare(schema: Any, how: Preparation) -> tuple[dict[str, Any], list[ValueCh
     check_finite(prepared)
     if how.strict:
         check_strict(prepared)
-    prepared = normalize(prepared)
+    prepared = own_properties_first(normalize(prepared))
     prepared = exact_numbers(prepared, exact_range(how.backend), narrow=not how.open_schemas)
     if not how.open_schemas:
         prepared = close_schema(prepared)
