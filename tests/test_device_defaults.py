@@ -9,14 +9,16 @@ import pytest
 import torch
 from tiny_models import build_tiny, tiny_tokenizer
 
+import grammarserve.engine.engine as engine_module
 from grammarserve.config import EngineConfig
+from grammarserve.engine.engine import Engine
 from grammarserve.engine.memory import (
     ActivationShape,
     activation_reserve_bytes,
     mirror_tokens_for,
     plan_kv_tokens,
 )
-from grammarserve.errors import InvalidRequestError
+from grammarserve.errors import InvalidRequestError, OutOfMemoryError
 from grammarserve.models.loader import load_model
 
 
@@ -71,6 +73,17 @@ def test_kv_plan_counts_mirror_gather_and_reserve() -> None:
     assert big == 131072 and mirror_tokens_for(big, None) == 65536
     # ... else the floor, which comes off first
     assert plan_kv_tokens(60000 * 1000, 1.0, 1000, mirror=None) == 60000 - 32768
+
+
+def test_a_planned_pool_too_small_to_serve_is_refused(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full machine: the engine refuses to start, naming the settings, instead of serving
+    from a pool of a token or two (every request would then fail as too long)."""
+    build_tiny("llama", {}, tmp_path / "m", tiny_tokenizer())
+    monkeypatch.setattr(engine_module, "available_memory_bytes", lambda device: 2**20)
+    with pytest.raises(OutOfMemoryError, match="kv_memory_fraction.*kv_cache_tokens"):
+        Engine(EngineConfig(model=str(tmp_path / "m"), device="cpu"))
+    assert plan_kv_tokens(2**20, 0.5, 2**20) == 0  # no room: none, not one
 
 
 def test_activation_reserve_covers_a_full_forward() -> None:

@@ -13,8 +13,8 @@ from grammarserve.fsm.conformance import explain_refusal, walk
 from grammarserve.fsm.exactness import (
     Cause,
     CauseKind,
-    outside_number_bounds,
     integral_ints,
+    outside_number_bounds,
     plain_numbers,
     refusal_causes,
     schema_ordered,
@@ -86,7 +86,7 @@ def test_causes_are_the_fewest_that_explain() -> None:
 
 def test_variants_name_policies() -> None:
     schema = {"properties": {"a": {}}}
-    never = lambda t: False  # noqa: E731
+    never = lambda t: False
     assert refusal_causes({"a": 1, "x": 2}, _dumps, schema, accepts=never, spells=_spells,
                           variants=[(Cause.CLOSED, lambda t: True)]) == {Cause.CLOSED}
     assert refusal_causes({"a": 2**60}, _dumps, schema, accepts=never, spells=_spells,

@@ -18,6 +18,7 @@ from grammarserve.engine.device import setup_cuda
 from grammarserve.engine.dry import DryPenalty
 from grammarserve.engine.grammar import GrammarRunner
 from grammarserve.engine.memory import (
+    MIN_PLANNED_KV_TOKENS,
     ActivationShape,
     activation_reserve_bytes,
     available_memory_bytes,
@@ -36,7 +37,7 @@ from grammarserve.engine.stats import EngineStats
 from grammarserve.engine.stopping import append_token, retract
 from grammarserve.engine.threads import ThreadTuner
 from grammarserve.engine.validate import check_bias, check_prompt
-from grammarserve.errors import ErrorKind, InvalidRequestError
+from grammarserve.errors import ErrorKind, InvalidRequestError, OutOfMemoryError
 from grammarserve.fsm.repeats import CallRepeatGuard
 from grammarserve.models.loader import LoadedModel, load_model
 from grammarserve.models.prompt_tokens import SegmentEncoder
@@ -112,11 +113,19 @@ class Engine:
             mc.num_heads * mc.head_dim, mc.num_kv_heads * mc.head_dim, mc.vocab_size,
             c.torch_dtype.itemsize))
         assert c.kv_memory_fraction is not None  # resolved
-        return plan_kv_tokens(
-            available_memory_bytes(c.torch_device), c.kv_memory_fraction,
-            self.kv_bytes_per_token, reserve=reserve,
+        available = available_memory_bytes(c.torch_device)
+        planned = plan_kv_tokens(
+            available, c.kv_memory_fraction, self.kv_bytes_per_token, reserve=reserve,
             mirror=0 if varlen else c.decode_mirror_tokens,
             gather_layers=mc.num_layers if varlen else 0)
+        if planned < MIN_PLANNED_KV_TOKENS:
+            raise OutOfMemoryError(
+                f"only {planned} KV cache tokens fit in kv_memory_fraction="
+                f"{c.kv_memory_fraction} of the {available / 2**20:.0f} MiB available after "
+                f"the weights (less {reserve / 2**20:.0f} MiB for one forward's activations); "
+                f"at least {MIN_PLANNED_KV_TOKENS} are needed: free memory, raise "
+                "kv_memory_fraction, or set kv_cache_tokens")
+        return planned
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     *, namespace: str = DEFAULT_NAMESPACE) -> None:

@@ -63,6 +63,11 @@ def activation_reserve_bytes(a: ActivationShape) -> int:
     return 2 * (a.max_batch_tokens * per_token + logits)
 
 
+#: The smallest KV pool a planned (not explicitly sized) engine starts with: below it, the
+#: machine has no room to serve, and starting would only fail every request later.
+MIN_PLANNED_KV_TOKENS = 512
+
+
 def plan_kv_tokens(available: int, fraction: float, bytes_per_token: int, *,
                    reserve: int = 0, mirror: int | None = 0, gather_layers: int = 0) -> int:
     """KV pool capacity (tokens) whose whole cost fits in ``fraction`` of what is left of
@@ -82,7 +87,7 @@ def plan_kv_tokens(available: int, fraction: float, bytes_per_token: int, *,
                                                      / per_token)
     else:
         capacity = int((budget - mirror * bytes_per_token) / per_token)
-    return max(1, capacity)
+    return max(0, capacity)
 
 
 def _proc_kib(path: str, key: str) -> int | None:

@@ -46,25 +46,26 @@ class Cause(enum.Enum):
     VOCABULARY = ("vocabulary", CauseKind.VOCABULARY,
                   "the tokenizer cannot spell the text (its tokens decode to other text)")
     KEY_ORDER = ("key order", CauseKind.POLICY,
-                 "an object's named properties are generated in the schema's order, other keys after")
+                 "named properties in the schema's order (its own before its applicators'), "
+                 "then keys only required names, then the others")
     NUMBER_SPELLING = ("number spelling", CauseKind.POLICY,
-                       "a number whose value is an integer is written without a fraction "
-                       "(1, not 1.0) where the schema asks for an integer or a const/enum")
+                       ("a number whose value is an integer is written without a fraction "
+                       "(1, not 1.0) where the schema asks for an integer or a const/enum"))
     CLOSED = ("closed schema", CauseKind.POLICY,
-              "properties the schema does not name are generated only where it says "
-              "additionalProperties (open_schemas=True lifts it)")
+              ("properties the schema does not name are generated only where it says "
+              "additionalProperties (open_schemas=True lifts it)"))
     NUMBER_BOUNDS = ("number bounds", CauseKind.POLICY,
-                     f"unbounded integers within +-{EXACT.max_integer}, bounds wider than "
-                     f"+-{EXACT.max_bound:g} narrowed to it, digit runs of at most "
-                     f"{MAX_DIGIT_RUN} (open_schemas=True lifts it)")
+                     (f"unbounded integers within +-{EXACT.max_integer}, bounds wider than "
+                      f"+-{EXACT.max_bound:g} narrowed to it, digit runs of at most "
+                      f"{MAX_DIGIT_RUN} (open_schemas=True lifts it)"))
     FORMAT = ("format", CauseKind.POLICY,
-              "a format the server knows is enforced in every draft (in draft 4, 6 and 7 "
-              "only some formats are defined; validators pass others as annotations)")
+              ("a format the server knows is enforced in every draft (in draft 4, 6 and 7 "
+              "only some formats are defined; validators pass others as annotations)"))
     RAW_DEL = ("raw DEL", CauseKind.BACKEND,
                "llguidance refuses a raw U+007F in a string (its escape \\u007f is accepted)")
     EXPONENT = ("bounded exponent", CauseKind.BACKEND,
-                "a number with minimum/maximum is matched in plain decimal form only (both "
-                "backends)")
+                ("a number with minimum/maximum is matched in plain decimal form only (both "
+                "backends)"))
     UNEXPLAINED = ("unexplained", CauseKind.OURS, "no rule explains it: a bug")
 
     def __init__(self, label: str, kind: CauseKind, rule: str) -> None:
@@ -212,7 +213,7 @@ def outside_number_bounds(instance: Any, text: str) -> bool:
            for n in _numbers(instance)):
         return True
     unquoted = re.sub(r'"(?:[^"\\]|\\.)*"', '""', text)
-    return re.search(r"\d{%d}" % (MAX_DIGIT_RUN + 1), unquoted) is not None
+    return re.search(rf"\d{{{MAX_DIGIT_RUN + 1}}}", unquoted) is not None
 
 
 # --------------------------------------------------------------------------- the accounting
