@@ -46,8 +46,8 @@ class Cause(enum.Enum):
     VOCABULARY = ("vocabulary", CauseKind.VOCABULARY,
                   "the tokenizer cannot spell the text (its tokens decode to other text)")
     KEY_ORDER = ("key order", CauseKind.POLICY,
-                 "named properties in the schema's order (its own before its applicators'), "
-                 "then keys only required names, then the others")
+                 ("named properties in the schema's order (its own before its applicators'), "
+                 "then keys only required names, then the others"))
     NUMBER_SPELLING = ("number spelling", CauseKind.POLICY,
                        ("a number whose value is an integer is written without a fraction "
                        "(1, not 1.0) where the schema asks for an integer or a const/enum"))
