@@ -86,13 +86,22 @@ class _Analysis:
         for key, (sub, _) in self.nodes.items():
             for child in self._depends_on(sub):
                 dependents.setdefault(id(child), []).append(key)
+        # NOTE: the walk's order reversed puts every subschema after the ones it contains, so
+        # most are decided on their first look; a dependent is looked at again only if it was
+        # looked at already (and failed): one not yet looked at sees the change when its turn
+        # comes. (Pushing every dependent at once made a parent fail once per child.)
         work = list(self.nodes)
+        failed: set[int] = set()
         while work:
             key = work.pop()
-            if key in self.productive or not self._is_productive(self.nodes[key][0]):
+            if key in self.productive:
+                continue
+            if not self._is_productive(self.nodes[key][0]):
+                failed.add(key)
                 continue
             self.productive.add(key)
-            work.extend(k for k in dependents.get(key, ()) if k not in self.productive)
+            failed.discard(key)
+            work.extend(k for k in dependents.get(key, ()) if k in failed)
 
     def _depends_on(self, sub: dict[str, Any]) -> list[Any]:
         out = [self._target(sub)]
