@@ -19,11 +19,18 @@ computes a mask mostly without the GIL, ``benchmarks/bench_gil.py``). A JSON sch
 llguidance compiles first gets one build of both styles at once for its first requests
 (``StagedGrammar``); its per-style grammars come on reuse, on the upgrade thread: xgrammar's
 straight away where the upgrade would go there anyway, else llguidance's.
+
+With a disk cache (``disk_cache.py``), every background compile of a backend that serializes
+(xgrammar) is written there, and read back instead of compiled again (another process, or after
+a restart). Where the disk holds what a spec's upgrade would compile (each style's grammar of a
+JSON style ``auto``), a cold compile serves that at once: the grammar the spec would have been
+upgraded to, with no first grammar and no upgrade.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import os
 import threading
 import time
@@ -36,6 +43,7 @@ from grammarserve.errors import GrammarError
 from grammarserve.fsm.backends import create_backend
 from grammarserve.fsm.backends.base import GrammarBackend
 from grammarserve.fsm.config import AUTO_STYLES, GrammarConfig, GrammarSpec, SpecKind
+from grammarserve.fsm.disk_cache import DiskCache, code_versions
 from grammarserve.fsm.matcher import CompiledGrammar
 from grammarserve.fsm.style import StagedGrammar, StyledGrammar, separator_free, then_settled
 from grammarserve.fsm.vocab import VocabInfo
@@ -68,9 +76,11 @@ UPGRADES: dict[SpecKind, str] = {ConstraintKind.JSON_SCHEMA: "xgrammar"}
 class BackendPolicy:
     """Owns the backends (built lazily, once) and compiles a spec with the right one(s)."""
 
-    def __init__(self, vocab: VocabInfo, config: GrammarConfig) -> None:
+    def __init__(self, vocab: VocabInfo, config: GrammarConfig,
+                 disk: DiskCache | None = None) -> None:
         self.vocab = vocab
         self.config = config
+        self.disk = disk
         self._backends: dict[str, GrammarBackend] = {}
         self._lock = threading.Lock()
         self._build_locks: dict[str, threading.Lock] = {}
@@ -99,7 +109,7 @@ class BackendPolicy:
                 backend = self.backend(name)
                 if not backend.accepts(spec) or not backend.upgrade_pays(spec):
                     return False
-                better = backend.compile(spec, background=True)
+                better = self._background(backend, spec)
             except Exception:  # noqa: BLE001 - an upgrade is optional
                 return False
             grammar.upgrade(better)
@@ -140,6 +150,9 @@ class BackendPolicy:
         refuse ``spec`` already (not tried again) and its refusal."""
         if spec.option("json_style") == "auto":
             return self._compile_styles(spec)
+        stored = self._stored_upgrade(spec)
+        if stored is not None:
+            return stored
         errors: list[tuple[str, GrammarError]] = []
         if refused is not None:
             errors.append((refused[0], copy.copy(refused[1])))
@@ -166,6 +179,9 @@ class BackendPolicy:
             return self._compile_with_start(specs[0])  # NOTE: one language in every style
         if (spec.kind == ConstraintKind.JSON_SCHEMA and self.config.background_upgrade
                 and self.order(spec.kind)[0] == "llguidance"):
+            stored = self._stored_styles(specs)
+            if stored is not None:
+                return stored
             try:
                 return self._compile_staged(specs)
             except GrammarError as e:
@@ -238,13 +254,80 @@ class BackendPolicy:
             backend = self.backend(name)
             if backend.accepts(spec) and backend.upgrade_pays(spec):
                 try:
-                    grammar = backend.compile(spec, background=True)
+                    grammar = self._background(backend, spec)
                 except GrammarError:
                     pass
                 else:
                     self._start_mask(grammar)
                     return grammar
         return self._compile_with_start(spec)
+
+    # -- the disk cache --------------------------------------------------------------------
+    def _grammar_key(self, spec: GrammarSpec, backend: GrammarBackend) -> str:
+        return json.dumps([spec.key(self.vocab.fingerprint, backend.name), "background",
+                           backend.serial_format, code_versions()], sort_keys=True)
+
+    def _background(self, backend: GrammarBackend, spec: GrammarSpec) -> CompiledGrammar:
+        """``backend.compile(spec, background=True)``, read from the disk cache where it is
+        there, else written there after (on the upgrade thread, after this upgrade)."""
+        if self.disk is None or not backend.serial_format:
+            return backend.compile(spec, background=True)
+        key = self._grammar_key(spec, backend)
+        restored = self._restored(backend, spec, key)
+        if restored is not None:
+            return restored
+        grammar = backend.compile(spec, background=True)
+        self._upgrades.submit(self._write, backend, grammar, key)
+        return grammar
+
+    def _write(self, backend: GrammarBackend, grammar: CompiledGrammar, key: str) -> None:
+        assert self.disk is not None
+        try:
+            text = backend.serialize(grammar)
+        except Exception:  # noqa: BLE001 - the disk cache is optional
+            return
+        if text is not None:
+            self.disk.put("grammar", key, text.encode())
+
+    def _restored(self, backend: GrammarBackend, spec: GrammarSpec, key: str
+                  ) -> CompiledGrammar | None:
+        assert self.disk is not None
+        blob = self.disk.get("grammar", key)
+        if blob is None:
+            return None
+        try:
+            return backend.restore(spec, blob.decode())
+        except (ValueError, UnicodeDecodeError):  # NOTE: the key matched: another library
+            self.disk.discard("grammar", key)
+            return None
+
+    def _stored_upgrade(self, spec: GrammarSpec) -> CompiledGrammar | None:
+        """The grammar ``spec``'s background upgrade would compile, if the disk holds it (only
+        where that upgrade would run: ``auto`` with background upgrades)."""
+        name = UPGRADES.get(spec.kind)
+        if self.disk is None or name is None or self.config.backend != "auto" \
+                or not self.config.background_upgrade:
+            return None
+        backend = self.backend(name)
+        if not backend.serial_format:
+            return None
+        return self._restored(backend, spec, self._grammar_key(spec, backend))
+
+    def _stored_styles(self, specs: list[GrammarSpec]) -> CompiledGrammar | None:
+        """The :class:`StyledGrammar` a :class:`StagedGrammar` of ``specs`` would be upgraded
+        to, if the disk holds every style's grammar."""
+        start = time.perf_counter()
+        styles = []
+        for style_spec in specs:
+            grammar = self._stored_upgrade(style_spec)
+            if grammar is None:
+                return None
+            styles.append(grammar)
+        return StyledGrammar(specs[0].kind, styles, self.vocab, time.perf_counter() - start)
+
+    def flush_writes(self) -> None:
+        """Wait for the disk writes queued so far (tests, benchmarks)."""
+        self._upgrades.submit(lambda: None).result()
 
     def _start_mask(self, grammar: CompiledGrammar) -> None:
         bitmask = torch.empty((1, self.vocab.bitmask_width), dtype=torch.int32)
