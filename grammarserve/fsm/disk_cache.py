@@ -227,9 +227,12 @@ class DiskCache:
         return payload
 
     def discard(self, namespace: str, key: str) -> None:
-        """Remove ``key``'s entry: its payload verified but could not be used (a backend
-        refused it), so it counts as corrupt."""
-        self._count("corrupt")
+        """Remove ``key``'s entry, just read by :meth:`get`: its payload verified but could not
+        be used (a backend refused it), so that read counts as corrupt and a miss."""
+        with self._lock:
+            self._counts[f"{namespace}_hits"] -= 1
+            self._counts["misses"] += 1
+            self._counts["corrupt"] += 1
         try:
             os.unlink(self._path(namespace, key))
         except OSError:
