@@ -8,7 +8,6 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing
-import os
 import re
 import threading
 import time
