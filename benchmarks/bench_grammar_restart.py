@@ -1,19 +1,25 @@
 """What a restart costs the first request of known schemas, with the grammar disk cache
 (``grammarserve/fsm/disk_cache.py``; issue 37 item 3).
 
-For the first 100 schemas of schemas/*.json then schemas/realworld/*.json (sorted), on the
-SmolLM2 tokenizer and the engine's grammar options (``EngineConfig().grammar_options``), each in
-a fresh process (a subprocess, warmed up like the engine: ``GrammarCompiler.warmup``):
+For the first 100 schemas of schemas/*.json then schemas/realworld/*.json (sorted; each file's
+``schema``), on the SmolLM2 tokenizer and the engine's grammar options
+(``EngineConfig().grammar_options``), each in a fresh process (a subprocess, warmed up like the
+engine: ``GrammarCompiler.warmup``):
 
 1. ``cold``: no disk cache; the first ``compile_json_schema`` of each schema, timed.
 2. ``fill``: a disk cache in a new folder; each schema compiled, reused (its background
    upgrade runs and is written), timed from the compile to the upgraded grammar (``ready``).
-3. ``restart``: a new process on that folder; the first compile of each schema, timed.
+3. ``restart``: a new process on that folder; each schema compiled (``first``: the stored spec,
+   then llguidance as cold) and reused like in ``fill`` (``ready``: the upgrade reads xgrammar's
+   grammar from disk); ``llg_build``: the ``LLMatcher`` construction within ``first``
+   (llguidance's own build, which no restart skips).
 
-Prints one JSON line: ``{**stamp(), ...}`` with per-schema ratios restart / cold (p50, p99,
-the fraction at or under 10%) of the first request, and of the time to the grammar the schema
-is served with once reused (``ready``: cold, front end + first backend + upgrade; after a
-restart, the first compile, which serves it from disk where the upgrade was stored).
+Prints one JSON line: ``{**stamp(), ...}`` with absolute ms (p50, p99) of cold first, restart
+first, cold ready and restart ready, and per-schema ratios (p50, p99, the fraction at or under
+10%): ``first_ratio`` restart first / cold first, ``ready_ratio`` restart ready / cold ready,
+``llg_floor_ratio`` llguidance's build / cold first (the least ``first_ratio`` a first request
+that compiles llguidance can have) and ``llg_build_share`` (of restart first). A schema whose
+upgrade does not run is ready at its first grammar.
 
     python benchmarks/bench_grammar_restart.py [--limit 100]
 """
@@ -51,6 +57,7 @@ def _pct(values: list[float], q: float) -> float | None:
 
 def worker(mode: str, folder: str | None, limit: int) -> dict[str, Any]:
     """One process's timings (``mode``: cold, fill or restart)."""
+    from profile_grammar_restart import time_llguidance_builds
     from transformers import AutoTokenizer
 
     from grammarserve.config import EngineConfig
@@ -62,9 +69,11 @@ def worker(mode: str, folder: str | None, limit: int) -> dict[str, Any]:
     options.update(crash_journal=None, disk_cache_dir=folder, upgrade_niceness=0)
     compiler = GrammarCompiler(tok, **options)
     compiler.warmup()
+    builds = time_llguidance_builds()
     out: dict[str, Any] = {}
     for path in schema_files(limit):
-        schema = json.loads(path.read_text())
+        schema = json.loads(path.read_text())["schema"]
+        builds.clear()
         start = time.perf_counter()
         try:
             grammar = compiler.compile_json_schema(schema)
@@ -72,13 +81,16 @@ def worker(mode: str, folder: str | None, limit: int) -> dict[str, Any]:
             out[path.name] = {"error": type(e).__name__}
             continue
         first = time.perf_counter() - start
-        row: dict[str, Any] = {"first_s": first, "backend": grammar.backend}
-        if mode == "fill":
+        row: dict[str, Any] = {"first_s": first, "backend": grammar.backend,
+                               "llg_build_s": builds.get("llg_build", 0.0)}
+        if mode != "cold":
             grammar.matcher()
-            grammar.matcher()
-            upgraded = grammar.upgrade_future.result() if grammar.upgrade_future else False
-            row["ready_s"] = time.perf_counter() - start
-            row["upgraded"] = bool(upgraded)
+            grammar.matcher()  # NOTE: the second matcher starts the upgrade
+            future = grammar.upgrade_future
+            upgraded = bool(future.result()) if future is not None else False
+            row["ready_s"] = time.perf_counter() - start if upgraded else first
+            row["upgraded"] = upgraded
+            row["ready_backend"] = grammar.backend
             compiler.flush_disk_writes()
         out[path.name] = row
     stats = compiler.cache_stats().disk
@@ -111,22 +123,37 @@ def main() -> None:
         fill = run("fill", folder, args.limit)
         restart = run("restart", folder, args.limit)
     names = [n for n in cold if not n.startswith("__") and "first_s" in cold[n]
-             and "first_s" in restart.get(n, {})]
-    first = [restart[n]["first_s"] / cold[n]["first_s"] for n in names]
-    ready = [restart[n]["first_s"] / fill[n]["ready_s"] for n in names if "ready_s" in fill[n]]
-    from_xgrammar = sum(1 for n in names if restart[n]["backend"] == "xgrammar")
-    ms = [cold[n]["first_s"] * 1e3 for n in names]
-    rms = [restart[n]["first_s"] * 1e3 for n in names]
-    line = {**stamp(), "bench": "grammar_restart", "schemas": len(names),
-            "refused": args.limit - len(names),
-            "restored_xgrammar": from_xgrammar, "spec_only": len(names) - from_xgrammar,
-            "cold_first_ms_p50": _pct(ms, 0.5), "cold_first_ms_p99": _pct(ms, 0.99),
-            "restart_first_ms_p50": _pct(rms, 0.5), "restart_first_ms_p99": _pct(rms, 0.99),
-            "first_ratio_p50": _pct(first, 0.5), "first_ratio_p99": _pct(first, 0.99),
-            "first_ratio_le_10pct": sum(r <= TARGET for r in first) / max(len(first), 1),
-            "ready_ratio_p50": _pct(ready, 0.5), "ready_ratio_p99": _pct(ready, 0.99),
-            "ready_ratio_le_10pct": sum(r <= TARGET for r in ready) / max(len(ready), 1),
-            "disk_fill": fill["__disk__"], "disk_restart": restart["__disk__"]}
+             and "first_s" in restart.get(n, {}) and "ready_s" in fill.get(n, {})]
+
+    def ms(rows: dict[str, Any], field: str) -> list[float]:
+        return [rows[n][field] * 1e3 for n in names]
+
+    def ratios(num: list[float], den: list[float]) -> list[float]:
+        return [a / b for a, b in zip(num, den)]
+
+    first = ratios(ms(restart, "first_s"), ms(cold, "first_s"))
+    ready = ratios(ms(restart, "ready_s"), ms(fill, "ready_s"))
+    floor = ratios(ms(restart, "llg_build_s"), ms(cold, "first_s"))
+    share = ratios(ms(restart, "llg_build_s"), ms(restart, "first_s"))
+    line: dict[str, Any] = {**stamp(), "bench": "grammar_restart", "schemas": len(names),
+                            "refused": args.limit - len(names),
+                            "restart_first_llguidance": sum(
+                                restart[n]["backend"] == "llguidance" for n in names),
+                            "upgraded": sum(bool(fill[n]["upgraded"]) for n in names),
+                            "restart_upgraded": sum(bool(restart[n]["upgraded"]) for n in names)}
+    for label, rows, field in (("cold_first", cold, "first_s"),
+                               ("restart_first", restart, "first_s"),
+                               ("cold_ready", fill, "ready_s"),
+                               ("restart_ready", restart, "ready_s"),
+                               ("restart_llg_build", restart, "llg_build_s")):
+        values = ms(rows, field)
+        line[f"{label}_ms_p50"], line[f"{label}_ms_p99"] = _pct(values, 0.5), _pct(values, 0.99)
+    for label, values in (("first_ratio", first), ("ready_ratio", ready),
+                          ("llg_floor_ratio", floor)):
+        line[f"{label}_p50"], line[f"{label}_p99"] = _pct(values, 0.5), _pct(values, 0.99)
+        line[f"{label}_le_10pct"] = sum(r <= TARGET for r in values) / max(len(values), 1)
+    line["llg_build_share_p50"] = _pct(share, 0.5)
+    line["disk_fill"], line["disk_restart"] = fill["__disk__"], restart["__disk__"]
     print(json.dumps(line))
 
 

@@ -1,6 +1,7 @@
 """The persistent grammar cache (``grammarserve/fsm/disk_cache.py``): a restarted compiler serves
-a schema's upgraded grammar from disk and walks instances exactly as the upgraded one did; bad
-entries are misses that get rewritten; the folder stays in its bound; concurrent writers leave
+a schema's first request from its stored spec and llguidance, reads its upgraded grammar from
+disk on reuse, and walks instances exactly as the upgraded one did; bad entries are misses that
+get rewritten; the folder stays in its bound; concurrent writers leave
 one valid entry; off writes nothing; and a real server restart serves from disk (``/metrics``)."""
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from grammarserve.fsm.config import GrammarConfig
 from grammarserve.fsm.conformance import walk
 from grammarserve.fsm.disk_cache import DiskCache, spec_from_json, spec_to_json
 from grammarserve.fsm.frontend import SpecBuilder
+from grammarserve.fsm.schema.exact_numbers import unit_exclusive_range, unit_exclusive_range_text
 
 ROOT = Path(__file__).resolve().parent.parent
 PERSON = {"type": "object", "properties": {
@@ -68,7 +70,7 @@ def _entries(folder: Path) -> list[Path]:
 
 @pytest.mark.model
 @pytest.mark.parametrize("style", ["flexible", "auto"])
-def test_restarted_compiler_serves_the_upgraded_grammar_from_disk(
+def test_restarted_compiler_serves_llguidance_first_and_upgrades_from_disk(
         tokenizer: Any, tmp_path: Path, style: str) -> None:
     first = _compiler(tokenizer, tmp_path, style)
     upgraded = _upgraded(first, PERSON)
@@ -85,11 +87,21 @@ def test_restarted_compiler_serves_the_upgraded_grammar_from_disk(
     restored = second.compile_json_schema(PERSON)
     disk = second.cache_stats().disk
     assert disk is not None
-    assert (disk.spec_hits, disk.grammar_hits, disk.misses) == (
-        1, 2 if style == "auto" else 1, 0)
+    # NOTE: the first request reads only its spec; llguidance compiles as cold
+    assert (disk.spec_hits, disk.grammar_hits, disk.misses) == (1, 0, 0)
+    assert restored.backend == "llguidance"
+    assert type(restored).__name__ == ("StagedGrammar" if style == "auto"
+                                       else "CompiledGrammar")
+    assert restored.upgrade_future is None
+    assert _walks(second, tokenizer, restored, style) == expected  # reused: upgrades now
+    assert restored.upgrade_future is not None and restored.upgrade_future.result(timeout=300)
+    second.flush_disk_writes()
+    disk = second.cache_stats().disk
+    assert disk is not None
+    # the upgrade read every style's grammar from disk, compiled none and wrote nothing
+    assert (disk.spec_hits, disk.grammar_hits, disk.misses, disk.writes, disk.corrupt) == (
+        1, 2 if style == "auto" else 1, 0, 0, 0)
     assert restored.backend == "xgrammar"
-    assert type(restored).__name__ == ("StyledGrammar" if style == "auto" else "XGrammarCompiled")
-    assert restored.upgrade_future is None and restored.request_upgrade() is None
     assert _walks(second, tokenizer, restored, style) == expected
 
 
@@ -117,15 +129,15 @@ def test_a_bad_entry_is_a_miss_and_is_rewritten(tokenizer: Any, tmp_path: Path,
         grammar_file.write_bytes(json.dumps(fields).encode() + b"\n" + bad)
 
     again = _compiler(tokenizer, tmp_path)
-    grammar = again.compile_json_schema(PERSON)
+    grammar = _upgraded(again, PERSON)  # NOTE: the grammar entry is read on the upgrade only
     disk = again.cache_stats().disk
     assert disk is not None and (disk.corrupt, disk.grammar_hits, disk.spec_hits) == (1, 0, 1)
-    assert grammar.backend == "llguidance"  # compiled as cold, then upgraded and rewritten
-    assert not grammar_file.exists()
-    _upgraded(again, PERSON)
-    assert grammar_file.exists() and again.cache_stats().disk.writes == 1  # type: ignore[union-attr]
-    third = _compiler(tokenizer, tmp_path).compile_json_schema(PERSON)
-    assert third.backend == "xgrammar"
+    assert grammar.backend == "xgrammar"  # compiled as cold, then rewritten
+    assert grammar_file.exists() and disk.writes == 1
+    third = _compiler(tokenizer, tmp_path)
+    assert _upgraded(third, PERSON).backend == "xgrammar"
+    disk = third.cache_stats().disk
+    assert disk is not None and (disk.corrupt, disk.grammar_hits, disk.writes) == (0, 1, 0)
 
 
 def test_spec_json_round_trips_checks_and_origin() -> None:
@@ -138,6 +150,29 @@ def test_spec_json_round_trips_checks_and_origin() -> None:
     back = spec_from_json(spec_to_json(spec))
     assert back == spec and back.origin == schema and back.kind is spec.kind
     assert back.key("f", "auto") == spec.key("f", "auto")
+    # NOTE: the request's own schema is not stored again: the reader passes its own
+    short = spec_to_json(spec, schema)
+    assert len(short) < len(spec_to_json(spec)) and '"origin_given":true' in short
+    given = json.loads(json.dumps(schema))
+    back = spec_from_json(short, given)
+    assert back == spec and back.origin is given
+    with pytest.raises(ValueError):
+        spec_from_json(short)
+    assert '"origin_given"' not in spec_to_json(spec, dict(schema))  # another object
+
+
+def test_the_exclusive_range_text_test_matches_the_walk() -> None:
+    """``unit_exclusive_range_text`` skips the parse only where no key can be an exclusive
+    bound; on the corpora and on escaped keys it answers as the walk does."""
+    texts = [json.dumps(json.loads(p.read_text())["schema"])
+             for p in sorted((ROOT / "schemas").glob("*.json"))
+             + sorted((ROOT / "schemas" / "realworld").glob("*.json"))]
+    texts += ['{"type":"number","exclusiveMinimum":0,"maximum":0.5}',
+              '{"\\u0065xclusiveMinimum":0,"maximum":0.5}',
+              '{"properties":{"a":{"exclusiveMaximum":1,"minimum":0.5}}}']
+    for text in texts:
+        assert unit_exclusive_range_text(text) == unit_exclusive_range(json.loads(text))
+    assert unit_exclusive_range_text(texts[-2]) == "$.exclusiveMinimum"
 
 
 def test_bad_files_never_raise(tmp_path: Path) -> None:
@@ -254,6 +289,14 @@ def test_a_restarted_server_serves_the_schema_from_disk(tmp_path: Path) -> None:
         url = server["url"]
         status, _ = http_post(url + "/v1/chat/completions", body)
         assert status == 200
-        assert _metric(url, "grammarserve_grammar_disk_hits") == 1
         assert _metric(url, "grammarserve_server_grammar_disk_spec_hits") == 1
+        assert _metric(url, "grammarserve_grammar_disk_hits") == 0  # llguidance first
+        status, _ = http_post(url + "/v1/chat/completions", body)  # reused: upgraded
+        assert status == 200
+        deadline = time.monotonic() + 300
+        while _metric(url, "grammarserve_grammar_disk_hits") < 1:
+            assert time.monotonic() < deadline, "the upgrade never read the stored grammar"
+            time.sleep(0.2)
+        assert _metric(url, "grammarserve_grammar_disk_hits") == 1
+        assert _metric(url, "grammarserve_grammar_disk_writes") == 0
         assert _metric(url, "grammarserve_grammar_disk_corrupt") == 0

@@ -24,7 +24,7 @@ from grammarserve.fsm.config import (
     JsonStyle,
 )
 from grammarserve.fsm.crash_journal import CRASHED_MESSAGE, CrashJournal, spec_digest
-from grammarserve.fsm.disk_cache import DiskCache, load_spec, store_spec
+from grammarserve.fsm.disk_cache import DiskCache, code_versions, load_spec, store_spec
 from grammarserve.fsm.frontend import SpecBuilder
 from grammarserve.fsm.limits import GrammarLimits
 from grammarserve.fsm.lru import BoundedLRU
@@ -83,8 +83,9 @@ class GrammarCompiler:
         specs that were compiling when a process died there are refused from memory.
     disk_cache_dir : str, optional
         A folder kept across restarts and shared by processes (``disk_cache.py``): the front
-        end's specs of exact requests, and the grammars compiled in the background (xgrammar),
-        which a cold compile then serves from there (see ``policy.py``). None (default): off.
+        end's specs of exact requests (a first request after a restart skips the front end),
+        and the grammars compiled in the background (xgrammar), which a reused grammar's
+        upgrade then reads from there (see ``policy.py``). None (default): off.
     disk_cache_bytes : int
         Byte bound of that folder.
     """
@@ -158,6 +159,8 @@ class GrammarCompiler:
         names = {n for kind in AUTO_ORDER for n in self.policy.order(kind)}
         for name in sorted(names):
             self.policy.backend(name).warmup(self.config.max_whitespace)
+        if self.disk is not None:
+            code_versions()  # NOTE: every disk key has them (~6 ms: the source digest)
 
     def clear_caches(self) -> None:
         """Forget the compiled grammars and the validated front-end results, so that the next
@@ -331,7 +334,10 @@ class GrammarCompiler:
             raise copy.copy(memo).with_traceback(None)
         if memo is not None:
             return memo
-        stored = load_spec(self.disk, raw, self.config) if self.disk is not None else None
+        # NOTE: the request's schema is the origin of its spec (stored without it)
+        given = args[0] if args else None
+        stored = (load_spec(self.disk, raw, self.config, given) if self.disk is not None
+                  else None)
         if stored is not None:
             self._specs.put(raw, stored, len(stored.source))
             return stored
@@ -346,7 +352,7 @@ class GrammarCompiler:
         if isinstance(spec, GrammarError):
             raise copy.copy(spec).with_traceback(None)
         if self.disk is not None:
-            store_spec(self.disk, raw, self.config, spec)
+            store_spec(self.disk, raw, self.config, spec, given)
         return spec
 
     def _spec_safely(self, kind: str, args: tuple[Any, ...], kwargs: dict[str, Any]

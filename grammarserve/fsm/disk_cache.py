@@ -6,9 +6,10 @@ Contract
   entry holds completely: its namespace (``spec``: a front end's :class:`GrammarSpec` of one
   exact request; ``grammar``: a backend's serialized compiled grammar), the request or spec,
   the options that shape it, the tokenizer's fingerprint and the versions of everything that
-  made it (:func:`code_versions`). An entry is one JSON header line (format, full key, payload
-  length and SHA-256) and the payload.
-- A read returns a payload only if its header's format, key, length and digest all match:
+  made it (:func:`code_versions`). An entry is one JSON header line (format, namespace, the
+  SHA-256 of its full key, payload length and SHA-256) and the payload.
+- A read returns a payload only if its header's format, key digest, length and payload digest
+  all match:
   anything else (truncated, garbled, another version, another key under a colliding name) is
   counted ``corrupt``, removed and read as a miss. Nothing here raises for the folder's
   content or for I/O errors: the cache is optional, so a failure is a miss, or a write not
@@ -21,6 +22,10 @@ Contract
   touches its entry) are removed until it fits. Other processes' writes are seen then.
 - Payloads are JSON text (specs: :func:`spec_to_json`; xgrammar: its own
   ``serialize_json``), never pickles: a shared folder must not run code.
+- A read costs what a restarted first request must pay before its backend compile, so it does
+  each thing once: the key is hashed once (the file name and the header's key digest), the
+  header holds no key text, and a JSON schema's spec holds no copy of the schema as given
+  (its ``origin``) when that is the request's own object, which the reader supplies.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from grammarserve.fsm.value_check import ValueCheck
 log = logging.getLogger(__name__)
 
 #: Version of the entry layout (the header line and what follows it).
-FORMAT = 1
+FORMAT = 2
 #: Namespaces of entries.
 NAMESPACES = ("spec", "grammar")
 _SUFFIX = ".gsc"
@@ -107,14 +112,21 @@ def code_versions() -> dict[str, str]:
 
 
 # -- GrammarSpec as JSON ---------------------------------------------------------------------
-def spec_to_json(spec: GrammarSpec) -> str:
-    """``spec`` (its origin included) as JSON text."""
+#: Not a value: a spec whose origin is the request's own schema (``given``) stores none.
+_NO_GIVEN = object()
+
+
+def spec_to_json(spec: GrammarSpec, given: Any = _NO_GIVEN) -> str:
+    """``spec`` (its origin included) as JSON text; an origin that is ``given`` itself (the
+    request's schema, which a reader passes to :func:`spec_from_json`) is written as a mark."""
     checks = [{"location": [list(step) for step in c.location], "kind": c.kind,
                "keyword": c.keyword, "schema_path": c.schema_path, "schema": c.schema,
                "item_schema": c.item_schema} for c in spec.checks]
+    origin: dict[str, Any] = ({"origin_given": True} if spec.origin is not None
+                              and spec.origin is given else {"origin": spec.origin})
     return json.dumps({"kind": str(spec.kind.value), "source": spec.source,
                        "options": [list(o) for o in spec.options], "checks": checks,
-                       "origin": spec.origin}, separators=(",", ":"), ensure_ascii=False)
+                       **origin}, separators=(",", ":"), ensure_ascii=False)
 
 
 def _tuples(value: Any) -> Any:
@@ -128,10 +140,14 @@ def _kind(value: str) -> SpecKind:
         return GrammarSyntax(value)
 
 
-def spec_from_json(text: str) -> GrammarSpec:
-    """The spec :func:`spec_to_json` wrote; raises ``ValueError``/``KeyError``/``TypeError`` on
-    anything else."""
+def spec_from_json(text: str, given: Any = _NO_GIVEN) -> GrammarSpec:
+    """The spec :func:`spec_to_json` wrote (with the same ``given``); raises
+    ``ValueError``/``KeyError``/``TypeError`` on anything else."""
     d = json.loads(text)
+    if d.get("origin_given") is True:
+        if given is _NO_GIVEN:
+            raise ValueError("the spec's origin is the request's schema, and none was given")
+        d["origin"] = given
     checks = tuple(ValueCheck(location=tuple((str(s[0]), _tuples(s[1])) for s in c["location"]),
                               kind=c["kind"], keyword=c["keyword"],
                               schema_path=c["schema_path"], schema=c["schema"],
@@ -140,45 +156,51 @@ def spec_from_json(text: str) -> GrammarSpec:
     return GrammarSpec(_kind(d["kind"]), d["source"], options, checks, origin=d["origin"])
 
 
-def spec_round_trips(spec: GrammarSpec, text: str) -> bool:
+def spec_round_trips(spec: GrammarSpec, text: str, given: Any = _NO_GIVEN) -> bool:
     """Whether ``text`` reads back as ``spec`` exactly (origin included): only such specs are
     stored."""
     try:
-        back = spec_from_json(text)
+        back = spec_from_json(text, given)
     except (ValueError, KeyError, TypeError):
         return False
     return back == spec and back.kind is spec.kind and back.origin == spec.origin
 
 
 def spec_key(raw: str, config: GrammarConfig) -> str:
-    """The key of the front end's spec of the exact request ``raw`` under ``config``."""
+    """The key of the front end's spec of the exact request ``raw`` (JSON text, no newline)
+    under ``config``: what shapes it, a newline, then ``raw`` as it is (not quoted again)."""
     c = config
     # NOTE: every option the front end reads (SpecBuilder, Preparation)
     shape = [c.backend, c.json_style, c.open_schemas, c.max_whitespace, c.value_checks,
              c.force_tokenization, c.limits.max_depth]
-    return json.dumps([raw, shape, code_versions()], sort_keys=True)
+    return json.dumps([shape, code_versions()], sort_keys=True) + "\n" + raw
 
 
-def load_spec(disk: DiskCache, raw: str, config: GrammarConfig) -> GrammarSpec | None:
-    """The stored spec of request ``raw`` (see :func:`spec_key`), or None."""
+def load_spec(disk: DiskCache, raw: str, config: GrammarConfig,
+              given: Any = _NO_GIVEN) -> GrammarSpec | None:
+    """The stored spec of request ``raw`` (see :func:`spec_key`), or None; ``given``: the
+    request's schema, its origin where :func:`store_spec` was given it too."""
     key = spec_key(raw, config)
     payload = disk.get("spec", key)
     if payload is None:
         return None
     try:
-        return spec_from_json(payload.decode())
-    except (ValueError, KeyError, TypeError, IndexError):
+        return spec_from_json(payload.decode(), given)
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
         disk.discard("spec", key)
         return None
 
 
-def store_spec(disk: DiskCache, raw: str, config: GrammarConfig, spec: GrammarSpec) -> None:
-    """Store request ``raw``'s spec, if it reads back exactly."""
+def store_spec(disk: DiskCache, raw: str, config: GrammarConfig, spec: GrammarSpec,
+               given: Any = _NO_GIVEN) -> None:
+    """Store request ``raw``'s spec, if it reads back exactly; ``given``: the request's schema
+    (not stored where it is the spec's origin: ``raw`` holds it, and :func:`load_spec` is
+    given the request's own)."""
     try:
-        text = spec_to_json(spec)
+        text = spec_to_json(spec, given)
     except (TypeError, ValueError):  # NOTE: an origin JSON cannot write
         return
-    if spec_round_trips(spec, text):
+    if spec_round_trips(spec, text, given):
         disk.put("spec", spec_key(raw, config), text.encode())
 
 
@@ -195,9 +217,12 @@ class DiskCache:
         self._bytes: int | None = None  # estimate of the folder's size (None: not measured)
         self._usable = True
 
-    def _path(self, namespace: str, key: str) -> Path:
-        name = hashlib.sha256(f"{FORMAT}\x00{namespace}\x00{key}".encode()).hexdigest()[:40]
-        return self.folder / f"{namespace}-{name}{_SUFFIX}"
+    def _digest(self, namespace: str, key: str) -> str:
+        """The SHA-256 of ``key`` in ``namespace`` (its header's; its file name's start)."""
+        return hashlib.sha256(f"{FORMAT}\x00{namespace}\x00{key}".encode()).hexdigest()
+
+    def _path(self, namespace: str, digest: str) -> Path:
+        return self.folder / f"{namespace}-{digest[:40]}{_SUFFIX}"
 
     def _count(self, name: str, n: int = 1) -> None:
         with self._lock:
@@ -205,7 +230,8 @@ class DiskCache:
 
     def get(self, namespace: str, key: str) -> bytes | None:
         """The payload stored under ``key``, or None (a miss; a bad entry is removed)."""
-        path = self._path(namespace, key)
+        digest = self._digest(namespace, key)
+        path = self._path(namespace, digest)
         try:
             with open(path, "rb") as f:
                 data = f.read()
@@ -213,7 +239,7 @@ class DiskCache:
         except OSError:
             self._count("misses")
             return None
-        payload = _verified(data, namespace, key)
+        payload = _verified(data, namespace, digest)
         if payload is None:
             self._count("corrupt")
             self._count("misses")
@@ -234,13 +260,14 @@ class DiskCache:
             self._counts["misses"] += 1
             self._counts["corrupt"] += 1
         try:
-            os.unlink(self._path(namespace, key))
+            os.unlink(self._path(namespace, self._digest(namespace, key)))
         except OSError:
             pass
 
     def put(self, namespace: str, key: str, payload: bytes) -> bool:
         """Store ``payload`` under ``key`` (atomically); False if it was not written."""
-        header = json.dumps({"format": FORMAT, "namespace": namespace, "key": key,
+        digest = self._digest(namespace, key)
+        header = json.dumps({"format": FORMAT, "namespace": namespace, "key_sha256": digest,
                              "bytes": len(payload),
                              "sha256": hashlib.sha256(payload).hexdigest()}).encode() + b"\n"
         size = len(header) + len(payload)
@@ -253,7 +280,7 @@ class DiskCache:
                 with os.fdopen(fd, "wb") as f:
                     f.write(header)
                     f.write(payload)
-                os.replace(tmp, self._path(namespace, key))
+                os.replace(tmp, self._path(namespace, digest))
             except BaseException:
                 os.unlink(tmp)
                 raise
@@ -322,9 +349,9 @@ class DiskCache:
                                   **self._counts)
 
 
-def _verified(data: bytes, namespace: str, key: str) -> bytes | None:
-    """The payload of an entry's bytes if its header matches ``namespace``/``key`` and its
-    digest, else None."""
+def _verified(data: bytes, namespace: str, digest: str) -> bytes | None:
+    """The payload of an entry's bytes if its header matches ``namespace``, the key's
+    ``digest`` and the payload's, else None."""
     cut = data.find(b"\n")
     if cut < 0:
         return None
@@ -334,7 +361,7 @@ def _verified(data: bytes, namespace: str, key: str) -> bytes | None:
         return None
     payload = data[cut + 1:]
     if not isinstance(header, dict) or header.get("format") != FORMAT \
-            or header.get("namespace") != namespace or header.get("key") != key \
+            or header.get("namespace") != namespace or header.get("key_sha256") != digest \
             or header.get("bytes") != len(payload) \
             or header.get("sha256") != hashlib.sha256(payload).hexdigest():
         return None

@@ -22,9 +22,11 @@ straight away where the upgrade would go there anyway, else llguidance's.
 
 With a disk cache (``disk_cache.py``), every background compile of a backend that serializes
 (xgrammar) is written there, and read back instead of compiled again (another process, or after
-a restart). Where the disk holds what a spec's upgrade would compile (each style's grammar of a
-JSON style ``auto``), a cold compile serves that at once: the grammar the spec would have been
-upgraded to, with no first grammar and no upgrade.
+a restart), on the upgrade thread, when the upgrade runs. The first request never reads it: an
+xgrammar grammar read back (``deserialize_json``, 4-10 ms: it carries the whole token-mask
+cache) costs more than a cold llguidance compile (~1-3 ms). So after a restart the first
+request is a cold compile without the front end (its spec is on disk too, ``compiler.py``) and
+the upgrade on reuse costs a read instead of a compile (``benchmarks/bench_grammar_restart.py``).
 """
 
 from __future__ import annotations
@@ -150,9 +152,6 @@ class BackendPolicy:
         refuse ``spec`` already (not tried again) and its refusal."""
         if spec.option("json_style") == "auto":
             return self._compile_styles(spec)
-        stored = self._stored_upgrade(spec)
-        if stored is not None:
-            return stored
         errors: list[tuple[str, GrammarError]] = []
         if refused is not None:
             errors.append((refused[0], copy.copy(refused[1])))
@@ -179,9 +178,6 @@ class BackendPolicy:
             return self._compile_with_start(specs[0])  # NOTE: one language in every style
         if (spec.kind == ConstraintKind.JSON_SCHEMA and self.config.background_upgrade
                 and self.order(spec.kind)[0] == "llguidance"):
-            stored = self._stored_styles(specs)
-            if stored is not None:
-                return stored
             try:
                 return self._compile_staged(specs)
             except GrammarError as e:
@@ -300,30 +296,6 @@ class BackendPolicy:
         except (ValueError, UnicodeDecodeError):  # NOTE: the key matched: another library
             self.disk.discard("grammar", key)
             return None
-
-    def _stored_upgrade(self, spec: GrammarSpec) -> CompiledGrammar | None:
-        """The grammar ``spec``'s background upgrade would compile, if the disk holds it (only
-        where that upgrade would run: ``auto`` with background upgrades)."""
-        name = UPGRADES.get(spec.kind)
-        if self.disk is None or name is None or self.config.backend != "auto" \
-                or not self.config.background_upgrade:
-            return None
-        backend = self.backend(name)
-        if not backend.serial_format:
-            return None
-        return self._restored(backend, spec, self._grammar_key(spec, backend))
-
-    def _stored_styles(self, specs: list[GrammarSpec]) -> CompiledGrammar | None:
-        """The :class:`StyledGrammar` a :class:`StagedGrammar` of ``specs`` would be upgraded
-        to, if the disk holds every style's grammar."""
-        start = time.perf_counter()
-        styles = []
-        for style_spec in specs:
-            grammar = self._stored_upgrade(style_spec)
-            if grammar is None:
-                return None
-            styles.append(grammar)
-        return StyledGrammar(specs[0].kind, styles, self.vocab, time.perf_counter() - start)
 
     def flush_writes(self) -> None:
         """Wait for the disk writes queued so far (tests, benchmarks)."""
