@@ -19,7 +19,7 @@ first, cold ready and restart ready, and per-schema ratios (p50, p99, the fracti
 10%): ``first_ratio`` restart first / cold first, ``ready_ratio`` restart ready / cold ready,
 ``llg_floor_ratio`` llguidance's build / cold first (the least ``first_ratio`` a first request
 that compiles llguidance can have) and ``llg_build_share`` (of restart first). A schema whose
-upgrade does not run is ready at its first grammar.
+upgrade does not run is ready at its first grammar (``ready_ratio_upgraded``: the others).
 
     python benchmarks/bench_grammar_restart.py [--limit 100]
 """
@@ -152,6 +152,9 @@ def main() -> None:
                           ("llg_floor_ratio", floor)):
         line[f"{label}_p50"], line[f"{label}_p99"] = _pct(values, 0.5), _pct(values, 0.99)
         line[f"{label}_le_10pct"] = sum(r <= TARGET for r in values) / max(len(values), 1)
+    upgraded = [r for r, n in zip(ready, names) if fill[n]["upgraded"]]
+    line["ready_ratio_upgraded_p50"] = _pct(upgraded, 0.5)
+    line["ready_ratio_upgraded_p99"] = _pct(upgraded, 0.99)
     line["llg_build_share_p50"] = _pct(share, 0.5)
     line["disk_fill"], line["disk_restart"] = fill["__disk__"], restart["__disk__"]
     print(json.dumps(line))
