@@ -69,6 +69,16 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                         "on failure (--no-value-checks: refuse such schemas)")
     p.add_argument("--check-retries", type=int, default=EngineConfig.grammar_check_retries,
                    help="failed value checks a request may retry before it ends with an error")
+    p.add_argument("--grammar-disk-cache", default=EngineConfig.grammar_disk_cache,
+                   metavar="DIR",
+                   help="folder of validated schemas and compiled grammars kept across restarts "
+                        "and shared by processes (default: $GRAMMARSERVE_GRAMMAR_CACHE, else "
+                        "~/.cache/grammarserve/grammars)")
+    p.add_argument("--no-grammar-disk-cache", dest="grammar_disk_cache", action="store_const",
+                   const=None, help="keep compiled grammars in memory only")
+    p.add_argument("--grammar-disk-cache-bytes", type=int,
+                   default=EngineConfig.grammar_disk_cache_bytes,
+                   help="upper bound of the grammar disk cache's folder")
     p.add_argument("--jump-forward", default=EngineConfig.enable_jump_forward,
                    action=argparse.BooleanOptionalAction,
                    help="feed the tokens a constraint forces without decoding them one by one")
@@ -252,6 +262,8 @@ def _config(args: argparse.Namespace) -> EngineConfig:
                         grammar_value_checks=args.value_checks,
                         grammar_check_retries=args.check_retries,
                         grammar_max_depth=args.grammar_max_depth,
+                        grammar_disk_cache=args.grammar_disk_cache,
+                        grammar_disk_cache_bytes=args.grammar_disk_cache_bytes,
                         enable_jump_forward=args.jump_forward,
                         json_schema_spans=args.json_schema_spans,
                         loop_guard=args.loop_guard,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -100,6 +101,14 @@ class EngineConfig:
         Deepest nesting of a JSON schema (JSON levels) and of parentheses in a regex or
         grammar; deeper ones are refused (400) before any parser sees them
         (``grammarserve.fsm.limits``: 64 is about 3x the deepest real-world schema we have).
+    grammar_disk_cache:
+        A folder of front-end results and background-compiled (xgrammar) grammars kept across
+        restarts and shared by the processes of the machine (Ray replicas, ``grammarserve
+        batch``; ``grammarserve.fsm.disk_cache``); ``"auto"`` (default):
+        ``$GRAMMARSERVE_GRAMMAR_CACHE`` (``off`` turns it off), else ``grammars`` under
+        ``$GRAMMARSERVE_CACHE`` or ``$XDG_CACHE_HOME/grammarserve`` (``~/.cache``); None: off.
+    grammar_disk_cache_bytes:
+        Upper bound of that folder (least recently used entries go first).
     grammar_crash_journal:
         A folder where the engine journals each backend compile while it runs
         (``grammarserve.fsm.crash_journal``); the server sets it, so a constraint that crashed
@@ -228,6 +237,8 @@ class EngineConfig:
     grammar_check_retries: int = 8
     grammar_max_depth: int = 64
     grammar_crash_journal: str | None = None
+    grammar_disk_cache: str | None = "auto"
+    grammar_disk_cache_bytes: int = 1024 * 1024 * 1024
     enable_jump_forward: bool = True
     json_schema_spans: bool = False
     loop_guard: int = 2
@@ -271,6 +282,9 @@ class EngineConfig:
             raise InvalidRequestError(f"grammar_json_style must be auto, compact, spaced, "
                                       f"indented or flexible, got {self.grammar_json_style!r}",
                                       param="grammar_json_style")
+        if self.grammar_disk_cache_bytes < 0:
+            raise InvalidRequestError("grammar_disk_cache_bytes must be >= 0",
+                                      param="grammar_disk_cache_bytes")
         if self.grammar_check_retries < 0:
             raise InvalidRequestError("grammar_check_retries must be >= 0",
                                       param="grammar_check_retries")
@@ -337,7 +351,9 @@ class EngineConfig:
                 "check_retries": self.grammar_check_retries,
                 "max_depth": self.grammar_max_depth,
                 "force_tokenization": self.json_schema_spans,
-                "crash_journal": self.grammar_crash_journal}
+                "crash_journal": self.grammar_crash_journal,
+                "disk_cache_dir": grammar_disk_cache_dir(self.grammar_disk_cache),
+                "disk_cache_bytes": self.grammar_disk_cache_bytes}
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -358,3 +374,20 @@ class EngineConfig:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
+
+
+#: ``$GRAMMARSERVE_GRAMMAR_CACHE`` values that turn the grammar disk cache off.
+_OFF = frozenset({"", "0", "off", "none", "false"})
+
+
+def grammar_disk_cache_dir(setting: str | None) -> str | None:
+    """The folder of ``EngineConfig.grammar_disk_cache`` (None: off), ``"auto"`` resolved
+    from the environment now (in the process that builds the compiler)."""
+    if setting != "auto":
+        return setting
+    env = os.environ.get("GRAMMARSERVE_GRAMMAR_CACHE")
+    if env is not None:
+        return None if env.strip().lower() in _OFF else env
+    base = os.environ.get("GRAMMARSERVE_CACHE") or str(
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "grammarserve")
+    return str(Path(base) / "grammars")

@@ -8,6 +8,7 @@ a test that uses a model fixture without the marker is a collection error."""
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -20,6 +21,11 @@ import torch
 # waits for a descheduled thread and the suite runs ~10x slower. The kernels' multi-threaded
 # paths are tested explicitly (tests/test_kernels_q8.py, tests/test_kernels_decode_attn.py).
 torch.set_num_threads(1)
+
+# No test writes the user's grammar disk cache (EngineConfig.grammar_disk_cache="auto" reads this,
+# here and in the servers the tests start), and none is served from an earlier run's grammars;
+# tests/test_fsm_disk_cache.py names its own folders.
+os.environ["GRAMMARSERVE_GRAMMAR_CACHE"] = "off"
 
 
 # Fixtures that load the embedded model or its tokenizer (directly or through another fixture).

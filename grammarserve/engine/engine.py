@@ -33,7 +33,7 @@ from grammarserve.engine.scheduler import ScheduledReq, Scheduler
 from grammarserve.engine.spec.calibrate import calibrate
 from grammarserve.engine.spec.ngram import space_folded
 from grammarserve.engine.spec.speculator import SpecOptions, Speculator
-from grammarserve.engine.stats import EngineStats
+from grammarserve.engine.stats import EngineStats, disk_fields
 from grammarserve.engine.stopping import append_token, retract
 from grammarserve.engine.threads import ThreadTuner
 from grammarserve.engine.validate import check_bias, check_prompt
@@ -392,6 +392,6 @@ class Engine:
             loop_guard_cuts=g.loop_guard_cuts,
             mask_fill_s=g.mask_fill_s, mask_wait_s=g.mask_wait_s,
             grammar_cache_hits=cache.hits + cache.shared, grammar_cache_misses=cache.misses,
-            grammar_compile_s=cache.compile_s_total,
+            grammar_compile_s=cache.compile_s_total, **disk_fields(cache.disk),
             spec_drafted_tokens=self.spec.counters.drafted_tokens,
             spec_accepted_tokens=self.spec.counters.accepted_tokens)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
+
+from grammarserve.fsm.disk_cache import DiskCacheStats
 
 
 @dataclass(frozen=True)
@@ -34,5 +37,22 @@ class EngineStats:
     grammar_cache_hits: int = 0
     grammar_cache_misses: int = 0
     grammar_compile_s: float = 0.0
+    grammar_disk_hits: int = 0  # compiled grammars served from the disk cache
+    grammar_disk_spec_hits: int = 0  # front-end results served from it
+    grammar_disk_misses: int = 0
+    grammar_disk_writes: int = 0
+    grammar_disk_corrupt: int = 0  # entries found bad (removed; read as misses)
+    grammar_disk_evictions: int = 0
+    grammar_disk_bytes: int = 0  # size of the disk cache's folder (last measured)
     spec_drafted_tokens: int = 0  # speculative draft tokens fed (checked by the matcher)
     spec_accepted_tokens: int = 0  # of them, the ones the model chose (kept in the output)
+
+
+def disk_fields(disk: DiskCacheStats | None) -> dict[str, Any]:
+    """The ``grammar_disk_*`` fields of :class:`EngineStats` from the compiler's disk cache."""
+    if disk is None:
+        return {}
+    return {"grammar_disk_hits": disk.grammar_hits, "grammar_disk_spec_hits": disk.spec_hits,
+            "grammar_disk_misses": disk.misses, "grammar_disk_writes": disk.writes,
+            "grammar_disk_corrupt": disk.corrupt, "grammar_disk_evictions": disk.evictions,
+            "grammar_disk_bytes": disk.bytes}

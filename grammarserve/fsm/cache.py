@@ -16,6 +16,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from grammarserve.errors import GrammarError, GrammarTimeoutError
+from grammarserve.fsm.disk_cache import DiskCacheStats
 from grammarserve.fsm.limits import GrammarLimits
 from grammarserve.fsm.lru import BoundedLRU
 from grammarserve.fsm.matcher import CompiledGrammar
@@ -41,6 +42,7 @@ class CacheStats:
     compile_s_max: float
     refused: int = 0  # requests refused from the negative cache, without a compile
     refused_entries: int = 0
+    disk: DiskCacheStats | None = None  # the disk cache's counters (None: no disk cache)
 
 
 class _Job:

@@ -16,6 +16,7 @@ from grammarserve.fsm.backends.messages import translate
 from grammarserve.fsm.cache import CacheStats, GrammarCache
 from grammarserve.fsm.checked_matcher import CheckedGrammar, CheckSet
 from grammarserve.fsm.config import (
+    DEFAULT_DISK_CACHE_BYTES,
     DEFAULT_MAX_WHITESPACE,
     BackendName,
     GrammarConfig,
@@ -23,6 +24,7 @@ from grammarserve.fsm.config import (
     JsonStyle,
 )
 from grammarserve.fsm.crash_journal import CRASHED_MESSAGE, CrashJournal, spec_digest
+from grammarserve.fsm.disk_cache import DiskCache, code_versions, load_spec, store_spec
 from grammarserve.fsm.frontend import SpecBuilder
 from grammarserve.fsm.limits import GrammarLimits
 from grammarserve.fsm.lru import BoundedLRU
@@ -79,6 +81,13 @@ class GrammarCompiler:
     crash_journal : str, optional
         A folder journaling each backend compile while it runs (``crash_journal.py``): the
         specs that were compiling when a process died there are refused from memory.
+    disk_cache_dir : str, optional
+        A folder kept across restarts and shared by processes (``disk_cache.py``): the front
+        end's specs of exact requests (a first request after a restart skips the front end),
+        and the grammars compiled in the background (xgrammar), which a reused grammar's
+        upgrade then reads from there (see ``policy.py``). None (default): off.
+    disk_cache_bytes : int
+        Byte bound of that folder.
     """
 
     def __init__(self, tokenizer: Any, *, backend: BackendName = "auto",
@@ -90,7 +99,8 @@ class GrammarCompiler:
                  upgrade_niceness: int = 19, value_checks: bool = True,
                  check_retries: int = 8, limits: GrammarLimits | None = None,
                  max_depth: int | None = None, crash_journal: str | None = None,
-                 force_tokenization: bool = True) -> None:
+                 force_tokenization: bool = True, disk_cache_dir: str | None = None,
+                 disk_cache_bytes: int = DEFAULT_DISK_CACHE_BYTES) -> None:
         limits = limits or GrammarLimits()
         if max_depth is not None:
             limits = replace(limits, max_depth=max_depth)
@@ -102,10 +112,14 @@ class GrammarCompiler:
                                     background_upgrade=background_upgrade,
                                     upgrade_niceness=upgrade_niceness,
                                     value_checks=value_checks, check_retries=check_retries,
-                                    force_tokenization=force_tokenization, limits=limits)
+                                    force_tokenization=force_tokenization, limits=limits,
+                                    disk_cache_dir=disk_cache_dir,
+                                    disk_cache_bytes=disk_cache_bytes)
         self.vocab = VocabInfo.from_tokenizer(tokenizer, vocab_size=vocab_size,
                                               stop_token_ids=stop_token_ids)
-        self.policy = BackendPolicy(self.vocab, self.config)
+        self.disk = (DiskCache(disk_cache_dir, disk_cache_bytes)
+                     if disk_cache_dir is not None else None)
+        self.policy = BackendPolicy(self.vocab, self.config, self.disk)
         self.front = SpecBuilder(self.config)
         self.cache = GrammarCache(max_bytes=cache_bytes, timeout_s=compile_timeout_s,
                                   threads=compile_threads, limits=limits)
@@ -145,6 +159,8 @@ class GrammarCompiler:
         names = {n for kind in AUTO_ORDER for n in self.policy.order(kind)}
         for name in sorted(names):
             self.policy.backend(name).warmup(self.config.max_whitespace)
+        if self.disk is not None:
+            code_versions()  # NOTE: every disk key has them (~6 ms: the source digest)
 
     def clear_caches(self) -> None:
         """Forget the compiled grammars and the validated front-end results, so that the next
@@ -156,7 +172,12 @@ class GrammarCompiler:
         """Hits, misses, shared in-flight compiles, timeouts, bytes and compile time; ``refused``
         counts the inputs refused from memory (front end and compile alike)."""
         stats = self.cache.stats()
-        return replace(stats, refused=stats.refused + self._memo_refused)
+        return replace(stats, refused=stats.refused + self._memo_refused,
+                       disk=self.disk.stats() if self.disk is not None else None)
+
+    def flush_disk_writes(self) -> None:
+        """Wait for the disk cache writes queued so far (after an upgrade; tests, benchmarks)."""
+        self.policy.flush_writes()
 
     # -- compile entry points --------------------------------------------------------------
     def compile_json_schema(self, schema: dict[str, Any] | str, *,
@@ -313,6 +334,13 @@ class GrammarCompiler:
             raise copy.copy(memo).with_traceback(None)
         if memo is not None:
             return memo
+        # NOTE: the request's schema is the origin of its spec (stored without it)
+        given = args[0] if args else None
+        stored = (load_spec(self.disk, raw, self.config, given) if self.disk is not None
+                  else None)
+        if stored is not None:
+            self._specs.put(raw, stored, len(stored.source))
+            return stored
         try:
             spec: GrammarSpec | GrammarError = self._spec_safely(kind, args, kwargs)
         except GrammarError as e:
@@ -323,6 +351,8 @@ class GrammarCompiler:
                         else len(str(spec)))
         if isinstance(spec, GrammarError):
             raise copy.copy(spec).with_traceback(None)
+        if self.disk is not None:
+            store_spec(self.disk, raw, self.config, spec, given)
         return spec
 
     def _spec_safely(self, kind: str, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -343,7 +373,7 @@ class GrammarCompiler:
         """A compiler sharing this tokenizer but using ``backend`` (for benchmarks/tests)."""
         other = copy.copy(self)
         other.config = replace(self.config, backend=backend)
-        other.policy = BackendPolicy(self.vocab, other.config)
+        other.policy = BackendPolicy(self.vocab, other.config, self.disk)
         other.front = SpecBuilder(other.config)
         other.cache = GrammarCache(max_bytes=other.config.cache_bytes,
                                    timeout_s=other.config.compile_timeout_s,

@@ -22,6 +22,8 @@ AUTO_STYLES: tuple[JsonStyle, ...] = ("compact", "spaced")
 #: Default bound on whitespace characters between two JSON tokens. Large enough for
 #: ``json.dumps(indent=2)`` output nested 10 levels deep (newline + 20 spaces).
 DEFAULT_MAX_WHITESPACE = 24
+#: Default bound of the grammar disk cache's folder.
+DEFAULT_DISK_CACHE_BYTES = 1024 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,11 @@ class GrammarConfig:
         tokenizer's split, at -1.32, and what follows differs).
     limits : GrammarLimits
         Nesting, backend-step and negative-cache bounds (``limits.py``).
+    disk_cache_dir : str | None
+        A folder of front-end results and serialized background-compiled grammars kept across
+        restarts and shared by the processes of a machine (``disk_cache.py``); None: off.
+    disk_cache_bytes : int
+        Upper bound of that folder, in bytes (least recently used entries go first).
     """
 
     backend: BackendName = "auto"
@@ -101,6 +108,8 @@ class GrammarConfig:
     check_retries: int = 8
     force_tokenization: bool = True
     limits: GrammarLimits = field(default_factory=GrammarLimits)
+    disk_cache_dir: str | None = None
+    disk_cache_bytes: int = DEFAULT_DISK_CACHE_BYTES
 
     def __post_init__(self) -> None:
         if self.backend not in ("auto", "xgrammar", "llguidance"):
@@ -118,6 +127,8 @@ class GrammarConfig:
                              f"'flexible', got {self.json_style!r}")
         if self.compile_threads < 1:
             raise ValueError(f"compile_threads must be >= 1, got {self.compile_threads}")
+        if self.disk_cache_bytes < 0:
+            raise ValueError(f"disk_cache_bytes must be >= 0, got {self.disk_cache_bytes}")
         if self.check_retries < 0:
             raise ValueError(f"check_retries must be >= 0, got {self.check_retries}")
 

@@ -19,11 +19,20 @@ computes a mask mostly without the GIL, ``benchmarks/bench_gil.py``). A JSON sch
 llguidance compiles first gets one build of both styles at once for its first requests
 (``StagedGrammar``); its per-style grammars come on reuse, on the upgrade thread: xgrammar's
 straight away where the upgrade would go there anyway, else llguidance's.
+
+With a disk cache (``disk_cache.py``), every background compile of a backend that serializes
+(xgrammar) is written there, and read back instead of compiled again (another process, or after
+a restart), on the upgrade thread, when the upgrade runs. The first request never reads it: an
+xgrammar grammar read back (``deserialize_json``, 4-10 ms: it carries the whole token-mask
+cache) costs more than a cold llguidance compile (~1-3 ms). So after a restart the first
+request is a cold compile without the front end (its spec is on disk too, ``compiler.py``) and
+the upgrade on reuse costs a read instead of a compile (``benchmarks/bench_grammar_restart.py``).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import os
 import threading
 import time
@@ -36,6 +45,7 @@ from grammarserve.errors import GrammarError
 from grammarserve.fsm.backends import create_backend
 from grammarserve.fsm.backends.base import GrammarBackend
 from grammarserve.fsm.config import AUTO_STYLES, GrammarConfig, GrammarSpec, SpecKind
+from grammarserve.fsm.disk_cache import DiskCache, code_versions
 from grammarserve.fsm.matcher import CompiledGrammar
 from grammarserve.fsm.style import StagedGrammar, StyledGrammar, separator_free, then_settled
 from grammarserve.fsm.vocab import VocabInfo
@@ -68,9 +78,11 @@ UPGRADES: dict[SpecKind, str] = {ConstraintKind.JSON_SCHEMA: "xgrammar"}
 class BackendPolicy:
     """Owns the backends (built lazily, once) and compiles a spec with the right one(s)."""
 
-    def __init__(self, vocab: VocabInfo, config: GrammarConfig) -> None:
+    def __init__(self, vocab: VocabInfo, config: GrammarConfig,
+                 disk: DiskCache | None = None) -> None:
         self.vocab = vocab
         self.config = config
+        self.disk = disk
         self._backends: dict[str, GrammarBackend] = {}
         self._lock = threading.Lock()
         self._build_locks: dict[str, threading.Lock] = {}
@@ -99,7 +111,7 @@ class BackendPolicy:
                 backend = self.backend(name)
                 if not backend.accepts(spec) or not backend.upgrade_pays(spec):
                     return False
-                better = backend.compile(spec, background=True)
+                better = self._background(backend, spec)
             except Exception:  # noqa: BLE001 - an upgrade is optional
                 return False
             grammar.upgrade(better)
@@ -238,13 +250,56 @@ class BackendPolicy:
             backend = self.backend(name)
             if backend.accepts(spec) and backend.upgrade_pays(spec):
                 try:
-                    grammar = backend.compile(spec, background=True)
+                    grammar = self._background(backend, spec)
                 except GrammarError:
                     pass
                 else:
                     self._start_mask(grammar)
                     return grammar
         return self._compile_with_start(spec)
+
+    # -- the disk cache --------------------------------------------------------------------
+    def _grammar_key(self, spec: GrammarSpec, backend: GrammarBackend) -> str:
+        return json.dumps([spec.key(self.vocab.fingerprint, backend.name), "background",
+                           backend.serial_format, code_versions()], sort_keys=True)
+
+    def _background(self, backend: GrammarBackend, spec: GrammarSpec) -> CompiledGrammar:
+        """``backend.compile(spec, background=True)``, read from the disk cache where it is
+        there, else written there after (on the upgrade thread, after this upgrade)."""
+        if self.disk is None or not backend.serial_format:
+            return backend.compile(spec, background=True)
+        key = self._grammar_key(spec, backend)
+        restored = self._restored(backend, spec, key)
+        if restored is not None:
+            return restored
+        grammar = backend.compile(spec, background=True)
+        self._upgrades.submit(self._write, backend, grammar, key)
+        return grammar
+
+    def _write(self, backend: GrammarBackend, grammar: CompiledGrammar, key: str) -> None:
+        assert self.disk is not None
+        try:
+            text = backend.serialize(grammar)
+        except Exception:  # noqa: BLE001 - the disk cache is optional
+            return
+        if text is not None:
+            self.disk.put("grammar", key, text.encode())
+
+    def _restored(self, backend: GrammarBackend, spec: GrammarSpec, key: str
+                  ) -> CompiledGrammar | None:
+        assert self.disk is not None
+        blob = self.disk.get("grammar", key)
+        if blob is None:
+            return None
+        try:
+            return backend.restore(spec, blob.decode())
+        except (ValueError, UnicodeDecodeError):  # NOTE: the key matched: another library
+            self.disk.discard("grammar", key)
+            return None
+
+    def flush_writes(self) -> None:
+        """Wait for the disk writes queued so far (tests, benchmarks)."""
+        self._upgrades.submit(lambda: None).result()
 
     def _start_mask(self, grammar: CompiledGrammar) -> None:
         bitmask = torch.empty((1, self.vocab.bitmask_width), dtype=torch.int32)

@@ -27,7 +27,7 @@ from grammarserve.fsm.cache import CacheStats
 PREFIX = "grammarserve"
 #: EngineStats fields that are levels, not running totals.
 _GAUGES = {"running_requests", "waiting_requests", "kv_capacity", "kv_free", "kv_cached",
-           "running_cap"}
+           "running_cap", "grammar_disk_bytes"}
 _HELP = {
     "prompt_tokens": "Prompt tokens of finished requests",
     "cached_prompt_tokens": "Prompt tokens served from the radix prefix cache",
@@ -52,6 +52,13 @@ _HELP = {
     "forward_passes": "Model forwards (steps)",
     "grammar_cache_hits": "Engine grammar cache hits",
     "grammar_cache_misses": "Engine grammar cache misses",
+    "grammar_disk_hits": "Compiled grammars the engine served from the grammar disk cache",
+    "grammar_disk_spec_hits": "Validated constraints the engine read from the grammar disk cache",
+    "grammar_disk_misses": "Grammar disk cache lookups that found no (valid) entry",
+    "grammar_disk_writes": "Entries the engine wrote to the grammar disk cache",
+    "grammar_disk_corrupt": "Grammar disk cache entries found bad (removed, read as misses)",
+    "grammar_disk_evictions": "Grammar disk cache entries removed to keep it within its bound",
+    "grammar_disk_bytes": "Size of the grammar disk cache's folder (last measured)",
 }
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -94,6 +101,12 @@ class _Snapshot(Collector):
             yield CounterMetricFamily(f"{p}_refused", "Constraints refused from memory (refused "
                                       "before), without validating or compiling them again",
                                       value=g.refused)
+            if g.disk is not None:
+                yield CounterMetricFamily(f"{p}_disk_spec_hits", "Validated constraints the "
+                                          "server read from the grammar disk cache",
+                                          value=g.disk.spec_hits)
+                yield CounterMetricFamily(f"{p}_disk_writes", "Entries the server wrote to the "
+                                          "grammar disk cache", value=g.disk.writes)
 
 
 class ServerMetrics:

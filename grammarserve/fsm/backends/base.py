@@ -26,6 +26,8 @@ class GrammarBackend(ABC):
     """
 
     name: ClassVar[str]
+    #: Version of the format :meth:`serialize` writes ("": the backend serializes nothing).
+    serial_format: ClassVar[str] = ""
 
     def __init__(self, vocab: VocabInfo, config: GrammarConfig) -> None:
         self.vocab = vocab
@@ -47,3 +49,14 @@ class GrammarBackend(ABC):
         """Whether this backend's masks for ``spec`` are expected to be faster than the first
         backend's, so that ``auto`` upgrading to it pays (see ``policy.py``)."""
         return True
+
+    def serialize(self, grammar: CompiledGrammar) -> str | None:
+        """``grammar`` (one this backend compiled in the background) as text that
+        :meth:`restore` reads back, or None if this backend cannot (the disk cache,
+        ``disk_cache.py``)."""
+        return None
+
+    def restore(self, spec: GrammarSpec, text: str) -> CompiledGrammar:
+        """The grammar :meth:`serialize` wrote for ``spec``, as ``compile(spec,
+        background=True)`` returns it; raises ``ValueError`` if ``text`` is not one."""
+        raise ValueError(f"the {self.name} backend restores no serialized grammar")

@@ -22,7 +22,7 @@ from grammarserve.fsm.config import GrammarConfig, GrammarSpec
 from grammarserve.fsm.freetext import FreeTextMasks, TextState
 from grammarserve.fsm.matcher import CompiledGrammar, Matcher, SharedMasks
 from grammarserve.fsm.runs import MAX_DIGITS, LexTracker, RunBudget, RunTracker, digit_budget
-from grammarserve.fsm.schema.exact_numbers import unit_exclusive_range
+from grammarserve.fsm.schema.exact_numbers import unit_exclusive_range_text
 from grammarserve.fsm.structural_lark import structural_tag_grammar
 from grammarserve.fsm.style_track import StyleTable, StyleTracker
 from grammarserve.fsm.tool_formats import tool_format
@@ -185,8 +185,8 @@ class LLGuidanceBackend(GrammarBackend):
                                           "xgrammar compiles the indented style",
                                           backend=self.name)
             options = self.json_options(style, max_ws)
-            schema = json.loads(spec.source)
-            if not spec.option("force_tokenization", True) and isinstance(schema, dict):
+            schema = None if spec.option("force_tokenization", True) else json.loads(spec.source)
+            if isinstance(schema, dict):
                 # NOTE: ``no_forcing`` exists only as a Lark grammar option; our options
                 # replace the whole ``x-guidance`` key, so a user's cannot switch on
                 # ``lenient`` (silently ignored keywords)
@@ -230,7 +230,7 @@ class LLGuidanceBackend(GrammarBackend):
         start = time.perf_counter()
         if spec.kind in (ConstraintKind.JSON_SCHEMA, ConstraintKind.TOOL_CALLS,
                          ConstraintKind.STRUCTURAL_TAG):
-            trap = unit_exclusive_range(json.loads(spec.source))
+            trap = unit_exclusive_range_text(spec.source)
             if trap is not None:  # NOTE: auto falls back to xgrammar, which is exact there
                 raise UnsupportedSchemaError(
                     f"llguidance cannot enforce the number range at {trap} exactly (an exclusive "

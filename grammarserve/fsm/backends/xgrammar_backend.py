@@ -53,10 +53,19 @@ class XGrammarMatcher(Matcher):
         return None
 
 
+class XGrammarCompiled(CompiledGrammar):
+    """A grammar xgrammar compiled; ``native`` is its ``xgrammar.CompiledGrammar``."""
+
+    def __init__(self, native: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.native = native
+
+
 class XGrammarBackend(GrammarBackend):
     """Compiles specs with xgrammar."""
 
     name = "xgrammar"
+    serial_format = str(xgr.get_serialization_version())
 
     def __init__(self, vocab: VocabInfo, config: GrammarConfig) -> None:
         super().__init__(vocab, config)
@@ -179,6 +188,10 @@ class XGrammarBackend(GrammarBackend):
                                           backend=self.name) from None
             raise GrammarBackendError(f"xgrammar refused the {spec.kind}: {msg}",
                                       backend=self.name) from None
+        return self._wrap(spec, compiled, start, background)
+
+    def _wrap(self, spec: GrammarSpec, compiled: Any, start: float, background: bool
+              ) -> CompiledGrammar:
         vocab, shared = self.vocab, SharedMasks()
         budgets = self._runs(spec) if spec.kind == ConstraintKind.JSON_SCHEMA else []
 
@@ -190,10 +203,24 @@ class XGrammarBackend(GrammarBackend):
             # NOTE: nobody waits for a background compile, so it also computes the start mask
             # that every matcher shares (see ``SharedMasks``).
             make().fill_bitmask(torch.empty((1, vocab.bitmask_width), dtype=torch.int32), 0)
-        return CompiledGrammar(backend=self.name, kind=spec.kind, make_matcher=make,
-                               size_bytes=lambda: (int(compiled.memory_size_bytes) + 4096
-                                                   + shared.nbytes),
-                               compile_s=time.perf_counter() - start)
+        return XGrammarCompiled(compiled, backend=self.name, kind=spec.kind, make_matcher=make,
+                                size_bytes=lambda: (int(compiled.memory_size_bytes) + 4096
+                                                    + shared.nbytes),
+                                compile_s=time.perf_counter() - start)
+
+    def serialize(self, grammar: CompiledGrammar) -> str | None:
+        if not isinstance(grammar, XGrammarCompiled):
+            return None
+        return str(grammar.native.serialize_json())
+
+    def restore(self, spec: GrammarSpec, text: str) -> CompiledGrammar:
+        # NOTE: xgrammar checks the tokenizer's metadata and its format version itself.
+        start = time.perf_counter()
+        try:
+            compiled = xgr.CompiledGrammar.deserialize_json(text, self._info)
+        except (RuntimeError, ValueError, TypeError) as e:
+            raise ValueError(f"not a serialized xgrammar grammar: {e}") from None
+        return self._wrap(spec, compiled, start, background=True)
 
 
 def _tokenizer_info(vocab: VocabInfo) -> Any:

@@ -36,6 +36,7 @@ prepared schema so that no backend that may compile it sees a value outside its 
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -174,6 +175,15 @@ def unit_exclusive_range(source: Any) -> str | None:
             if any(_is_number(node.get(o)) and 0 < (node[o] - k) * step < 1 for o in others):
                 return json_path(parts + (key,))
     return None
+
+
+def unit_exclusive_range_text(text: str) -> str | None:
+    """:func:`unit_exclusive_range` of the JSON ``text``, without parsing it where it cannot
+    hold an exclusive bound: no ``exclusiveM`` in it and no ``\\u`` escape (a key can spell
+    its letters only as themselves or as such escapes)."""
+    if "exclusiveM" not in text and "\\u" not in text:
+        return None
+    return unit_exclusive_range(json.loads(text))
 
 
 def _integral_bounds(sub: dict[str, Any]) -> None:
