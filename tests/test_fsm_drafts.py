@@ -82,6 +82,18 @@ def test_a_2020_schema_is_left_alone() -> None:
     assert to_draft_2020(schema) is schema
 
 
+def test_a_custom_meta_schema_is_refused_on_every_backend() -> None:
+    """Its vocabularies may switch keywords off (the suite's vocabulary.json: ``minimum`` does
+    not assert): refused by the front end, never compiled by a backend that ignores it."""
+    custom = {"$schema": "http://localhost:1234/draft2020-12/metaschema-no-validation.json",
+              "properties": {"n": {"minimum": 10}}}
+    with pytest.raises(UnsupportedSchemaError, match="meta-schema") as e:
+        to_draft_2020(custom)
+    assert e.value.path == "$.$schema"
+    for uri in ("https://json-schema.org/draft/2020-12/schema", "http://json-schema.org/schema#"):
+        assert to_draft_2020({"$schema": uri, "type": "string"}) == {"type": "string"}
+
+
 def test_validated_against_its_own_draft() -> None:
     with pytest.raises(SchemaValidationError, match="Draft7"):
         to_draft_2020({"$schema": D7, "minLength": -1})

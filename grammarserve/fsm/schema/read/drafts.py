@@ -79,8 +79,8 @@ def declared_draft(schema: Any) -> int:
 
 
 def to_draft_2020(schema: Any) -> Any:
-    """``schema`` in Draft 2020-12 terms: unchanged (the same object) if it declares nothing or
-    an unknown URI, a copy of its top level without ``$schema`` if it declares 2020-12 or the
+    """``schema`` in Draft 2020-12 terms: unchanged (the same object) if it declares nothing,
+    refused if it declares a URI that is no known draft (a custom meta-schema), a copy of its top level without ``$schema`` if it declares 2020-12 or the
     "latest" alias ``http://json-schema.org/schema``, else meta-validated against its draft and
     translated (a new object).
 
@@ -89,14 +89,23 @@ def to_draft_2020(schema: Any) -> Any:
     SchemaValidationError
         The schema is not valid under the draft it declares.
     UnsupportedSchemaError
-        Draft-03, or a ``$ref`` into a keyword the translation removes.
+        Draft-03, a custom meta-schema, or a ``$ref`` into a keyword the translation removes.
     """
     draft = declared_draft(schema)
     if draft == 2020:
         if isinstance(schema, dict) and _LATEST.match(str(schema.get("$schema", ""))):
             # NOTE: dropped as for the other drafts, or llguidance tries to fetch the "latest"
-            # alias; any other URI may name a custom meta-schema (vocabularies): kept, refused
+            # alias
             return {k: v for k, v in schema.items() if k != "$schema"}
+        if isinstance(schema, dict) and "$schema" in schema and \
+                jsonschema.validators.validator_for(schema, default=None) is None:
+            # NOTE: refused here, not by a backend: llguidance refuses to fetch it, but
+            # xgrammar (the fallback) ignores it and would assert what it may switch off
+            raise UnsupportedSchemaError(
+                f"the schema declares the meta-schema {schema['$schema']!r}, which is no JSON "
+                "Schema draft this server knows; a custom meta-schema's vocabularies decide "
+                "which keywords assert, and it is never fetched: declare a draft (or none)",
+                path="$.$schema", keyword="$schema")
         return schema
     _meta_validate(schema, draft)
 
