@@ -116,7 +116,8 @@ def main() -> None:
     p.add_argument("--folder", default=None)
     args = p.parse_args()
     if args.worker is not None:
-        print(json.dumps(worker(args.worker, args.folder, args.limit)))
+        # NOTE: read by the parent (``run``): stamped like a result line, its keys ignored there
+        print(json.dumps({**stamp(), **worker(args.worker, args.folder, args.limit)}))
         return
     with tempfile.TemporaryDirectory(prefix="grammarserve-restart-") as folder:
         cold = run("cold", None, args.limit)

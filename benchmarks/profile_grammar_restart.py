@@ -27,6 +27,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import stamp
+
 REPO = Path(__file__).resolve().parents[1]
 _T: dict[str, float] = defaultdict(float)
 
@@ -145,7 +148,7 @@ def main() -> None:
             restarted.compile_json_schema(schema)
             rows.append(_row(_T, time.perf_counter() - start))
         disk = restarted.cache_stats().disk
-    out: dict[str, Any] = {"schemas": len(rows), "style": options["json_style"],
+    out: dict[str, Any] = {**stamp(), "schemas": len(rows), "style": options["json_style"],
                            "spec_hits": disk.spec_hits if disk else None}
     for stage in rows[0]:
         values = [r[stage] for r in rows]

@@ -44,8 +44,9 @@ def test_the_suite_grammar_plus_checks_is_each_schema() -> None:
                     not in DOCUMENTED:
                 wrong.append(f"{case.file} | {case.description} | {desc} (valid={valid})")
     assert wrong == []
-    # of 364; the rest: remote refs (and a remote meta-schema), no instance
-    assert taken >= 341
+    # of 364; the rest: remote refs, custom meta-schemas (vocabulary.json's two: refused, as
+    # their vocabularies decide which keywords assert), no instance
+    assert taken >= 339
 
 
 POOL: list[Any] = [
