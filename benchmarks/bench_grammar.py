@@ -179,12 +179,8 @@ class _Tally:
         from grammarserve.fsm.exactness import CauseKind, tally
 
         mask = self.mask_s
-        kinds = {k.name.lower(): sum(1 for f in self.refusals
-                                     if {c.kind for c in f.causes} == {k}
-                                     or (k is CauseKind.OURS and any(
-                                         c.kind is k for c in f.causes)))
-                 for k in CauseKind}
-        exactness = {}
+        kinds = {k.name.lower(): sum(1 for f in self.refusals if {c.kind for c in f.causes} == {k})
+                 for k in CauseKind}  # NOTE: a walk with causes of two kinds counts in neither
         total = self.c["valid_total_compiled"] or 1
         rates = {"valid_accepted_rate": round(self.c["valid_accepted"] / total, 4)}
         if self.explained:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from server_helpers import http_get, http_post, running_server
 
 from grammarserve.cli import _config, build_parser
 from grammarserve.config import EngineConfig, grammar_disk_cache_dir
@@ -256,9 +257,15 @@ def test_off_writes_nothing(tokenizer: Any, tmp_path: Path,
     assert list(tmp_path.iterdir()) == []
 
 
-def _metric(url: str, name: str) -> float:
-    from server_helpers import http_get
+def _wait_for_metric(url: str, name: str, why: str, timeout_s: float = 300) -> None:
+    """Until counter ``name`` is at least 1 (the background upgrade is done), else fail."""
+    deadline = time.monotonic() + timeout_s
+    while _metric(url, name) < 1:
+        assert time.monotonic() < deadline, why
+        time.sleep(0.2)
 
+
+def _metric(url: str, name: str) -> float:
     text = http_get(url + "/metrics")[1].decode()
     found = re.search(rf"^{name}(?:_total)? ([0-9.e+]+)$", text, re.MULTILINE)
     assert found, name
@@ -267,8 +274,6 @@ def _metric(url: str, name: str) -> float:
 
 @pytest.mark.model
 def test_a_restarted_server_serves_the_schema_from_disk(tmp_path: Path) -> None:
-    from server_helpers import http_post, running_server
-
     folder = tmp_path / "grammars"
     body = {"model": "m", "messages": [{"role": "user", "content": "A person as JSON."}],
             "max_tokens": 4, "response_format": {
@@ -279,10 +284,8 @@ def test_a_restarted_server_serves_the_schema_from_disk(tmp_path: Path) -> None:
         for _ in range(2):  # NOTE: reused: the engine upgrades it and writes the grammar
             status, _ = http_post(url + "/v1/chat/completions", body)
             assert status == 200
-        deadline = time.monotonic() + 300
-        while _metric(url, "grammarserve_grammar_disk_writes") < 1:
-            assert time.monotonic() < deadline, "the upgraded grammar was never written"
-            time.sleep(0.5)
+        _wait_for_metric(url, "grammarserve_grammar_disk_writes",
+                         "the upgraded grammar was never written")
         assert _metric(url, "grammarserve_grammar_disk_hits") == 0
         assert _metric(url, "grammarserve_server_grammar_disk_writes") == 1  # the spec
     with running_server(tmp_path / "second.log", *args) as server:
@@ -293,10 +296,8 @@ def test_a_restarted_server_serves_the_schema_from_disk(tmp_path: Path) -> None:
         assert _metric(url, "grammarserve_grammar_disk_hits") == 0  # llguidance first
         status, _ = http_post(url + "/v1/chat/completions", body)  # reused: upgraded
         assert status == 200
-        deadline = time.monotonic() + 300
-        while _metric(url, "grammarserve_grammar_disk_hits") < 1:
-            assert time.monotonic() < deadline, "the upgrade never read the stored grammar"
-            time.sleep(0.2)
+        _wait_for_metric(url, "grammarserve_grammar_disk_hits",
+                         "the upgrade never read the stored grammar")
         assert _metric(url, "grammarserve_grammar_disk_hits") == 1
         assert _metric(url, "grammarserve_grammar_disk_writes") == 0
         assert _metric(url, "grammarserve_grammar_disk_corrupt") == 0

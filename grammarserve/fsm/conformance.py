@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from grammarserve.constraints import ConstraintKind
 from grammarserve.errors import GrammarError
 from grammarserve.fsm.exactness import Cause, refusal_causes, without_formats
 from grammarserve.fsm.matcher import Matcher
@@ -36,10 +37,14 @@ def load_suite(folder: str | Path) -> Iterator[SuiteCase]:
             yield SuiteCase(path.name, group["description"], group["schema"], tests)
 
 
+#: The separators of each form :func:`instance_texts` writes, in its order.
+FORMS = {"compact": (",", ":"), "spaced": (", ", ": ")}
+
+
 def instance_texts(instance: Any) -> list[str]:
-    """The forms the default JSON style (``auto``) takes: compact and ``json.dumps`` default."""
-    forms = [json.dumps(instance, ensure_ascii=False, separators=(",", ":")),
-             json.dumps(instance, ensure_ascii=False)]
+    """The forms the default JSON style (``auto``) takes (:data:`FORMS`: compact and
+    ``json.dumps`` default); a form the one before it already wrote is left out."""
+    forms = [json.dumps(instance, ensure_ascii=False, separators=seps) for seps in FORMS.values()]
     return list(dict.fromkeys(forms))
 
 
@@ -102,10 +107,6 @@ def refusal_keyword(e: GrammarError, named: list[tuple[str, str | None]]) -> str
     return type(e).__name__
 
 
-#: The separators of each form :func:`instance_texts` writes.
-FORMS = {"compact": (",", ":"), "spaced": (", ", ": ")}
-
-
 def explain_refusal(compiler: Any, schema: Any, instance: Any, form: str, tokenizer: Any,
                     bitmask: torch.Tensor, *, open_compiler: Any = None) -> frozenset[Cause]:
     """The causes (``exactness.refusal_causes``) of ``compiler``'s grammar of ``schema``
@@ -127,7 +128,7 @@ def explain_refusal(compiler: Any, schema: Any, instance: Any, form: str, tokeni
     seps = FORMS[form]
     variants = [(Cause.CLOSED, accepts_with(open_compiler, schema))] if open_compiler else []
     variants.append((Cause.FORMAT, accepts_with(compiler, without_formats(schema))))
-    prepared = json.loads(compiler.spec("json_schema", schema).source)
+    prepared = json.loads(compiler.spec(ConstraintKind.JSON_SCHEMA, schema).source)
     return refusal_causes(instance, lambda v: json.dumps(v, ensure_ascii=False, separators=seps),
                           prepared, accepts=accepts_with(compiler, schema), spells=spells,
                           variants=variants)

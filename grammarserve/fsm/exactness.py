@@ -22,15 +22,15 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+from grammarserve.fsm.runs import MAX_DIGITS
+from grammarserve.fsm.schema.close import MAX_SAFE_INTEGER
 from grammarserve.fsm.schema.exact_numbers import exact_range
+from grammarserve.fsm.schema.order import APPLICATORS
 from grammarserve.fsm.schema.tree import iter_any_draft, resolve_pointer
 
-#: The numbers the backends hold exactly: the default (closed) policy narrows unbounded
-#: integers to ``max_integer`` and too wide bounds to ``max_bound``.
+#: The numbers the backends hold exactly: the default (closed) policy narrows too wide bounds to
+#: ``max_bound`` (unbounded integers: ``close.MAX_SAFE_INTEGER``; digit runs: ``runs.MAX_DIGITS``).
 EXACT = exact_range("auto")
-SAFE_INTEGER = EXACT.max_integer
-#: The longest digit run outside strings the default policy generates.
-MAX_DIGIT_RUN = 20
 
 
 class CauseKind(enum.Enum):
@@ -55,9 +55,9 @@ class Cause(enum.Enum):
               ("properties the schema does not name are generated only where it says "
               "additionalProperties (open_schemas=True lifts it)"))
     NUMBER_BOUNDS = ("number bounds", CauseKind.POLICY,
-                     (f"unbounded integers within +-{EXACT.max_integer}, bounds wider than "
+                     (f"unbounded integers within +-{MAX_SAFE_INTEGER}, bounds wider than "
                       f"+-{EXACT.max_bound:g} narrowed to it, digit runs of at most "
-                      f"{MAX_DIGIT_RUN} (open_schemas=True lifts it)"))
+                      f"{MAX_DIGITS} (open_schemas=True lifts it)"))
     FORMAT = ("format", CauseKind.POLICY,
               ("a format the server knows is enforced in every draft (in draft 4, 6 and 7 "
               "only some formats are defined; validators pass others as annotations)"))
@@ -94,26 +94,30 @@ def without_raw_del(text: str) -> str:
     return text.replace("\x7f", "\\u007f")
 
 
-_BRANCHES = ("allOf", "anyOf", "oneOf", "if", "then", "else")
-
-
 def _object_views(node: Any, root: Any, seen: frozenset[int] = frozenset()) -> Iterator[Any]:
-    """``node`` and the subschemas its applicators and local ``$ref``s bring to the same
-    instance, in the order a grammar merges their ``properties`` (``schema/order.py``)."""
+    """``node`` and the subschemas its applicators (``schema/order.py``'s ``APPLICATORS``; local
+    ``$ref``s followed) bring to the same instance, in the order a grammar merges their
+    ``properties``."""
     if not isinstance(node, dict) or id(node) in seen:
         return
     seen = seen | {id(node)}
     yield node
     for key in node:
-        if key == "$ref" and isinstance(node[key], str) and node[key].startswith("#"):
+        if key not in APPLICATORS:
+            continue
+        value = node[key]
+        if key in ("$ref", "$dynamicRef"):
+            if not (isinstance(value, str) and value.startswith("#")):
+                continue
             try:
-                yield from _object_views(resolve_pointer(root, node[key]), root, seen)
+                value = resolve_pointer(root, value)
             except (KeyError, IndexError, ValueError, TypeError):
                 continue
-        elif key in _BRANCHES:
-            subs = node[key] if isinstance(node[key], list) else [node[key]]
-            for sub in subs:
-                yield from _object_views(sub, root, seen)
+        subs = (value if isinstance(value, list) else
+                list(value.values()) if key == "dependentSchemas" and isinstance(value, dict)
+                else [value])
+        for sub in subs:
+            yield from _object_views(sub, root, seen)
 
 
 def schema_ordered(instance: Any, schema: Any) -> Any:
@@ -208,12 +212,12 @@ def _numbers(v: Any) -> Iterator[int | float]:
 def outside_number_bounds(instance: Any, text: str) -> bool:
     """Whether ``instance`` has an integer beyond the default bound, or ``text`` a digit run
     outside strings longer than the default policy writes."""
-    if any(isinstance(n, int) and abs(n) > SAFE_INTEGER or
-           isinstance(n, float) and n.is_integer() and abs(n) > SAFE_INTEGER
+    if any(isinstance(n, int) and abs(n) > MAX_SAFE_INTEGER or
+           isinstance(n, float) and n.is_integer() and abs(n) > MAX_SAFE_INTEGER
            for n in _numbers(instance)):
         return True
     unquoted = re.sub(r'"(?:[^"\\]|\\.)*"', '""', text)
-    return re.search(rf"\d{{{MAX_DIGIT_RUN + 1}}}", unquoted) is not None
+    return re.search(rf"\d{{{MAX_DIGITS + 1}}}", unquoted) is not None
 
 
 # --------------------------------------------------------------------------- the accounting
