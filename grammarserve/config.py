@@ -62,6 +62,22 @@ class EngineConfig:
         Longest sequence (prompt + output); ``None`` = the model's own limit.
     enable_prefix_cache:
         Share the KV of common prefixes through the radix cache.
+    kv_host_tier_bytes:
+        Host-memory tier under the radix cache (``grammarserve.engine.kv_tiers``): evicted
+        prefixes keep their KV here (in blocks of 64 tokens) and come back instead of being
+        recomputed. ``None`` (default): as many bytes as the KV pool, at most a quarter of
+        the memory available at start-up; 0: off.
+    kv_disk_tier:
+        A folder of prompt KV blocks (written through as prompts are computed), found again
+        after a restart and shared by the processes of the machine; keyed by the model,
+        tokenizer, dtype and pool layout, so another model's entries are misses. ``"auto"``:
+        ``$GRAMMARSERVE_KV_TIER`` (``off`` turns it off), else ``kv`` under
+        ``$GRAMMARSERVE_CACHE`` or ``$XDG_CACHE_HOME/grammarserve``; None: off.
+    kv_disk_tier_bytes:
+        Upper bound of that folder (least recently used blocks go first).
+    kv_tier_dtype:
+        Storage dtype of both tiers' blocks; None (default): the pool's, so a restored prefix
+        is bit for bit the computed one.
     decode_mirror_tokens:
         Token budget of the decode KV mirror (a contiguous copy of the decoding requests' KV
         kept across steps so decode does not re-gather it from the pool every layer); ``None``
@@ -222,6 +238,10 @@ class EngineConfig:
     max_batch_tokens: int = 2048
     max_model_len: int | None = None
     enable_prefix_cache: bool = True
+    kv_host_tier_bytes: int | None = None
+    kv_disk_tier: str | None = None
+    kv_disk_tier_bytes: int = 16 * 1024**3
+    kv_tier_dtype: str | None = None
     decode_mirror_tokens: int | None = None
     cache_dir: Path | None = None
     chat_template: str | None = None
@@ -260,7 +280,7 @@ class EngineConfig:
     tf32: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("dtype", "kv_dtype"):
+        for name in ("dtype", "kv_dtype", "kv_tier_dtype"):
             value = getattr(self, name)
             if value is not None and value not in _DTYPES and value != "auto":
                 raise InvalidRequestError(f"{name} must be auto or one of {', '.join(_DTYPES)}, "
@@ -282,6 +302,10 @@ class EngineConfig:
             raise InvalidRequestError(f"grammar_json_style must be auto, compact, spaced, "
                                       f"indented or flexible, got {self.grammar_json_style!r}",
                                       param="grammar_json_style")
+        for name in ("kv_host_tier_bytes", "kv_disk_tier_bytes"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise InvalidRequestError(f"{name} must be >= 0", param=name)
         if self.grammar_disk_cache_bytes < 0:
             raise InvalidRequestError("grammar_disk_cache_bytes must be >= 0",
                                       param="grammar_disk_cache_bytes")
@@ -370,24 +394,39 @@ class EngineConfig:
         return _DTYPES[self.kv_dtype]
 
     @property
+    def torch_tier_dtype(self) -> torch.dtype | None:
+        """The KV tiers' storage dtype (None: the pool's)."""
+        return None if self.kv_tier_dtype in (None, "auto") else _DTYPES[self.kv_tier_dtype]
+
+    @property
     def torch_device(self) -> torch.device:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
 
 
-#: ``$GRAMMARSERVE_GRAMMAR_CACHE`` values that turn the grammar disk cache off.
+#: ``$GRAMMARSERVE_GRAMMAR_CACHE`` / ``$GRAMMARSERVE_KV_TIER`` values that turn that cache off.
 _OFF = frozenset({"", "0", "off", "none", "false"})
 
 
 def grammar_disk_cache_dir(setting: str | None) -> str | None:
     """The folder of ``EngineConfig.grammar_disk_cache`` (None: off), ``"auto"`` resolved
     from the environment now (in the process that builds the compiler)."""
+    return _cache_dir(setting, "GRAMMARSERVE_GRAMMAR_CACHE", "grammars")
+
+
+def kv_disk_tier_dir(setting: str | None) -> str | None:
+    """The folder of ``EngineConfig.kv_disk_tier`` (None: off), ``"auto"`` resolved from the
+    environment now (in the process that builds the engine)."""
+    return _cache_dir(setting, "GRAMMARSERVE_KV_TIER", "kv")
+
+
+def _cache_dir(setting: str | None, variable: str, leaf: str) -> str | None:
     if setting != "auto":
         return setting
-    env = os.environ.get("GRAMMARSERVE_GRAMMAR_CACHE")
+    env = os.environ.get(variable)
     if env is not None:
         return None if env.strip().lower() in _OFF else env
     base = os.environ.get("GRAMMARSERVE_CACHE") or str(
         Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "grammarserve")
-    return str(Path(base) / "grammars")
+    return str(Path(base) / leaf)

@@ -1,4 +1,4 @@
-"""The persistent grammar cache (``grammarserve/fsm/disk_cache.py``): a restarted compiler serves
+"""The persistent grammar cache (``grammarserve/fsm/disk_cache.py`` over ``disk_store.py``): a restarted compiler serves
 a schema's first request from its stored spec and llguidance, reads its upgraded grammar from
 disk on reuse, and walks instances exactly as the upgraded one did; bad entries are misses that
 get rewritten; the folder stays in its bound; concurrent writers leave
@@ -188,7 +188,7 @@ def test_bad_files_never_raise(tmp_path: Path) -> None:
     assert disk.get("spec", "k") == b"payload"
     assert disk.get("spec", "other") is None
     assert disk.get("grammar", "k") is None  # the namespace is part of the key
-    s = disk.stats()
+    s = disk.cache_stats()
     assert (s.spec_hits, s.corrupt, s.misses, s.writes) == (1, 5, 7, 6)
 
 

@@ -17,6 +17,7 @@ from grammarserve.engine.detokenizer import IncrementalDetokenizer
 from grammarserve.engine.device import setup_cuda
 from grammarserve.engine.dry import DryPenalty
 from grammarserve.engine.grammar import GrammarRunner
+from grammarserve.engine.kv_tiers.build import build_tiers
 from grammarserve.engine.memory import (
     MIN_PLANNED_KV_TOKENS,
     ActivationShape,
@@ -33,7 +34,7 @@ from grammarserve.engine.scheduler import ScheduledReq, Scheduler
 from grammarserve.engine.spec.calibrate import calibrate
 from grammarserve.engine.spec.ngram import space_folded
 from grammarserve.engine.spec.speculator import SpecOptions, Speculator
-from grammarserve.engine.stats import EngineStats, disk_fields
+from grammarserve.engine.stats import EngineStats, disk_fields, tier_fields
 from grammarserve.engine.stopping import append_token, retract
 from grammarserve.engine.threads import ThreadTuner
 from grammarserve.engine.validate import check_bias, check_prompt
@@ -78,9 +79,6 @@ class Engine:
         self.threads = ThreadTuner(torch.get_num_threads() if device.type == "cpu"
                                    and config.adaptive_threads else 1)
         self.sizer = BatchSizer(config.max_num_reqs, enabled=config.adaptive_batch)
-        self.cache = RadixCache(pool) if config.enable_prefix_cache else None
-        self.scheduler = Scheduler(pool, table, self.cache,
-                                   max_batch_tokens=config.max_batch_tokens)
         eos = set(mc.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(int(self.tokenizer.eos_token_id))
@@ -88,6 +86,13 @@ class Engine:
         self.dry = DryPenalty(self.tokenizer, mc.vocab_size)
         self.grammar = GrammarRunner(self.tokenizer, config, vocab_size=mc.vocab_size,
                                      stop_token_ids=sorted(self.eos_ids))
+        self.tiers = build_tiers(config, self.loaded.model, pool,
+                                 self.grammar.compiler.vocab.fingerprint) \
+            if config.enable_prefix_cache else None
+        self.cache = RadixCache(pool, self.tiers.demote if self.tiers else None) \
+            if config.enable_prefix_cache else None
+        self.scheduler = Scheduler(pool, table, self.cache, tiers=self.tiers,
+                                   max_batch_tokens=config.max_batch_tokens)
         self.spec = Speculator(SpecOptions(max_draft=config.num_speculative_tokens,
                                            adaptive=config.speculative_adaptive),
                                max_model_len=self.max_model_len,
@@ -176,6 +181,11 @@ class Engine:
         self.grammar.warm_up()
         if self.spec.options.max_draft > 0 and self.spec.options.adaptive:
             calibrate(self.runner, self.spec.cost, next(self._arrivals))
+
+    def close(self) -> None:
+        """Write what the KV disk tier has queued and stop its threads (at shutdown)."""
+        if self.tiers is not None:
+            self.tiers.close()
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work() or bool(self._done_early or self._compiling)
@@ -393,5 +403,6 @@ class Engine:
             mask_fill_s=g.mask_fill_s, mask_wait_s=g.mask_wait_s,
             grammar_cache_hits=cache.hits + cache.shared, grammar_cache_misses=cache.misses,
             grammar_compile_s=cache.compile_s_total, **disk_fields(cache.disk),
+            **tier_fields(self.tiers.stats() if self.tiers else None),
             spec_drafted_tokens=self.spec.counters.drafted_tokens,
             spec_accepted_tokens=self.spec.counters.accepted_tokens)

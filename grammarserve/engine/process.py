@@ -324,6 +324,7 @@ def _engine_main(config: EngineConfig, conn: Connection) -> None:
         while conn.poll(0):
             msg = conn.recv()
             if isinstance(msg, Shutdown):
+                engine.close()
                 return
             if isinstance(msg, AddRequest):
                 try:

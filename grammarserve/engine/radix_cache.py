@@ -3,21 +3,31 @@
 Every slot is owned by exactly one party: the pool's free list, the tree, or one request (slots it
 computed that are not inserted yet). ``insert`` reports how much of a sequence was already present
 so the caller frees its duplicate slots; ``evict`` returns unlocked leaves' slots to the pool in
-LRU order. Running requests lock the path to their last matched node, so nothing they read is
-evicted. Each namespace has its own root: no prefix is ever shared across namespaces.
+LRU order (first handing each leaf's whole path to ``on_evict``, which may keep a copy of its KV
+in a lower tier: ``engine/kv_tiers``). Running requests lock the path to their last matched node,
+so nothing they read is evicted. Each namespace has its own root: no prefix is ever shared across
+namespaces.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from grammarserve.attention.kv_pool import KVPool
 
+log = logging.getLogger(__name__)
+
 DEFAULT_NAMESPACE = ""
+
+#: Called with an evicted leaf's path from its root (tokens, slots), its namespace and where
+#: the leaf starts, before the leaf's slots go back to the pool.
+EvictHook = Callable[[list[int], torch.Tensor, str, int], None]
 
 
 @dataclass(eq=False)
@@ -51,9 +61,11 @@ class MatchResult:
 class RadixCache:
     """Prefix cache over a :class:`KVPool` (see the module docstring for the ownership rules)."""
 
-    def __init__(self, pool: KVPool) -> None:
+    def __init__(self, pool: KVPool, on_evict: EvictHook | None = None) -> None:
         self.pool = pool
+        self.on_evict = on_evict
         self.roots: dict[str, TreeNode] = {}
+        self._namespaces: dict[int, str] = {}  # id(root) -> its namespace
         self._clock = itertools.count(1)
         self.total_tokens = 0  # slots owned by the tree
         self.locked_tokens = 0  # of those, on a path locked by a running request
@@ -63,6 +75,7 @@ class RadixCache:
         node = self.roots.get(namespace)
         if node is None:
             node = self.roots[namespace] = TreeNode(lock_ref=1)  # roots are never evicted
+            self._namespaces[id(node)] = namespace
         return node
 
     def match_prefix(self, tokens: list[int], namespace: str = DEFAULT_NAMESPACE) -> MatchResult:
@@ -138,6 +151,8 @@ class RadixCache:
             _, _, leaf = heapq.heappop(heap)
             parent = leaf.parent
             assert parent is not None
+            if self.on_evict is not None:
+                self._hand_down(leaf)
             self.pool.free(leaf.value)
             del parent.children[leaf.key[0]]
             freed += len(leaf.key)
@@ -146,6 +161,23 @@ class RadixCache:
                 heapq.heappush(heap, (parent.last_access, id(parent), parent))
         self.evicted_tokens += freed
         return freed
+
+    def _hand_down(self, leaf: TreeNode) -> None:
+        """Give ``on_evict`` the leaf's path; a failure there loses the copy, never the pool."""
+        nodes: list[TreeNode] = []
+        node: TreeNode | None = leaf
+        while node is not None and not node.is_root:
+            nodes.append(node)
+            node = node.parent
+        assert node is not None
+        nodes.reverse()
+        tokens = [t for n in nodes for t in n.key]
+        try:
+            assert self.on_evict is not None
+            self.on_evict(tokens, torch.cat([n.value for n in nodes]),
+                          self._namespaces[id(node)], len(tokens) - len(leaf.key))
+        except Exception:
+            log.exception("a lower KV tier failed to keep an evicted prefix")
 
     def reset(self) -> None:
         """Drop every unlocked entry (frees their slots)."""

@@ -7,6 +7,9 @@ the token budget, the request table and the KV pool allow. A waiting request tha
 uncached prefix with a request still prefilling waits one step so the prefix is computed once.
 When the pool runs dry, unlocked cache leaves are evicted; then the newest running request is
 preempted (its computed KV goes into the cache, and it is recomputed from there later).
+With KV tiers (``engine/kv_tiers``), a queued request's prompt blocks are prefetched from disk,
+and at admission the blocks past the tree's match are restored from a tier into the tree first;
+prompt KV entering the tree is written through to the disk tier.
 
 Slot ownership (NOTE: the invariant that keeps the pool leak-free): a request's table row lists
 ``num_allocated`` slots; the first ``tree_len`` of them belong to the radix tree (and are locked by
@@ -19,6 +22,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
+from grammarserve.engine.kv_tiers.tiers import KVTiers
 from grammarserve.engine.radix_cache import RadixCache
 from grammarserve.engine.request import Req, ReqStatus
 
@@ -40,10 +44,11 @@ class ScheduledReq:
 
 class Scheduler:
     def __init__(self, pool: KVPool, req_to_token: ReqToTokenPool, cache: RadixCache | None,
-                 *, max_batch_tokens: int) -> None:
+                 *, max_batch_tokens: int, tiers: KVTiers | None = None) -> None:
         self.pool = pool
         self.req_to_token = req_to_token
         self.cache = cache
+        self.tiers = tiers if cache is not None else None
         self.max_batch_tokens = max_batch_tokens
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
@@ -52,6 +57,10 @@ class Scheduler:
 
     def add(self, req: Req) -> None:
         self.waiting.append(req)
+        if self.tiers is not None and self.cache is not None:
+            prompt = req.tokens[:-1]
+            cached = self.cache.match_prefix(prompt, req.namespace).length
+            self.tiers.prefetch(prompt, req.namespace, cached)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -109,6 +118,8 @@ class Scheduler:
 
     def _admit(self, req: Req, budget: int, admitted: list[Req]) -> int | None:
         """Try to start ``req``; returns its token count this step, or None to leave it waiting."""
+        if self.tiers is not None:
+            self._restore(req)
         match = (self.cache.match_prefix(req.tokens[:-1], req.namespace)
                  if self.cache is not None else None)
         cached = match.length if match is not None else 0
@@ -136,6 +147,22 @@ class Scheduler:
         self._reserve(req, n)
         return n
 
+    def _restore(self, req: Req) -> None:
+        """Bring ``req``'s prompt blocks past the tree's match back from a lower tier into the
+        tree (see ``KVTiers.restore``)."""
+        assert self.cache is not None and self.tiers is not None
+        prompt = req.tokens[:-1]
+        match = self.cache.match_prefix(prompt, req.namespace)
+        self.cache.lock(match.node)
+        try:
+            slots = self.tiers.restore(prompt, req.namespace, match.length, match.slots,
+                                       self._make_room)
+        finally:
+            self.cache.unlock(match.node)
+        if slots is not None:
+            already, _ = self.cache.insert(prompt[:slots.numel()], slots, req.namespace)
+            self.pool.free(slots[match.length:already])  # NOTE: none, unless inserted meanwhile
+
     def _make_room(self, n: int) -> bool:
         short = n - self.pool.num_free
         if short > 0 and self.cache is not None:
@@ -157,6 +184,9 @@ class Scheduler:
         tokens = req.tokens[:req.num_computed]
         slots = self.req_to_token.slots(req.row, req.num_computed).clone()
         already, node = self.cache.insert(tokens, slots, req.namespace)
+        if self.tiers is not None:
+            end = min(req.num_computed, len(req.prompt_ids))
+            self.tiers.write_through(tokens[:end], slots[:end], req.namespace, req.tree_len)
         if already > req.tree_len:
             # Someone inserted part of this meanwhile: free our copies, read the tree's instead.
             self.pool.free(slots[req.tree_len:already])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from grammarserve.engine.kv_tiers.tiers import TierStats
 from grammarserve.fsm.disk_cache import DiskCacheStats
 
 
@@ -44,6 +45,16 @@ class EngineStats:
     grammar_disk_corrupt: int = 0  # entries found bad (removed; read as misses)
     grammar_disk_evictions: int = 0
     grammar_disk_bytes: int = 0  # size of the disk cache's folder (last measured)
+    kv_host_hit_tokens: int = 0  # prompt tokens whose KV came back from the host tier
+    kv_disk_hit_tokens: int = 0  # ... from the disk tier
+    kv_demoted_tokens: int = 0  # evicted tokens whose KV the host tier took
+    kv_promote_s: float = 0.0  # time spent bringing KV back from the tiers
+    kv_host_tier_bytes: int = 0
+    kv_host_tier_evictions: int = 0
+    kv_disk_tier_bytes: int = 0  # size of the disk tier's folder (last measured)
+    kv_disk_tier_writes: int = 0
+    kv_disk_tier_dropped: int = 0  # blocks not written (the writer's queue was full)
+    kv_disk_tier_corrupt: int = 0  # entries found bad (removed; read as misses)
     spec_drafted_tokens: int = 0  # speculative draft tokens fed (checked by the matcher)
     spec_accepted_tokens: int = 0  # of them, the ones the model chose (kept in the output)
 
@@ -56,3 +67,17 @@ def disk_fields(disk: DiskCacheStats | None) -> dict[str, Any]:
             "grammar_disk_misses": disk.misses, "grammar_disk_writes": disk.writes,
             "grammar_disk_corrupt": disk.corrupt, "grammar_disk_evictions": disk.evictions,
             "grammar_disk_bytes": disk.bytes}
+
+
+def tier_fields(tiers: TierStats | None) -> dict[str, Any]:
+    """The ``kv_*`` tier fields of :class:`EngineStats` from the engine's KV tiers."""
+    if tiers is None:
+        return {}
+    return {"kv_host_hit_tokens": tiers.host_hit_tokens,
+            "kv_disk_hit_tokens": tiers.disk_hit_tokens,
+            "kv_demoted_tokens": tiers.demoted_tokens, "kv_promote_s": tiers.promote_s,
+            "kv_host_tier_bytes": tiers.host_bytes,
+            "kv_host_tier_evictions": tiers.host_evictions,
+            "kv_disk_tier_bytes": tiers.disk_bytes, "kv_disk_tier_writes": tiers.disk_writes,
+            "kv_disk_tier_dropped": tiers.disk_dropped,
+            "kv_disk_tier_corrupt": tiers.disk_corrupt}

@@ -173,7 +173,7 @@ class GrammarCompiler:
         counts the inputs refused from memory (front end and compile alike)."""
         stats = self.cache.stats()
         return replace(stats, refused=stats.refused + self._memo_refused,
-                       disk=self.disk.stats() if self.disk is not None else None)
+                       disk=self.disk.cache_stats() if self.disk is not None else None)
 
     def flush_disk_writes(self) -> None:
         """Wait for the disk cache writes queued so far (after an upgrade; tests, benchmarks)."""

@@ -27,7 +27,7 @@ from grammarserve.fsm.cache import CacheStats
 PREFIX = "grammarserve"
 #: EngineStats fields that are levels, not running totals.
 _GAUGES = {"running_requests", "waiting_requests", "kv_capacity", "kv_free", "kv_cached",
-           "running_cap", "grammar_disk_bytes"}
+           "running_cap", "grammar_disk_bytes", "kv_host_tier_bytes", "kv_disk_tier_bytes"}
 _HELP = {
     "prompt_tokens": "Prompt tokens of finished requests",
     "cached_prompt_tokens": "Prompt tokens served from the radix prefix cache",
@@ -59,6 +59,16 @@ _HELP = {
     "grammar_disk_corrupt": "Grammar disk cache entries found bad (removed, read as misses)",
     "grammar_disk_evictions": "Grammar disk cache entries removed to keep it within its bound",
     "grammar_disk_bytes": "Size of the grammar disk cache's folder (last measured)",
+    "kv_host_hit_tokens": "Prompt tokens whose KV came back from the host-memory KV tier",
+    "kv_disk_hit_tokens": "Prompt tokens whose KV came back from the disk KV tier",
+    "kv_demoted_tokens": "Evicted prefix tokens whose KV the host-memory tier kept",
+    "kv_promote_s": "Engine time spent bringing KV back from the tiers into the pool",
+    "kv_host_tier_bytes": "Bytes of KV blocks held by the host-memory tier",
+    "kv_host_tier_evictions": "KV blocks the host-memory tier dropped to stay within its bound",
+    "kv_disk_tier_bytes": "Size of the disk KV tier's folder (last measured)",
+    "kv_disk_tier_writes": "KV blocks written to the disk tier",
+    "kv_disk_tier_dropped": "KV blocks not written to the disk tier (its writer queue was full)",
+    "kv_disk_tier_corrupt": "Disk KV tier entries found bad (removed, read as misses)",
 }
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
