@@ -148,6 +148,18 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                         "layer in torch)")
     p.add_argument("--prefix-cache", default=EngineConfig.enable_prefix_cache,
                    action=argparse.BooleanOptionalAction, help="radix prefix cache on/off")
+    p.add_argument("--kv-host-tier-bytes", type=int, default=EngineConfig.kv_host_tier_bytes,
+                   help="host-memory tier for evicted prefixes' KV (default: the pool's size, "
+                        "at most a quarter of available memory; 0: off)")
+    p.add_argument("--kv-disk-tier-dir", dest="kv_disk_tier", default=EngineConfig.kv_disk_tier,
+                   metavar="DIR", help="disk tier of prompt KV, kept across restarts and shared "
+                   "by the machine's replicas ('auto': $GRAMMARSERVE_KV_TIER, else "
+                   "~/.cache/grammarserve/kv; default: off)")
+    p.add_argument("--kv-disk-tier-bytes", type=int, default=EngineConfig.kv_disk_tier_bytes,
+                   help="upper bound of the disk tier's folder")
+    p.add_argument("--kv-tier-dtype", default=EngineConfig.kv_tier_dtype,
+                   choices=["float32", "bfloat16", "float16"],
+                   help="storage dtype of the tiers' KV (default: the pool's, bit-exact)")
 
 
 def _sampling_args(p: argparse.ArgumentParser) -> None:
@@ -254,6 +266,10 @@ def _config(args: argparse.Namespace) -> EngineConfig:
                         max_batch_tokens=args.max_batch_tokens, max_num_reqs=args.max_num_reqs,
                         max_model_len=args.max_model_len,
                         enable_prefix_cache=args.prefix_cache,
+                        kv_host_tier_bytes=args.kv_host_tier_bytes,
+                        kv_disk_tier=args.kv_disk_tier,
+                        kv_disk_tier_bytes=args.kv_disk_tier_bytes,
+                        kv_tier_dtype=args.kv_tier_dtype,
                         grammar_backend=args.grammar_backend,
                         grammar_json_style=args.json_style,
                         grammar_max_whitespace=(None if args.grammar_max_whitespace < 0
