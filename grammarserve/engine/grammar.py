@@ -19,6 +19,7 @@ import torch
 
 from grammarserve.config import EngineConfig
 from grammarserve.constraints import ConstraintKind
+from grammarserve.engine.bitmask_ring import BitmaskRing
 from grammarserve.engine.request import Req
 from grammarserve.errors import ErrorKind, GrammarError
 from grammarserve.fsm import GrammarCompiler
@@ -55,12 +56,13 @@ class GrammarRunner:
         self.spans = CanonicalSpans(tokenizer) if config.canonical_spans else None
         self.compiler = GrammarCompiler(tokenizer, **config.grammar_options,
                                         vocab_size=vocab_size, stop_token_ids=stop_token_ids)
-        # NOTE: one bitmask object for every fill (matchers validate a bitmask once per object):
-        # a row per request and draft position; its last row is scratch space for the
-        # end-of-grammar check in ``forced``.
-        self._bitmask = self.compiler.allocate_bitmask(
-            config.max_num_reqs * (1 + config.num_speculative_tokens) + 1)
-        self._words = self._bitmask.numpy().view(np.uint32)
+        # NOTE: a row per request and draft position; the last row of each buffer is scratch
+        # space for the end-of-grammar check in ``forced`` (never copied). On CPU one bitmask
+        # object for every fill (matchers validate a bitmask once per object); on CUDA pinned
+        # buffers in rotation, so a fill never overwrites one whose copy is in flight.
+        rows = config.max_num_reqs * (1 + config.num_speculative_tokens) + 1
+        self._ring = BitmaskRing(lambda: self.compiler.allocate_bitmask(rows),
+                                 config.torch_device)
         stops = sorted(self.compiler.stop_token_ids)
         self._stop_words = np.array([t // 32 for t in stops], dtype=np.int64)
         self._stop_bits = np.array([1 << (t % 32) for t in stops], dtype=np.uint32)
@@ -70,6 +72,21 @@ class GrammarRunner:
         self.counters = GrammarCounters()
         self._commas: CommaTable | None = None  # the loop guard's, built on first use
         self._reasoning: ReasoningTables | None = None  # reasoning markers, built on first use
+
+    @property
+    def _bitmask(self) -> torch.Tensor:
+        """The host bitmask the step being built fills (the ring's current buffer)."""
+        return self._ring.current
+
+    @property
+    def _words(self) -> np.ndarray:
+        return self._ring.words
+
+    @property
+    def bitmask_ring(self) -> BitmaskRing:
+        """The step bitmask's host buffers (their depth, pinning and ``stats``: sends, and how
+        often reusing a buffer had to wait for its copy)."""
+        return self._ring
 
     def warm_up(self) -> None:
         """Build the grammar backends' tokenizer tables and the loop guard's table now rather
@@ -173,16 +190,17 @@ class GrammarRunner:
         m = req.matcher
         assert m is not None
         kept = 0
+        bitmask, words = self._bitmask, self._words
         try:
             mark = m.draft_mark()
             for tok in req.draft:
-                m.fill_bitmask(self._bitmask, row + kept)
-                if not self._words[row + kept, tok >> 5] >> (tok & 31) & 1 or \
+                m.fill_bitmask(bitmask, row + kept)
+                if not words[row + kept, tok >> 5] >> (tok & 31) & 1 or \
                         not m.accept_draft(tok):
                     break
                 kept += 1
             else:
-                m.fill_bitmask(self._bitmask, row + kept)
+                m.fill_bitmask(bitmask, row + kept)
             m.rollback(kept)
             m.draft_restore(mark)
             if m.is_error():
@@ -201,11 +219,11 @@ class GrammarRunner:
             done: Future[Filled | None] = Future()
             done.set_result(None)
             return done
-        return self._worker.submit(self._fill, list(reqs))
+        return self._worker.submit(self._fill, list(reqs), self._bitmask)
 
-    def _fill(self, reqs: list[Req]) -> Filled:
+    def _fill(self, reqs: list[Req], buffer: torch.Tensor) -> Filled:
         t0 = time.perf_counter()
-        bitmask = self._bitmask[:sum(1 + len(r.draft) for r in reqs)]
+        bitmask = buffer[:sum(1 + len(r.draft) for r in reqs)]
         failed: list[tuple[Req, Exception]] = []
         row = 0
         for req in reqs:
@@ -216,7 +234,7 @@ class GrammarRunner:
             if req.draft:  # NOTE: its rows were filled by check_draft before the forward
                 continue
             try:
-                req.matcher.fill_bitmask(self._bitmask, first)
+                req.matcher.fill_bitmask(buffer, first)
             except Exception as e:  # noqa: BLE001 - fails its request (in ``wait``) only
                 bitmask[first].fill_(-1)
                 failed.append((req, e))
@@ -224,8 +242,10 @@ class GrammarRunner:
         return bitmask, failed
 
     def wait(self, fut: Future[Filled | None]) -> torch.Tensor | None:
-        """The filled bitmask; a request whose row could not be filled fails (its row allows
-        every token, and what is sampled there is dropped)."""
+        """The filled bitmask, on the engine's device (sent from pinned memory without a sync
+        on CUDA; the host buffer itself on CPU); a request whose row could not be filled fails
+        (its row allows every token, and what is sampled there is dropped). The next fill
+        goes to the ring's next buffer."""
         t0 = time.perf_counter()
         out = fut.result()
         self.counters.mask_wait_s += time.perf_counter() - t0
@@ -234,7 +254,7 @@ class GrammarRunner:
         bitmask, failed = out
         for req, e in failed:
             self._broken(req, "filling its token mask", e)
-        return bitmask
+        return self._ring.send(bitmask.shape[0])
 
     def _broken(self, req: Req, doing: str, e: Exception) -> None:
         """``req``'s matcher raised while ``doing``: the request fails alone (a 400: its
@@ -354,9 +374,10 @@ class GrammarRunner:
         """The stop token to emit if the matcher allows nothing but stop tokens, else None."""
         m = req.matcher
         assert m is not None
-        row = len(self._bitmask) - 1
-        m.fill_bitmask(self._bitmask, row)
-        words = self._bitmask[row].numpy().view(np.uint32)
+        bitmask = self._bitmask
+        row = len(bitmask) - 1  # NOTE: the scratch row, never sent (bitmask_ring.py)
+        m.fill_bitmask(bitmask, row)
+        words = bitmask[row].numpy().view(np.uint32)
         stop_part = words[self._stop_words] & self._stop_bits
         rest = words.copy()
         rest[self._stop_words] &= ~self._stop_bits

@@ -146,8 +146,9 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], rngs: list[RowRng
            dry: DryPenalty | None = None) -> SampleOutput:
     """Sample one token per row of ``logits`` ``[B, V]`` (fp32, bf16 or fp16).
 
-    ``bitmask`` (int32 ``[B, ceil(V/32)]``, bit set = allowed; all ones for unconstrained rows)
-    restricts each row; a row with no allowed token is reported in ``no_allowed``. ``rngs[i]``
+    ``bitmask`` (int32 ``[B, ceil(V/32)]``, bit set = allowed; all ones for unconstrained rows;
+    best on the logits' device already, else it is staged through pinned memory) restricts
+    each row; a row with no allowed token is reported in ``no_allowed``. ``rngs[i]``
     is advanced by one draw for every sampled (non-greedy) row. Greedy rows take the argmax of the
     masked logits and report its log-probability under the masked softmax; sampled rows report
     the chosen token's log-probability under the masked, temperature-scaled, filtered
@@ -185,8 +186,8 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], rngs: list[RowRng
         rng.offset += 1
     keys = to_device(stream_keys([s for s, _ in draws], [o for _, o in draws]), dev)
     temps = to_device(torch.tensor([p.temperature for p in params], dtype=torch.float32), dev)
-    if bitmask is not None:
-        bitmask = bitmask.to(dev, non_blocking=True)
+    if bitmask is not None:  # NOTE: the engine's is on ``dev`` already (bitmask_ring.py)
+        bitmask = to_device(bitmask, dev)
     controls = _controls(params, history, vocab, dev)
     num_top = None
     if any(p.top_logprobs for p in params):
