@@ -260,6 +260,8 @@ def bench_shape(shape: str, args: argparse.Namespace, device: torch.device, peak
                        token_hi=min(len(engine.tokenizer), engine.vocab_size))
     for name in SCHEMAS:  # NOTE: compiles outside the timed points
         engine.grammar.compiler.compile_json_schema(load_schema(name))
+    # NOTE: a throwaway wave first (first use of the kernels and of each code path)
+    run_point(engine, requests(2, 0.5, wl, f"{shape}-warm"), 2, syncs, 0)
     points = []
     for frac in args.fractions:
         for batch in args.batches:
