@@ -165,7 +165,7 @@ def main() -> None:
     ap.add_argument("--restart-tenants", type=int, default=4)
     ap.add_argument("--no-restart", dest="restart", action="store_false")
     args = ap.parse_args()
-    head = stamp()
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     loaded: LoadedModel = load_model("default")
     results: dict[str, Any] = {}
     for name in args.configs.split(","):
@@ -186,7 +186,7 @@ def main() -> None:
         r["same_tokens_as_none"] = round(sum(outputs[name][k] == ref[k] for k in ref) / len(ref), 3)
         r["prefill_ratio_vs_none"] = round(base["prefill_tokens"] / max(1, r["prefill_tokens"]), 2)
         r["ttft_p95_ratio_vs_none"] = round(r["ttft_p95_s"] / base["ttft_p95_s"], 3)
-    line = {**head, "bench": "kv_tiers", "tenants": args.tenants,
+    line = {**stamp(), "started": started, "bench": "kv_tiers", "tenants": args.tenants,
             "preamble_tokens": args.preamble, "rounds": args.rounds, "pool_tokens": args.pool,
             "preambles_over_pool": round(args.tenants * args.preamble / args.pool, 2),
             "concurrency": args.concurrency, "max_tokens": args.max_tokens, "configs": results}

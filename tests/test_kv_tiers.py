@@ -211,3 +211,19 @@ def test_a_restarted_engine_reads_prefixes_from_disk(smollm, tmp_path: Path) -> 
     s3 = third.engine.stats()
     assert s3.kv_disk_hit_tokens == 0 and s3.kv_disk_tier_corrupt > 0
     third.engine.close()
+
+
+@pytest.mark.model
+def test_two_live_engines_on_one_folder_share_prompt_kv(smollm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Two replicas of one machine: what one computed, the other reads (a new replica warms)."""
+    fresh = _llm(smollm, enable_prefix_cache=False, kv_host_tier_bytes=0)
+    ref = _run(fresh, 3, "Do you ship abroad?")
+    a = _llm(smollm, kv_host_tier_bytes=0, kv_disk_tier=str(tmp_path))
+    b = _llm(smollm, kv_host_tier_bytes=0, kv_disk_tier=str(tmp_path))
+    assert_same_greedy(_run(a, 3, "Do you ship abroad?"), ref)
+    assert a.engine.tiers is not None and a.engine.tiers.flush(60)
+    out = _run(b, 3, "Do you ship abroad?")
+    assert_same_greedy(out, ref)
+    assert b.engine.stats().kv_disk_hit_tokens >= out.num_cached_tokens - 64 > 0
+    a.engine.close()
+    b.engine.close()
