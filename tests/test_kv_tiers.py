@@ -227,3 +227,25 @@ def test_two_live_engines_on_one_folder_share_prompt_kv(smollm, tmp_path: Path) 
     assert b.engine.stats().kv_disk_hit_tokens >= out.num_cached_tokens - 64 > 0
     a.engine.close()
     b.engine.close()
+
+
+@pytest.mark.model
+def test_a_queued_request_is_prefetched_from_disk(smollm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """With both tiers, a queued request's blocks move from disk to host memory before its
+    admission, which then reads them from memory."""
+    first = _llm(smollm, kv_host_tier_bytes=0, kv_disk_tier=str(tmp_path))
+    ref = _run(first, 2, "Which carrier?")
+    first.engine.close()
+    second = _llm(smollm, kv_host_tier_bytes=1 << 30, kv_disk_tier=str(tmp_path))
+    engine = second.engine
+    engine.add_request("p", _prompt(second, 2, "Which carrier?"), GREEDY)
+    assert engine.tiers is not None and engine.tiers.wait_prefetched(60)
+    s = engine.stats()
+    assert s.kv_prefetched_tokens > 0 and s.kv_host_hit_tokens == 0
+    outs = []
+    while engine.has_unfinished():
+        outs += [o for o in engine.step() if o.finished]
+    assert_same_greedy(outs[0], ref)
+    s = engine.stats()
+    assert s.kv_host_hit_tokens == s.kv_prefetched_tokens and s.kv_disk_hit_tokens == 0
+    engine.close()

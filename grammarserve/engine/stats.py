@@ -47,6 +47,7 @@ class EngineStats:
     grammar_disk_bytes: int = 0  # size of the disk cache's folder (last measured)
     kv_host_hit_tokens: int = 0  # prompt tokens whose KV came back from the host tier
     kv_disk_hit_tokens: int = 0  # ... from the disk tier
+    kv_prefetched_tokens: int = 0  # read from disk into the host tier while queued
     kv_demoted_tokens: int = 0  # evicted tokens whose KV the host tier took
     kv_promote_s: float = 0.0  # time spent bringing KV back from the tiers
     kv_host_tier_bytes: int = 0
@@ -75,6 +76,7 @@ def tier_fields(tiers: TierStats | None) -> dict[str, Any]:
         return {}
     return {"kv_host_hit_tokens": tiers.host_hit_tokens,
             "kv_disk_hit_tokens": tiers.disk_hit_tokens,
+            "kv_prefetched_tokens": tiers.prefetched_tokens,
             "kv_demoted_tokens": tiers.demoted_tokens, "kv_promote_s": tiers.promote_s,
             "kv_host_tier_bytes": tiers.host_bytes,
             "kv_host_tier_evictions": tiers.host_evictions,

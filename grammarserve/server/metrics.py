@@ -61,6 +61,8 @@ _HELP = {
     "grammar_disk_bytes": "Size of the grammar disk cache's folder (last measured)",
     "kv_host_hit_tokens": "Prompt tokens whose KV came back from the host-memory KV tier",
     "kv_disk_hit_tokens": "Prompt tokens whose KV came back from the disk KV tier",
+    "kv_prefetched_tokens": ("Prompt tokens whose KV was read from the disk tier into host "
+                             "memory while their request waited for admission"),
     "kv_demoted_tokens": "Evicted prefix tokens whose KV the host-memory tier kept",
     "kv_promote_s": "Engine time spent bringing KV back from the tiers into the pool",
     "kv_host_tier_bytes": "Bytes of KV blocks held by the host-memory tier",

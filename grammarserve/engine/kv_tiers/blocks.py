@@ -105,14 +105,19 @@ def chain_keys(tokens: list[int], namespace: str, fingerprint: str, block_tokens
 def gather(pool: KVPool, slots: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
     """The K/V of ``slots`` (a multiple of ``block_tokens`` long) as blocks
     ``[n_blocks, 2, layers, block_tokens, kv_heads, head_dim]`` in the storage dtype (a copy,
-    on the host)."""
+    on the host; pinned when the pool is on a GPU)."""
     kv = torch.stack([torch.stack([pool.k[i].index_select(0, slots) for i in range(len(pool.k))]),
                       torch.stack([pool.v[i].index_select(0, slots) for i in range(len(pool.v))])])
-    kv = kv.to("cpu", layout.store_dtype)  # [2, L, n, H, D]
     n = slots.numel() // layout.block_tokens
-    kv = kv.reshape(2, layout.num_layers, n, layout.block_tokens, layout.num_kv_heads,
-                    layout.head_dim)
-    return kv.permute(2, 0, 1, 3, 4, 5).contiguous()
+    kv = kv.to(layout.store_dtype).reshape(2, layout.num_layers, n, layout.block_tokens,
+                                           layout.num_kv_heads, layout.head_dim)
+    kv = kv.permute(2, 0, 1, 3, 4, 5)
+    if kv.device.type == "cpu":
+        return kv.contiguous()
+    # NOTE: pinned, so promotion copies back to the GPU without a sync
+    out = torch.empty(kv.shape, dtype=kv.dtype, pin_memory=True)
+    out.copy_(kv)
+    return out
 
 
 def scatter(pool: KVPool, slots: torch.Tensor, blocks: list[torch.Tensor], offset: int) -> None:

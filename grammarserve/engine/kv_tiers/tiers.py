@@ -21,9 +21,10 @@ Contract
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,7 @@ class TierStats:
 
     host_hit_tokens: int = 0
     disk_hit_tokens: int = 0
+    prefetched_tokens: int = 0  # read from disk into the host tier ahead of admission
     demoted_tokens: int = 0
     promote_s: float = 0.0
     host_bytes: int = 0
@@ -65,8 +67,11 @@ class KVTiers:
             else None
         self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="kv-prefetch") \
             if self.host is not None and self.disk is not None else None
-        self._counts = {"host_hit_tokens": 0, "disk_hit_tokens": 0, "demoted_tokens": 0}
+        self._counts = {"host_hit_tokens": 0, "disk_hit_tokens": 0, "prefetched_tokens": 0,
+                        "demoted_tokens": 0}
+        self._pending: list[Future[None]] = []
         self._promote_s = 0.0
+        self._lock = threading.Lock()  # the counters (the prefetch thread counts too)
 
     @property
     def block_tokens(self) -> int:
@@ -116,7 +121,14 @@ class KVTiers:
         if self._prefetcher is None or len(tokens) // self.block_tokens <= cached // \
                 self.block_tokens:
             return
-        self._prefetcher.submit(self._prefetch, list(tokens), namespace, cached)
+        self._pending = [f for f in self._pending if not f.done()]
+        self._pending.append(self._prefetcher.submit(self._prefetch, list(tokens), namespace,
+                                                     cached))
+
+    def wait_prefetched(self, timeout: float | None = None) -> bool:
+        """Wait for the prefetches queued so far (tests, benchmarks); False on timeout."""
+        _, pending = wait(self._pending, timeout)
+        return not pending
 
     def _prefetch(self, tokens: list[int], namespace: str, cached: int) -> None:
         assert self.host is not None and self.disk is not None
@@ -127,6 +139,8 @@ class KVTiers:
                 block = self.disk.get(key)
                 if block is None or not self.host.put(key, block):
                     return
+                with self._lock:
+                    self._counts["prefetched_tokens"] += self.block_tokens
         except Exception:  # NOTE: a prefetch is a hint; admission reads the disk itself
             log.exception("KV prefetch failed")
 
@@ -163,7 +177,8 @@ class KVTiers:
         slots = self.pool.alloc(n)
         scatter(self.pool, slots, [block for block, _ in found], offset)
         for i, (_, tier) in enumerate(found):
-            self._counts[tier] += b - (offset if i == 0 else 0)
+            with self._lock:
+                self._counts[tier] += b - (offset if i == 0 else 0)
         self._promote_s += spent + time.perf_counter() - t0
         return torch.cat((cached_slots, slots))
 
@@ -179,8 +194,10 @@ class KVTiers:
 
     def stats(self) -> TierStats:
         d = self.disk.stats() if self.disk is not None else None
+        with self._lock:
+            counts = dict(self._counts)
         return TierStats(
-            **self._counts, promote_s=self._promote_s,
+            **counts, promote_s=self._promote_s,
             host_bytes=self.host.bytes if self.host is not None else 0,
             host_evictions=self.host.evictions if self.host is not None else 0,
             disk_bytes=d.bytes if d else 0, disk_writes=d.writes if d else 0,
