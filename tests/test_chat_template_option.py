@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from grammarserve.cli import _config, build_parser
+from grammarserve.cli import build_parser
+from grammarserve.cli_engine import engine_config as _config
 from grammarserve.errors import ModelLoadError
 from grammarserve.models.loader import load_tokenizer, read_chat_template, resolve_model_folder
 

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 from server_helpers import http_get, http_post, running_server
 
-from grammarserve.cli import _config, build_parser
+from grammarserve.cli import build_parser
+from grammarserve.cli_engine import engine_config as _config
 from grammarserve.config import EngineConfig, grammar_disk_cache_dir
 from grammarserve.fsm import GrammarCompiler
 from grammarserve.fsm.config import GrammarConfig
