@@ -87,9 +87,13 @@ def run(engine: Engine, reqs: list[tuple[str, list[int]]], concurrency: int,
     prompt = s.prompt_tokens - before.prompt_tokens
     cached = s.cached_prompt_tokens - before.cached_prompt_tokens
     times = sorted(ttft.values())
+    # NOTE: a tenant's first request is cold with or without tiers; later ones show the tiers
+    again = sorted(v for k, v in ttft.items() if not k.startswith("r0-"))
     return {"requests": len(outputs), "prompt_tokens": prompt, "prefill_tokens": prompt - cached,
             "ttft_p50_s": round(statistics.median(times), 4),
             "ttft_p95_s": round(times[min(len(times) - 1, int(0.95 * len(times)))], 4),
+            "ttft_p95_returning_s": round(again[min(len(again) - 1, int(0.95 * len(again)))], 4)
+            if again else None,
             "wall_s": round(wall, 2),
             "host_hit_tokens": s.kv_host_hit_tokens, "disk_hit_tokens": s.kv_disk_hit_tokens,
             "demoted_tokens": s.kv_demoted_tokens, "promote_s": round(s.kv_promote_s, 3),
@@ -165,7 +169,7 @@ def main() -> None:
     ap.add_argument("--restart-tenants", type=int, default=4)
     ap.add_argument("--no-restart", dest="restart", action="store_false")
     args = ap.parse_args()
-    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    head = stamp()  # NOTE: the code measured is the checkout at the start
     loaded: LoadedModel = load_model("default")
     results: dict[str, Any] = {}
     for name in args.configs.split(","):
@@ -186,7 +190,10 @@ def main() -> None:
         r["same_tokens_as_none"] = round(sum(outputs[name][k] == ref[k] for k in ref) / len(ref), 3)
         r["prefill_ratio_vs_none"] = round(base["prefill_tokens"] / max(1, r["prefill_tokens"]), 2)
         r["ttft_p95_ratio_vs_none"] = round(r["ttft_p95_s"] / base["ttft_p95_s"], 3)
-    line = {**stamp(), "started": started, "bench": "kv_tiers", "tenants": args.tenants,
+        if r["ttft_p95_returning_s"] is not None:
+            r["ttft_p95_returning_ratio_vs_none"] = round(
+                r["ttft_p95_returning_s"] / base["ttft_p95_returning_s"], 3)
+    line = {"git": head["git"], "cpu": head["cpu"], "time": head["time"], "bench": "kv_tiers", "tenants": args.tenants,
             "preamble_tokens": args.preamble, "rounds": args.rounds, "pool_tokens": args.pool,
             "preambles_over_pool": round(args.tenants * args.preamble / args.pool, 2),
             "concurrency": args.concurrency, "max_tokens": args.max_tokens, "configs": results}
