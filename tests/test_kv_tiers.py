@@ -249,3 +249,17 @@ def test_a_queued_request_is_prefetched_from_disk(smollm, tmp_path: Path) -> Non
     s = engine.stats()
     assert s.kv_host_hit_tokens == s.kv_prefetched_tokens and s.kv_disk_hit_tokens == 0
     engine.close()
+
+
+@pytest.mark.model
+def test_restores_under_contention_serve_admissions(smollm) -> None:  # type: ignore[no-untyped-def]
+    """More requests than the pool holds, all queued at once: a waiting request restores its
+    prefix only when it can be admitted with it, so every restored token serves a prompt (no
+    restore is evicted again by the next one's)."""
+    tiered = _llm(smollm, kv_host_tier_bytes=1 << 30)
+    prompts = [_prompt(tiered, t, q) for q in ("A?", "B?", "C?") for t in range(4)]
+    for i in range(0, len(prompts), 4):
+        tiered.generate(prompts[i:i + 4], GREEDY)
+    s = tiered.engine.stats()
+    assert s.kv_host_hit_tokens > 0
+    assert s.kv_host_hit_tokens <= s.cached_prompt_tokens

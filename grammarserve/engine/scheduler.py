@@ -119,7 +119,7 @@ class Scheduler:
     def _admit(self, req: Req, budget: int, admitted: list[Req]) -> int | None:
         """Try to start ``req``; returns its token count this step, or None to leave it waiting."""
         if self.tiers is not None:
-            self._restore(req)
+            self._restore(req, budget)
         match = (self.cache.match_prefix(req.tokens[:-1], req.namespace)
                  if self.cache is not None else None)
         cached = match.length if match is not None else 0
@@ -147,14 +147,23 @@ class Scheduler:
         self._reserve(req, n)
         return n
 
-    def _restore(self, req: Req) -> None:
+    def _restore(self, req: Req, budget: int) -> None:
         """Bring ``req``'s prompt blocks past the tree's match back from a lower tier into the
-        tree (see ``KVTiers.restore``)."""
+        tree (``KVTiers.restore``), only if the pool can then also take its first chunk: a
+        restore that admission cannot use would be evicted again by the next one (a request
+        that waits for room restores when it is admitted)."""
         assert self.cache is not None and self.tiers is not None
         prompt = req.tokens[:-1]
         match = self.cache.match_prefix(prompt, req.namespace)
+        have = self.tiers.available(prompt, req.namespace, match.length)
+        if have == 0:
+            return
+        need = have + min(len(req.tokens) - match.length - have, budget)
         self.cache.lock(match.node)
         try:
+            evictable = self.cache.total_tokens - self.cache.locked_tokens
+            if self.pool.num_free + evictable < need:
+                return
             slots = self.tiers.restore(prompt, req.namespace, match.length, match.slots,
                                        self._make_room)
         finally:

@@ -144,6 +144,17 @@ class KVTiers:
         except Exception:  # NOTE: a prefetch is a hint; admission reads the disk itself
             log.exception("KV prefetch failed")
 
+    def available(self, tokens: list[int], namespace: str, cached: int) -> int:
+        """How many tokens past ``cached`` the tiers could restore (their blocks' presence,
+        not read or verified: :meth:`restore` may find fewer)."""
+        b, count = self.block_tokens, 0
+        for key in self.keys(tokens, namespace)[cached // b:]:
+            if not ((self.host is not None and key in self.host)
+                    or (self.disk is not None and self.disk.has(key))):
+                break
+            count += 1
+        return max(0, count * b - cached % b)
+
     def lookup(self, tokens: list[int], namespace: str,
                cached: int) -> list[tuple[torch.Tensor, str]]:
         """The consecutive blocks of ``tokens`` from the one holding position ``cached`` on,
