@@ -3,17 +3,15 @@
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
-from grammarserve.errors import InvalidRequestError
+from grammarserve.config_checks import DTYPE_NAMES, check_fields
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-_CUDA_DEVICE = re.compile(r"cuda(:\d+)?")
+_DTYPES = dict(zip(DTYPE_NAMES, (torch.float32, torch.bfloat16, torch.float16), strict=True))
 
 
 @dataclass(frozen=True)
@@ -280,58 +278,7 @@ class EngineConfig:
     tf32: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("dtype", "kv_dtype", "kv_tier_dtype"):
-            value = getattr(self, name)
-            if value is not None and value not in _DTYPES and value != "auto":
-                raise InvalidRequestError(f"{name} must be auto or one of {', '.join(_DTYPES)}, "
-                                          f"got {value!r}", param=name)
-        for name in ("kv_cache_tokens", "max_num_reqs", "max_batch_tokens"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise InvalidRequestError(f"{name} must be >= 1", param=name)
-        if self.kv_memory_fraction is not None and not 0.0 < self.kv_memory_fraction <= 0.95:
-            raise InvalidRequestError("kv_memory_fraction must be in (0, 0.95]",
-                                      param="kv_memory_fraction")
-        if self.grammar_backend not in ("auto", "llguidance", "xgrammar"):
-            raise InvalidRequestError(f"grammar_backend must be auto, llguidance or xgrammar, got "
-                                      f"{self.grammar_backend!r}", param="grammar_backend")
-        if self.grammar_max_whitespace is not None and self.grammar_max_whitespace < 0:
-            raise InvalidRequestError("grammar_max_whitespace must be >= 0 or None",
-                                      param="grammar_max_whitespace")
-        if self.grammar_json_style not in ("auto", "compact", "spaced", "indented", "flexible"):
-            raise InvalidRequestError(f"grammar_json_style must be auto, compact, spaced, "
-                                      f"indented or flexible, got {self.grammar_json_style!r}",
-                                      param="grammar_json_style")
-        for name in ("kv_host_tier_bytes", "kv_disk_tier_bytes"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise InvalidRequestError(f"{name} must be >= 0", param=name)
-        if self.grammar_disk_cache_bytes < 0:
-            raise InvalidRequestError("grammar_disk_cache_bytes must be >= 0",
-                                      param="grammar_disk_cache_bytes")
-        if self.grammar_check_retries < 0:
-            raise InvalidRequestError("grammar_check_retries must be >= 0",
-                                      param="grammar_check_retries")
-        if not 0 <= self.num_speculative_tokens <= 31:
-            raise InvalidRequestError("num_speculative_tokens must be in [0, 31]",
-                                      param="num_speculative_tokens")
-        if self.loop_guard < 0:
-            raise InvalidRequestError("loop_guard must be >= 0", param="loop_guard")
-        if self.grammar_max_depth < 1:
-            raise InvalidRequestError("grammar_max_depth must be >= 1",
-                                      param="grammar_max_depth")
-        if self.quant_activations not in ("int8x2", "int8", "fp32"):
-            raise InvalidRequestError(f"quant_activations must be int8x2, int8 or fp32, got "
-                                      f"{self.quant_activations!r}", param="quant_activations")
-        if self.tool_call_format not in ("hermes", "json_array"):
-            raise InvalidRequestError(f"tool_call_format must be hermes or json_array, got "
-                                      f"{self.tool_call_format!r}", param="tool_call_format")
-        if self.device not in ("auto", "cpu") and not _CUDA_DEVICE.fullmatch(self.device):
-            raise InvalidRequestError(f"device must be auto, cpu or cuda[:N], got "
-                                      f"{self.device!r}", param="device")
-        if self.attention_backend not in ("auto", "torch", "varlen"):
-            raise InvalidRequestError(f"attention_backend must be auto, torch or varlen, got "
-                                      f"{self.attention_backend!r}", param="attention_backend")
+        check_fields(self)
 
     def resolved(self, cuda_available: bool | None = None) -> EngineConfig:
         """This config with its ``auto`` fields decided for the device (a new object).

@@ -49,8 +49,9 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     try:
         port = _free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        config = RayServeConfig(ServerConfig(engine=EngineConfig(kv_cache_tokens=2048,
-                                                                 num_threads=1),
+        config = RayServeConfig(ServerConfig(engine=EngineConfig(
+                                    kv_cache_tokens=2048, num_threads=1,
+                                    kv_disk_tier=str(tmp_path_factory.mktemp("kv"))),
                                              data_dir=tmp_path_factory.mktemp("data")),
                                 replicas=2, health_period_s=2.0)
         serve.run(build_app(config), name=APP_NAME, route_prefix="/")
@@ -218,6 +219,12 @@ def _check_reply(status: int, body: str, stream: bool) -> None:
             and c["choices"][0]["finish_reason"]] in (["stop"], ["length"])
 
 
+def _engine_stats(replicas: Any) -> dict[str, dict[str, Any]]:
+    """Each live replica's engine counters (``EngineStats`` as a dict) by replica id."""
+    return {s["replica"]: s["engine"]
+            for s in replicas.broadcast("stats").results(timeout_s=60)}
+
+
 def test_engine_killed_under_load_loses_no_batch_line_and_answers_no_500(
         base_url: str, client: Any, replicas: Any, tmp_path: Path) -> None:
     """An engine is stopped (SIGSTOP), so every request that reaches it from then on has no
@@ -225,7 +232,9 @@ def test_engine_killed_under_load_loses_no_batch_line_and_answers_no_500(
     queue threshold), a batch and four more chats start, then the engine is killed. Every chat
     must come back complete (the ingress sends each request its replica lost before any output
     once more, to the live replica: counted), every batch line exactly once, and Ray must start
-    a new replica in place of the dead one."""
+    a new replica in place of the dead one. The replicas share one KV disk tier: the live
+    replica, which never computed the shared prompt, restores its KV from the blocks the
+    killed one wrote."""
     shared = "You are the night-shift assistant of a lighthouse on a rocky coast. " * 14
     before = _replica_counts(replicas)
     assert len(before) == 2
@@ -235,6 +244,11 @@ def test_engine_killed_under_load_loses_no_batch_line_and_answers_no_500(
     (home,) = [r for r in after if after[r]["received"] > before[r]["received"]]
     victim = after[home]["engine_pid"]
     assert victim in _engine_pids()
+    (other,) = [r for r in after if r != home]
+    _wait_for("the shared prompt's KV blocks on disk", lambda: (
+        _engine_stats(replicas)[home]["kv_disk_tier_writes"] >= 2))
+    from_disk = _engine_stats(replicas)[other]
+    from_disk = from_disk["kv_disk_hit_tokens"] + from_disk["kv_prefetched_tokens"]
     retried = _metric(base_url, "grammarserve_replica_retried_requests_total")
 
     src = tmp_path / "batch.jsonl"
@@ -298,3 +312,7 @@ def test_engine_killed_under_load_loses_no_batch_line_and_answers_no_500(
     counts = _replica_counts(replicas)
     assert len(counts) == 2 and home not in counts
     assert victim not in {c["engine_pid"] for c in counts.values()}
+    # The held chats went to the live replica, which read the shared prompt's blocks from the
+    # disk tier the killed engine wrote.
+    live = _engine_stats(replicas)[other]
+    assert live["kv_disk_hit_tokens"] + live["kv_prefetched_tokens"] >= from_disk + 128
