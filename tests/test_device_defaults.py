@@ -9,7 +9,7 @@ import pytest
 import torch
 from tiny_models import build_tiny, tiny_tokenizer
 
-import grammarserve.engine.engine as engine_module
+import grammarserve.engine.memory as memory_module
 from grammarserve.config import EngineConfig
 from grammarserve.engine.engine import Engine
 from grammarserve.engine.memory import (
@@ -80,7 +80,7 @@ def test_a_planned_pool_too_small_to_serve_is_refused(tmp_path: Path,
     """A full machine: the engine refuses to start, naming the settings, instead of serving
     from a pool of a token or two (every request would then fail as too long)."""
     build_tiny("llama", {}, tmp_path / "m", tiny_tokenizer())
-    monkeypatch.setattr(engine_module, "available_memory_bytes", lambda device: 2**20)
+    monkeypatch.setattr(memory_module, "available_memory_bytes", lambda device: 2**20)
     with pytest.raises(OutOfMemoryError, match="kv_memory_fraction.*kv_cache_tokens"):
         Engine(EngineConfig(model=str(tmp_path / "m"), device="cpu"))
     assert plan_kv_tokens(2**20, 0.5, 2**20) == 0  # no room: none, not one

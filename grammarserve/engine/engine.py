@@ -18,14 +18,7 @@ from grammarserve.engine.device import setup_cuda
 from grammarserve.engine.dry import DryPenalty
 from grammarserve.engine.grammar import GrammarRunner
 from grammarserve.engine.kv_tiers.build import build_tiers
-from grammarserve.engine.memory import (
-    MIN_PLANNED_KV_TOKENS,
-    ActivationShape,
-    activation_reserve_bytes,
-    available_memory_bytes,
-    plan_kv_tokens,
-    process_rss_bytes,
-)
+from grammarserve.engine.memory import plan_capacity, process_rss_bytes
 from grammarserve.engine.model_runner import BatchEntry, ModelRunner
 from grammarserve.engine.radix_cache import DEFAULT_NAMESPACE, RadixCache
 from grammarserve.engine.request import Req, ReqStatus, RequestOutput
@@ -38,7 +31,7 @@ from grammarserve.engine.stats import EngineStats, disk_fields, tier_fields
 from grammarserve.engine.stopping import append_token, retract
 from grammarserve.engine.threads import ThreadTuner
 from grammarserve.engine.validate import check_bias, check_prompt
-from grammarserve.errors import ErrorKind, InvalidRequestError, OutOfMemoryError
+from grammarserve.errors import ErrorKind, InvalidRequestError
 from grammarserve.fsm.repeats import CallRepeatGuard
 from grammarserve.models.loader import LoadedModel, load_model
 from grammarserve.models.prompt_tokens import SegmentEncoder
@@ -70,7 +63,8 @@ class Engine:
         self.kv_bytes_per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads,
                                                          mc.head_dim, config.torch_kv_dtype)
         varlen = config.attention_backend == "varlen"
-        capacity = config.kv_cache_tokens or self._plan_capacity(varlen)
+        capacity = config.kv_cache_tokens or plan_capacity(config, mc, self.kv_bytes_per_token,
+                                                           varlen=varlen)
         # NOTE: one sequence must always fit in the pool alone, or preemption could livelock.
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings,
                                  mc.max_position_embeddings, capacity)
@@ -108,29 +102,6 @@ class Engine:
         log.info("KV pool: %d tokens x %d B/token = %.1f MiB (%s); process RSS %.0f MiB",
                  capacity, self.kv_bytes_per_token, capacity * self.kv_bytes_per_token / 2**20,
                  pool.dtype, process_rss_bytes() / 2**20)
-
-    def _plan_capacity(self, varlen: bool) -> int:
-        """KV tokens for ``kv_memory_fraction`` of the memory left after the weights, less one
-        forward's activations, counting the decode mirror or the varlen backend's gather."""
-        c, mc = self.config, self.loaded.config
-        reserve = activation_reserve_bytes(ActivationShape(
-            c.max_batch_tokens, c.max_num_reqs, mc.hidden_size, mc.intermediate_size,
-            mc.num_heads * mc.head_dim, mc.num_kv_heads * mc.head_dim, mc.vocab_size,
-            c.torch_dtype.itemsize))
-        assert c.kv_memory_fraction is not None  # resolved
-        available = available_memory_bytes(c.torch_device)
-        planned = plan_kv_tokens(
-            available, c.kv_memory_fraction, self.kv_bytes_per_token, reserve=reserve,
-            mirror=0 if varlen else c.decode_mirror_tokens,
-            gather_layers=mc.num_layers if varlen else 0)
-        if planned < MIN_PLANNED_KV_TOKENS:
-            raise OutOfMemoryError(
-                f"only {planned} KV cache tokens fit in kv_memory_fraction="
-                f"{c.kv_memory_fraction} of the {available / 2**20:.0f} MiB available after "
-                f"the weights (less {reserve / 2**20:.0f} MiB for one forward's activations); "
-                f"at least {MIN_PLANNED_KV_TOKENS} are needed: free memory, raise "
-                "kv_memory_fraction, or set kv_cache_tokens")
-        return planned
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     *, namespace: str = DEFAULT_NAMESPACE) -> None:

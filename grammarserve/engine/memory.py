@@ -8,6 +8,10 @@ from dataclasses import dataclass
 
 import torch
 
+from grammarserve.config import EngineConfig
+from grammarserve.errors import OutOfMemoryError
+from grammarserve.models.config import ModelConfig
+
 
 def available_memory_bytes(device: torch.device) -> int:
     """Free device memory (CUDA) or the host's MemAvailable (CPU)."""
@@ -88,6 +92,31 @@ def plan_kv_tokens(available: int, fraction: float, bytes_per_token: int, *,
     else:
         capacity = int((budget - mirror * bytes_per_token) / per_token)
     return max(0, capacity)
+
+
+def plan_capacity(c: EngineConfig, mc: ModelConfig, bytes_per_token: int, *,
+                  varlen: bool) -> int:
+    """KV tokens for ``kv_memory_fraction`` of the memory left after the weights, less one
+    forward's activations, counting the decode mirror or the varlen backend's gather; raises
+    :class:`OutOfMemoryError` (naming the two settings) below ``MIN_PLANNED_KV_TOKENS``."""
+    reserve = activation_reserve_bytes(ActivationShape(
+        c.max_batch_tokens, c.max_num_reqs, mc.hidden_size, mc.intermediate_size,
+        mc.num_heads * mc.head_dim, mc.num_kv_heads * mc.head_dim, mc.vocab_size,
+        c.torch_dtype.itemsize))
+    assert c.kv_memory_fraction is not None  # resolved
+    available = available_memory_bytes(c.torch_device)
+    planned = plan_kv_tokens(
+        available, c.kv_memory_fraction, bytes_per_token, reserve=reserve,
+        mirror=0 if varlen else c.decode_mirror_tokens,
+        gather_layers=mc.num_layers if varlen else 0)
+    if planned < MIN_PLANNED_KV_TOKENS:
+        raise OutOfMemoryError(
+            f"only {planned} KV cache tokens fit in kv_memory_fraction="
+            f"{c.kv_memory_fraction} of the {available / 2**20:.0f} MiB available after "
+            f"the weights (less {reserve / 2**20:.0f} MiB for one forward's activations); "
+            f"at least {MIN_PLANNED_KV_TOKENS} are needed: free memory, raise "
+            "kv_memory_fraction, or set kv_cache_tokens")
+    return planned
 
 
 def _proc_kib(path: str, key: str) -> int | None:
