@@ -10,7 +10,7 @@ from typing import Any
 
 import jsonschema
 
-from grammarserve.fsm.checked_matcher import make_validator
+from grammarserve.fsm.check_set import make_validator
 from grammarserve.fsm.schema.normalize import normalize
 from grammarserve.fsm.schema.prepare import prepare_schema
 from grammarserve.fsm.schema.rewrites import rewrite_schema

@@ -35,10 +35,10 @@ from grammarserve.openai.responses_request import (
     input_messages,
     prepare_response,
 )
+from grammarserve.openai.sampling import sampling_params
 from grammarserve.openai.translate import (
     constraint_plan,
     grammar_error,
-    sampling_params,
     tools_plan,
 )
 from grammarserve.sampling_params import SamplingParams

@@ -13,6 +13,7 @@ from grammarserve.errors import GrammarError, InvalidRequestError, StrictSchemaE
 from grammarserve.openai.logprobs import TokenTexts
 from grammarserve.openai.protocol import ChatMessage, CompletionRequest
 from grammarserve.openai.render import hermes_messages, openai_messages, render_chat
+from grammarserve.openai.sampling import max_new_tokens, sampling_params
 from grammarserve.openai.translate import (
     ToolsPlan,
     check_chat_logprobs,
@@ -20,8 +21,6 @@ from grammarserve.openai.translate import (
     check_json_mode,
     constraint_plan,
     grammar_error,
-    max_new_tokens,
-    sampling_params,
     tools_plan,
 )
 

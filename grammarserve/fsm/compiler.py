@@ -14,7 +14,8 @@ from grammarserve.constraints import ConstraintKind, GrammarSyntax, PreparedSpec
 from grammarserve.errors import GrammarBackendError, GrammarError
 from grammarserve.fsm.backends.messages import translate
 from grammarserve.fsm.cache import CacheStats, GrammarCache
-from grammarserve.fsm.checked_matcher import CheckedGrammar, CheckSet
+from grammarserve.fsm.check_set import CheckSet
+from grammarserve.fsm.checked_matcher import CheckedGrammar
 from grammarserve.fsm.config import (
     DEFAULT_DISK_CACHE_BYTES,
     DEFAULT_MAX_WHITESPACE,

@@ -23,6 +23,7 @@ from grammarserve.openai.limits import check_choices, check_prompt_chars, prompt
 from grammarserve.openai.protocol import ChatCompletionRequest, CompletionRequest, RequestBody
 from grammarserve.openai.reasoning import ReasoningPlan, reasoning_ask, reasoning_plan
 from grammarserve.openai.render import content_text, render_chat
+from grammarserve.openai.sampling import max_new_tokens, sampling_params
 from grammarserve.openai.translate import (
     ConstraintPlan,
     ToolsPlan,
@@ -33,8 +34,6 @@ from grammarserve.openai.translate import (
     completion_prompts,
     constraint_plan,
     grammar_error,
-    max_new_tokens,
-    sampling_params,
     tools_plan,
 )
 from grammarserve.sampling_params import SamplingParams
