@@ -38,12 +38,12 @@ from format_helpers import (
     KNOWN_MUTANTS,
     UNCHECKED_FORMATS,
     Validator,
-    mutant_tests,
     optional_cases,
     schema_formats,
     text_styles,
     truth,
 )
+from format_mutants import mutant_tests
 
 from grammarserve.errors import GrammarError
 from grammarserve.fsm import GrammarCompiler

@@ -42,13 +42,13 @@ from format_helpers import (
     SUITE,
     UNCHECKED_FORMATS,
     known_format_error,
-    mutant_tests,
     optional_cases,
     schema_formats,
     style_backends,
     text_styles,
     validation_errors,
 )
+from format_mutants import mutant_tests
 from walk_helpers import random_walk, structural_tokens
 
 from grammarserve.errors import GrammarError

@@ -247,8 +247,8 @@ def test_engine_killed_under_load_loses_no_batch_line_and_answers_no_500(
     (other,) = [r for r in after if r != home]
     _wait_for("the shared prompt's KV blocks on disk", lambda: (
         _engine_stats(replicas)[home]["kv_disk_tier_writes"] >= 2))
-    from_disk = _engine_stats(replicas)[other]
-    from_disk = from_disk["kv_disk_hit_tokens"] + from_disk["kv_prefetched_tokens"]
+    stats = _engine_stats(replicas)[other]
+    from_disk = stats["kv_disk_hit_tokens"] + stats["kv_prefetched_tokens"]
     retried = _metric(base_url, "grammarserve_replica_retried_requests_total")
 
     src = tmp_path / "batch.jsonl"
