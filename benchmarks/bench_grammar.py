@@ -1,13 +1,15 @@
-"""Grammar benchmark: grammarserve vs raw xgrammar vs raw llguidance on the embedded model's
-tokenizer, per corpus: schemas/*.json (hand-written), schemas/realworld/*.json (SchemaStore and
+"""Grammar benchmark: grammarserve vs raw xgrammar vs raw llguidance per vocabulary (SmolLM2's
+49k, Llama 3's 128k, Qwen2's 152k: ``vocabularies.py``), per corpus: schemas/*.json (hand-written), schemas/realworld/*.json (SchemaStore and
 check-jsonschema, benchmarks/make_realworld_corpus.py) and the JSON-Schema-Test-Suite (draft
 2020-12), plus all of them together.
 
-Prints one JSON line: per corpus and engine, compile p50/p99 (ms), per-token mask p50/p99 (µs),
+Prints one JSON line: per vocabulary, per corpus and engine, compile p50/p99 (ms), per-token mask p50/p99 (µs),
 schemas compiled/refused, valid instances accepted, invalid instances refused (and accepted),
 and for ``grammarserve_cold`` the causes of each valid walk refused (``fsm/exactness.py``: by
 cause and by kind: generation policy, backend limit, vocabulary, unexplained);
-then (on stderr) grammarserve's figures against the targets of issue 16.
+and per vocabulary and corpus the ratios ``grammarserve_cold`` / raw llguidance (``ratios``:
+over each engine's compiled schemas, and the compile ratio over the schemas both compile);
+then (on stderr) grammarserve's figures against the targets.
 
 - ``grammarserve_cold``: the first compile of each schema (compiled grammars and validated
   front-end results forgotten first, so meta-validation and the front end count), and every mask
@@ -18,7 +20,8 @@ then (on stderr) grammarserve's figures against the targets of issue 16.
 Valid instances are walked in the default style's forms (compact, ``json.dumps`` default),
 invalid ones in compact form.
 
-    .venv/bin/python benchmarks/bench_grammar.py [--corpora schemas,realworld,suite]
+    .venv/bin/python benchmarks/bench_grammar.py [--vocab smollm2,llama3,qwen2]
+        [--corpora schemas,realworld,suite]
         [--engines grammarserve_cold,grammarserve_steady,xgrammar,llguidance] [--limit N]
         [--compile-only]
 """
@@ -39,10 +42,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import stamp
+from vocabularies import load_tokenizer, parse_vocabularies
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SUITE = REPO / "tests" / "data" / "json-schema-test-suite" / "draft2020-12"
-#: Issue 16 item 3, for cold and steady state alike.
+#: The grammar layer's latency targets, for cold and steady state alike.
 TARGETS = {"compile_ms_p50": 2.0, "compile_ms_p99": 50.0, "mask_us_p50": 10.0,
            "mask_us_p99": 150.0}
 
@@ -157,6 +161,7 @@ class _Tally:
 
     def __init__(self) -> None:
         self.compile_ms: list[float] = []
+        self.compile_by_case: dict[tuple[str, str], float] = {}  # (file, description) -> ms
         self.mask_s: list[float] = []
         self.c = {"schemas": 0, "compiled": 0, "refused": 0, "valid_accepted": 0,
                   "valid_total": 0, "valid_total_compiled": 0, "invalid_refused": 0, "invalid_accepted": 0,
@@ -166,6 +171,7 @@ class _Tally:
 
     def add(self, other: _Tally) -> None:
         self.compile_ms += other.compile_ms
+        self.compile_by_case.update(other.compile_by_case)
         self.mask_s += other.mask_s
         self.refusals += other.refusals
         self.explained = self.explained or other.explained
@@ -183,6 +189,7 @@ class _Tally:
                  for k in CauseKind}  # NOTE: a walk with causes of two kinds counts in neither
         total = self.c["valid_total_compiled"] or 1
         rates = {"valid_accepted_rate": round(self.c["valid_accepted"] / total, 4)}
+        exactness: dict[str, Any] = {}
         if self.explained:
             exactness = {"valid_refused_by_cause": tally(self.refusals),
                          "valid_refused_by_kind": kinds,
@@ -215,6 +222,7 @@ def _run(compile_fn: Callable[[Any], Any], cases: list[Any], tok: Any, stop: int
             if isinstance(make, tuple):  # (matcher factory, its own compile time)
                 make, elapsed = make
             t.compile_ms.append(elapsed * 1e3)
+            t.compile_by_case[(case.file, case.description)] = elapsed * 1e3
             t.c["compiled"] += 1
         except Exception:  # noqa: BLE001 - a refusal counts as refused
             make = None
@@ -239,7 +247,24 @@ def _run(compile_fn: Callable[[Any], Any], cases: list[Any], tok: Any, stop: int
     return t
 
 
-def _report(result: dict[str, Any]) -> None:
+def _ratios(ours: _Tally, raw: _Tally) -> dict[str, float | None]:
+    """``ours`` / ``raw`` per latency figure, each over the schemas its engine compiled, and
+    ``compile_ms_p50_both`` / ``_p99_both`` over the schemas both compiled."""
+    a, b = ours.summary(), raw.summary()
+    both = sorted(set(ours.compile_by_case) & set(raw.compile_by_case))
+
+    def div(x: float | None, y: float | None) -> float | None:
+        return None if x is None or not y else round(x / y, 2)
+
+    out = {k: div(a[k], b[k]) for k in TARGETS}
+    for q, k in ((0.5, "compile_ms_p50_both"), (0.99, "compile_ms_p99_both")):
+        out[k] = div(_pct([ours.compile_by_case[c] for c in both], q),
+                     _pct([raw.compile_by_case[c] for c in both], q))
+    out["both_compiled"] = len(both)
+    return out
+
+
+def _report(vocab: str, result: dict[str, Any]) -> None:
     """grammarserve's figures against the targets, one line per corpus and engine."""
     print("# targets: " + ", ".join(f"{k} <= {v}" for k, v in TARGETS.items()), file=sys.stderr)
     for corpus, block in result["corpora"].items():
@@ -252,12 +277,54 @@ def _report(result: dict[str, Any]) -> None:
                 v = s[k]
                 mark = "n/a" if v is None else ("ok" if v <= limit else "MISSED")
                 cells.append(f"{k} {v} ({mark})")
-            print(f"# {corpus} {name}: " + "; ".join(cells) + f"; invalid accepted "
+            print(f"# {vocab} {corpus} {name}: " + "; ".join(cells) + f"; invalid accepted "
                   f"{s['invalid_accepted']}", file=sys.stderr)
+        if "ratios" in block:
+            print(f"# {vocab} {corpus} ours / llguidance: {json.dumps(block['ratios'])}",
+                  file=sys.stderr)
+
+
+def _run_vocabulary(vocab: str, tok: Any, corpora: dict[str, list[Any]], engine_names: list[str],
+                    walks: bool) -> dict[str, Any]:
+    """Every engine over every corpus on one tokenizer: ``{"tokens", "corpora"}``, each corpus
+    ``{"schemas", "engines", "ratios"}`` (ratios when both grammarserve_cold and llguidance
+    ran), plus ``"all"`` when there are several corpora."""
+    engines = _engines(tok)
+    explainers = _explainers(tok)
+    stop = int(tok.eos_token_id)
+    bitmask = torch.zeros((1, (len(tok) + 31) // 32), dtype=torch.int32)
+    encoded: dict[str, list[int]] = {}  # text -> token ids, shared by all engines
+    out: dict[str, Any] = {"tokens": len(tok), "corpora": {}}
+    totals: dict[str, _Tally] = {}
+    blocks: list[tuple[dict[str, Any], dict[str, _Tally]]] = []
+    for corpus, cases in corpora.items():
+        block: dict[str, Any] = {"schemas": len(cases), "engines": {}}
+        tallies = {}
+        for name in engine_names:
+            tallies[name] = _run(engines[name], cases, tok, stop, bitmask, encoded,
+                                 walks=walks, explain=explainers.get(name))
+            totals.setdefault(name, _Tally()).add(tallies[name])
+            block["engines"][name] = tallies[name].summary()
+            print(f"# {vocab} {corpus} {name}: {json.dumps(block['engines'][name])}",
+                  file=sys.stderr)
+        out["corpora"][corpus] = block
+        blocks.append((block, tallies))
+    if len(corpora) > 1:
+        block = {"schemas": sum(len(c) for c in corpora.values()),
+                 "engines": {n: t.summary() for n, t in totals.items()}}
+        out["corpora"]["all"] = block
+        blocks.append((block, totals))
+    for block, tallies in blocks:
+        if "grammarserve_cold" in tallies and "llguidance" in tallies:
+            block["ratios"] = _ratios(tallies["grammarserve_cold"], tallies["llguidance"])
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vocab", default="smollm2",
+                        help="comma-separated vocabularies: smollm2 (49k), llama3 (128k), "
+                             "qwen2 (152k); see vocabularies.py")
     parser.add_argument("--suite", default=str(DEFAULT_SUITE))
     parser.add_argument("--schemas", default=str(REPO / "schemas"))
     parser.add_argument("--realworld", default=str(REPO / "schemas" / "realworld"))
@@ -268,15 +335,12 @@ def main() -> None:
     parser.add_argument("--compile-only", action="store_true",
                         help="no walks between compiles (compile times alone; no masks)")
     args = parser.parse_args()
+    vocabs = parse_vocabularies(args.vocab)
     torch.set_num_threads(1)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-    from transformers import AutoTokenizer
-
     from grammarserve.fsm.conformance import load_corpus, load_suite
-    from grammarserve.models.loader import resolve_model_folder
 
-    tok = AutoTokenizer.from_pretrained(str(resolve_model_folder("default")))
     loaders = {"schemas": lambda: load_corpus(args.schemas),
                "realworld": lambda: load_corpus(args.realworld),
                "suite": lambda: load_suite(args.suite)}
@@ -286,26 +350,14 @@ def main() -> None:
         if Path(folders[name]).is_dir():
             cases = list(loaders[name]())
             corpora[name] = cases[:args.limit] if args.limit else cases
-    engines = _engines(tok)
-    explainers = _explainers(tok)
-    stop = int(tok.eos_token_id)
-    bitmask = torch.zeros((1, (len(tok) + 31) // 32), dtype=torch.int32)
-    encoded: dict[str, list[int]] = {}  # text -> token ids, shared by all engines
-    result: dict[str, Any] = {**stamp(), "targets": TARGETS, "corpora": {}}
-    totals: dict[str, _Tally] = {}
-    for corpus, cases in corpora.items():
-        block: dict[str, Any] = {"schemas": len(cases), "engines": {}}
-        for name in args.engines.split(","):
-            tally = _run(engines[name], cases, tok, stop, bitmask, encoded,
-                         walks=not args.compile_only, explain=explainers.get(name))
-            totals.setdefault(name, _Tally()).add(tally)
-            block["engines"][name] = tally.summary()
-            print(f"# {corpus} {name}: {json.dumps(block['engines'][name])}", file=sys.stderr)
-        result["corpora"][corpus] = block
-    if len(corpora) > 1:
-        result["corpora"]["all"] = {"schemas": sum(len(c) for c in corpora.values()),
-                                    "engines": {n: t.summary() for n, t in totals.items()}}
-    _report(result)
+    result: dict[str, Any] = {**stamp(), "targets": TARGETS, "limit": args.limit,
+                              "ratio": "grammarserve_cold / llguidance", "vocabularies": {}}
+    for vocab in vocabs:
+        tok = load_tokenizer(vocab)
+        block = _run_vocabulary(vocab, tok, corpora, args.engines.split(","),
+                                walks=not args.compile_only)
+        result["vocabularies"][vocab] = block
+        _report(vocab, block)
     print(json.dumps(result))
 
 
