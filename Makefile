@@ -21,7 +21,7 @@ serve: setup
 	$(VENV)/bin/grammarserve serve --model default
 
 test: setup
-	$(PY) -m pytest -q
+	$(VENV)/bin/pytest -q
 
 lint: setup
 	$(VENV)/bin/lint-imports --no-cache

@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import extraction_workload as wl
 from figures import success_figures
 from machine import stamp
+from serverproc import GRAMMARSERVE
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -97,7 +98,7 @@ def write_replies(path: Path, side: str, texts: list[str | None],
 def run_cli(inp: Path, expected: list[dict[str, Any]], args: argparse.Namespace
             ) -> dict[str, Any]:
     out, summary = inp.with_name("out.jsonl"), inp.with_name("summary.json")
-    cmd = [sys.executable, "-m", "grammarserve.cli", "batch", str(inp), "-o", str(out),
+    cmd = [GRAMMARSERVE, "batch", str(inp), "-o", str(out),
            "--summary", str(summary), "--no-progress", "--kv-cache-tokens",
            str(args.kv_cache_tokens), "--max-num-reqs", str(args.max_num_reqs),
            "--max-batch-tokens", str(args.max_batch_tokens), "--num-threads", str(args.threads)]

@@ -62,6 +62,7 @@ import extraction_workload as wl
 import tools_workload as tw
 from figures import success_figures
 from machine import cpu_name, revision
+from serverproc import GRAMMARSERVE
 
 
 def build_requests(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -224,7 +225,7 @@ def _free_port() -> int:
 def start_server(extra: list[str]) -> tuple[subprocess.Popen[bytes], str, Path]:
     port = _free_port()
     log = Path(tempfile.mkstemp(prefix="bench_serving_", suffix=".log")[1])
-    cmd = [sys.executable, "-m", "grammarserve.cli", "serve", "--model", "default",
+    cmd = [GRAMMARSERVE, "serve", "--model", "default",
            "--port", str(port), "--kv-cache-tokens", "65536", "--log-level", "warning", *extra]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,

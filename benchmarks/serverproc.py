@@ -20,6 +20,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The ``grammarserve`` console script beside this interpreter. Servers and batch runs start
+#: through it, never ``python -m`` from the checkout's root, where the working directory on
+#: ``sys.path`` puts ``kernels/`` in place of the ``kernels`` package transformers imports
+#: (grammarserve/source_paths.py).
+GRAMMARSERVE = str(Path(sys.executable).with_name("grammarserve"))
 
 
 def free_port() -> int:
@@ -76,7 +81,7 @@ class ServerProcess:
         """Start and wait until ``/health`` answers 200 (raises with the log if it cannot)."""
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "grammarserve.cli", "serve", "--model", "default",
+                [GRAMMARSERVE, "serve", "--model", "default",
                  "--port", str(self.port), "--num-threads", "1", "--log-level", "warning",
                  *self.args], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                 start_new_session=True)

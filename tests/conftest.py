@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
+
+from grammarserve.source_paths import drop_source_root
 
 # One torch/OpenMP thread in-process (the servers the tests start use --num-threads 1 too): with
 # two threads on a 2-core machine whose cores are busy with other work, every parallel region
@@ -26,6 +29,13 @@ torch.set_num_threads(1)
 # here and in the servers the tests start), and none is served from an earlier run's grammars;
 # tests/test_fsm_disk_cache.py names its own folders.
 os.environ["GRAMMARSERVE_GRAMMAR_CACHE"] = "off"
+
+# The checkout's root is never on sys.path, here or in any Python the tests start (servers,
+# batch runs, `-c` children): there its kernels/ folder would stand in for the `kernels` package
+# transformers imports (grammarserve/source_paths.py, tests/test_source_paths.py). `make test`
+# runs the pytest script, which does not put it there; `python -m pytest` does.
+drop_source_root(sys.path)
+os.environ["PYTHONSAFEPATH"] = "1"
 
 
 # Fixtures that load the embedded model or its tokenizer (directly or through another fixture).

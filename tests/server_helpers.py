@@ -1,5 +1,5 @@
-"""Start the real server (``python -m grammarserve.cli serve --model default``) on a free port
-for end-to-end tests, and plain-HTTP helpers to talk to it."""
+"""Start the real server (the ``grammarserve serve --model default`` console script) on a free
+port for end-to-end tests, and plain-HTTP helpers to talk to it."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from serverproc import GRAMMARSERVE
 
 
 def free_port() -> int:
@@ -57,7 +59,7 @@ def running_server(log: Path, *args: str) -> Iterator[dict[str, Any]]:
     port = free_port()
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "grammarserve.cli", "serve", "--model", "default",
+            [GRAMMARSERVE, "serve", "--model", "default",
              "--port", str(port), "--num-threads", "1", "--log-level", "warning", *args],
             stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"

@@ -6,11 +6,11 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from server_helpers import GRAMMARSERVE
 from test_batch_server import check_output, schema_line
 
 pytestmark = pytest.mark.model
@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _cmd(inp: Path, out: Path, err: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "grammarserve.cli", "batch", str(inp), "-o", str(out),
+    return [GRAMMARSERVE, "batch", str(inp), "-o", str(out),
             "--errors", str(err), "--kv-cache-tokens", "16384", "--max-num-reqs", "8",
             "--num-threads", "1", *extra]
 

@@ -9,7 +9,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -19,6 +18,7 @@ from typing import Any, Final
 import jsonschema
 import openai
 import pytest
+from server_helpers import GRAMMARSERVE
 
 pytestmark = pytest.mark.model
 
@@ -75,7 +75,7 @@ class Server:
         self.url = f"http://127.0.0.1:{port}"
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "grammarserve.cli", "serve", "--port", str(port),
+                [GRAMMARSERVE, "serve", "--port", str(port),
                  "--kv-cache-tokens", "16384", "--max-num-reqs", "16", "--num-threads", "1",
                  "--data-dir", str(self.data_dir), "--log-level", "warning"],
                 stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)

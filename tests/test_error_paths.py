@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
-from server_helpers import ROOT, http_post, running_server
+from server_helpers import GRAMMARSERVE, ROOT, http_post, running_server
 
 from grammarserve.errors import ErrorKind, GrammarError, RequestFailedError
 from grammarserve.openai.errors import STATUS, error_response
@@ -155,7 +154,7 @@ def offline_runner(tmp_path_factory: pytest.TempPathFactory,
     tmp = tmp_path_factory.mktemp("offline")
     inp, out, err = tmp / "in.jsonl", tmp / "out.jsonl", tmp / "err.jsonl"
     inp.write_text("\n".join(_line(n) for n in _names()) + "\n")
-    run = subprocess.run([sys.executable, "-m", "grammarserve.cli", "batch", str(inp), "-o",
+    run = subprocess.run([GRAMMARSERVE, "batch", str(inp), "-o",
                           str(out), "--errors", str(err), "--max-n", "4", "--no-progress",
                           *SERVER_ARGS], cwd=ROOT, capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stderr

@@ -20,7 +20,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -31,6 +30,7 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
+from server_helpers import GRAMMARSERVE
 
 schemathesis = pytest.importorskip("schemathesis")
 from schemathesis.checks import not_a_server_error
@@ -92,7 +92,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     log = tmp / "server.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "grammarserve.cli", "serve", "--model", "default",
+            [GRAMMARSERVE, "serve", "--model", "default",
              "--port", str(port), "--kv-cache-tokens", "16384", "--max-n", "4",
              "--num-threads", "1", "--data-dir", str(tmp / "data"), "--log-level", "warning"],
             stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)

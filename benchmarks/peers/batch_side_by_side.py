@@ -55,6 +55,7 @@ import jsonschema
 import quality_workload as qw
 from bench_batch import judge, score, write_input, write_replies
 from machine import cpu_name, revision
+from serverproc import GRAMMARSERVE
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 # The log line each runner prints once its model is loaded and it starts on the input.
@@ -72,7 +73,7 @@ def vllm_command(inp: Path, out: Path, args: argparse.Namespace) -> list[str]:
 def grammarserve_command(inp: Path, out: Path, summary: Path, extra: str = "") -> list[str]:
     """``grammarserve batch`` with its defaults (plus ``extra``): only the files and no
     progress bar."""
-    return [sys.executable, "-m", "grammarserve.cli", "batch", str(inp), "-o", str(out),
+    return [GRAMMARSERVE, "batch", str(inp), "-o", str(out),
             "--summary", str(summary), "--no-progress", *extra.split()]
 
 

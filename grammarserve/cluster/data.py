@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -41,6 +42,7 @@ from grammarserve.batch.results import ResultFile, pending, recover
 from grammarserve.batch.runner import BatchRunner, BatchSummary
 from grammarserve.config import EngineConfig
 from grammarserve.errors import InvalidRequestError
+from grammarserve.source_paths import drop_source_root
 
 #: Columns of the rows the actors take and give.
 IN_COLUMNS = ("custom_id", "line", "url", "body")
@@ -85,6 +87,7 @@ class BatchActor:
         from grammarserve.engine.heap import freeze_startup_heap
         from grammarserve.openai.context import ModelContext, model_name
 
+        drop_source_root(sys.path)  # before transformers loads the tokenizer
         self.engine = Engine(config)
         self.engine.warm_up()
         freeze_startup_heap()  # NOTE: the actor's process exists for this engine

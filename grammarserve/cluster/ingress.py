@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -30,6 +31,7 @@ from grammarserve.sampling_params import SamplingParams
 from grammarserve.server.config import ServerConfig
 from grammarserve.server.metrics import PREFIX
 from grammarserve.server.state import ServerState
+from grammarserve.source_paths import drop_source_root
 
 log = logging.getLogger(__name__)
 
@@ -261,6 +263,7 @@ class Ingress:
 
     def __init__(self, engine: Any, config: ServerConfig, replicas: int,
                  health_period_s: float = 5.0) -> None:
+        drop_source_root(sys.path)  # before the app loads the tokenizer
         self.state = RayServerState(config, engine, expected_replicas=replicas,
                                     health_period_s=health_period_s)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -22,6 +23,7 @@ from grammarserve.engine.process import EngineProcess
 from grammarserve.engine.request import RequestOutput
 from grammarserve.errors import EngineDeadError
 from grammarserve.sampling_params import SamplingParams
+from grammarserve.source_paths import drop_source_root
 
 log = logging.getLogger(__name__)
 #: Seconds between the engine's death and the replica's exit.
@@ -50,6 +52,7 @@ class EngineReplica:
     """
 
     def __init__(self, config: EngineConfig, startup_timeout_s: float = 900.0) -> None:
+        drop_source_root(sys.path)  # before the engine process copies it
         self.engine = EngineProcess(config, startup_timeout_s=startup_timeout_s)
         self.replica_id = _replica_id()
         self.received = 0  # generate calls begun here
