@@ -141,7 +141,7 @@ def engine_args(p: argparse.ArgumentParser) -> None:
                    action=argparse.BooleanOptionalAction, help="radix prefix cache on/off")
     p.add_argument("--kv-host-tier-bytes", type=int, default=EngineConfig.kv_host_tier_bytes,
                    help="host-memory tier for evicted prefixes' KV (default: the pool's size, "
-                        "at most a quarter of available memory; 0: off)")
+                        "at most a quarter of the memory left after the weights; 0: off)")
     p.add_argument("--kv-disk-tier-dir", dest="kv_disk_tier", default=EngineConfig.kv_disk_tier,
                    metavar="DIR", help="disk tier of prompt KV, kept across restarts and shared "
                    "by the machine's replicas ('auto': $GRAMMARSERVE_KV_TIER, else "

@@ -39,7 +39,8 @@ class EngineConfig:
         Share of the memory free after the weights are loaded (host RAM on CPU, device memory
         on CUDA), less an activation reserve for one forward of ``max_batch_tokens``, given to
         the KV pool and the decode mirror when ``kv_cache_tokens`` is None. ``None`` (the
-        default) = 0.25 on CPU, 0.85 on CUDA (:mod:`grammarserve.engine.memory`).
+        default) = 0.25 on CPU, 0.85 on CUDA. The whole plan (pool, mirror, host tier,
+        activations) is :mod:`grammarserve.engine.memory_plan`'s, logged at start-up.
     attention_backend:
         ``"torch"`` (SDPA over K/V gathered from the pool, the decode mirror and the CPU
         kernels), ``"varlen"`` (one variable-length flash-attention call per layer over the
@@ -64,7 +65,8 @@ class EngineConfig:
         Host-memory tier under the radix cache (``grammarserve.engine.kv_tiers``): evicted
         prefixes keep their KV here (in blocks of 64 tokens) and come back instead of being
         recomputed. ``None`` (default): as many bytes as the KV pool, at most a quarter of
-        the memory available at start-up; 0: off.
+        the host memory left after the weights and activations (on CPU also at most what the
+        pool and the mirror leave); 0: off.
     kv_disk_tier:
         A folder of prompt KV blocks (written through as prompts are computed), found again
         after a restart and shared by the processes of the machine; keyed by the model,
@@ -78,8 +80,10 @@ class EngineConfig:
         is bit for bit the computed one.
     decode_mirror_tokens:
         Token budget of the decode KV mirror (a contiguous copy of the decoding requests' KV
-        kept across steps so decode does not re-gather it from the pool every layer); ``None``
-        = max(KV capacity / 2, 32768), 0 disables it. A CPU path: off on CUDA.
+        kept across steps so decode does not re-gather it from the pool every layer; it fills
+        as decodes need); ``None`` = half the KV capacity, at least 32768 where the memory
+        plan has room for it (else as many as the pool), 0 disables it. A CPU path: off on
+        CUDA.
     grammar_backend:
         ``"auto"``, ``"llguidance"`` or ``"xgrammar"`` (see :mod:`grammarserve.fsm`).
     grammar_compile_timeout_s:

@@ -15,8 +15,6 @@ from grammarserve.engine.engine import Engine
 from grammarserve.engine.memory import (
     ActivationShape,
     activation_reserve_bytes,
-    mirror_tokens_for,
-    plan_kv_tokens,
 )
 from grammarserve.errors import InvalidRequestError, OutOfMemoryError
 from grammarserve.models.loader import load_model
@@ -58,32 +56,38 @@ def test_bad_device_settings_are_refused(field: str, value: object) -> None:
     assert e.value.param == field
 
 
-def test_kv_plan_counts_mirror_gather_and_reserve() -> None:
-    mib = 2**20
-    # 1000 MiB free, half of it, 1 MiB per token: 500 tokens with nothing else to count
-    assert plan_kv_tokens(1000 * mib, 0.5, mib) == 500
-    # a 100 MiB reserve comes off before the fraction
-    assert plan_kv_tokens(1000 * mib, 0.5, mib, reserve=100 * mib) == 450
-    # a gathered layer (1 of 4) costs a quarter of the pool on top
-    assert plan_kv_tokens(1000 * mib, 0.5, mib, gather_layers=4) == 400
-    # an explicit mirror of 100 tokens
-    assert plan_kv_tokens(1000 * mib, 0.5, mib, mirror=100) == 400
-    # the default mirror: capacity / 2 when that is over its 32768-token floor ...
-    big = plan_kv_tokens(3 * 65536 * 1000, 1.0, 1000, mirror=None)
-    assert big == 131072 and mirror_tokens_for(big, None) == 65536
-    # ... else the floor, which comes off first
-    assert plan_kv_tokens(60000 * 1000, 1.0, 1000, mirror=None) == 60000 - 32768
-
-
 def test_a_planned_pool_too_small_to_serve_is_refused(tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """A full machine: the engine refuses to start, naming the settings, instead of serving
-    from a pool of a token or two (every request would then fail as too long)."""
+    """A full machine: the engine refuses to start before loading, in one line naming the
+    weights, the memory available and what was needed, instead of serving from a pool of a
+    token or two (every request would then fail as too long)."""
     build_tiny("llama", {}, tmp_path / "m", tiny_tokenizer())
     monkeypatch.setattr(memory_module, "available_memory_bytes", lambda device: 2**20)
-    with pytest.raises(OutOfMemoryError, match="kv_memory_fraction.*kv_cache_tokens"):
+    with pytest.raises(OutOfMemoryError, match=r"^the model does not fit in cpu memory: "
+                       r"weights \d+ MiB, 1 MiB available, \d+ MiB needed") as e:
         Engine(EngineConfig(model=str(tmp_path / "m"), device="cpu"))
-    assert plan_kv_tokens(2**20, 0.5, 2**20) == 0  # no room: none, not one
+    assert "\n" not in str(e.value)
+
+
+def test_the_engine_builds_and_reports_its_plan(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan's pool, mirror and host tier are what the engine builds, and its stats carry
+    them; a machine with room for the weights and little else still starts (a small pool)."""
+    build_tiny("llama", {}, tmp_path / "m", tiny_tokenizer())
+    engine = Engine(EngineConfig(model=str(tmp_path / "m"), device="cpu"))
+    plan = engine.memory_plan
+    assert engine.runner.pool.capacity == plan.kv_tokens >= 8192
+    assert engine.runner.attn.mirror is not None
+    assert engine.runner.attn.mirror.max_tokens == plan.mirror_tokens > 0
+    assert engine.tiers is not None and engine.tiers.stats().host_bytes == 0  # none held yet
+    stats = engine.stats()
+    assert (stats.kv_pool_bytes, stats.kv_mirror_tokens, stats.kv_host_tier_limit_bytes) == (
+        plan.kv_bytes, plan.mirror_tokens, plan.host_tier_bytes)
+    assert stats.memory_weights_bytes == plan.weights_bytes > 0
+    tight = plan.activation_bytes + 600 * plan.bytes_per_token
+    monkeypatch.setattr(memory_module, "available_memory_bytes", lambda device: tight)
+    small = Engine(EngineConfig(model=str(tmp_path / "m"), device="cpu"), loaded=engine.loaded)
+    assert small.memory_plan.kv_tokens == 512 and small.memory_plan.mirror_tokens == 0
 
 
 def test_activation_reserve_covers_a_full_forward() -> None:

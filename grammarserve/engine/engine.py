@@ -18,7 +18,12 @@ from grammarserve.engine.device import setup_cuda
 from grammarserve.engine.dry import DryPenalty
 from grammarserve.engine.grammar import GrammarRunner
 from grammarserve.engine.kv_tiers.build import build_tiers
-from grammarserve.engine.memory import plan_capacity, process_rss_bytes
+from grammarserve.engine.memory import (
+    check_weights_fit,
+    model_bytes,
+    plan_engine_memory,
+    process_rss_bytes,
+)
 from grammarserve.engine.model_runner import BatchEntry, ModelRunner
 from grammarserve.engine.radix_cache import DEFAULT_NAMESPACE, RadixCache
 from grammarserve.engine.request import Req, ReqStatus, RequestOutput
@@ -27,7 +32,7 @@ from grammarserve.engine.scheduler import ScheduledReq, Scheduler
 from grammarserve.engine.spec.calibrate import calibrate
 from grammarserve.engine.spec.ngram import space_folded
 from grammarserve.engine.spec.speculator import SpecOptions, Speculator
-from grammarserve.engine.stats import EngineStats, disk_fields, tier_fields
+from grammarserve.engine.stats import EngineStats, disk_fields, plan_fields, tier_fields
 from grammarserve.engine.stopping import append_token, retract
 from grammarserve.engine.threads import ThreadTuner
 from grammarserve.engine.validate import check_bias, check_prompt
@@ -51,6 +56,8 @@ class Engine:
         device = config.torch_device
         if device.type == "cuda":
             setup_cuda(device, tf32=config.tf32)
+        if loaded is None:  # NOTE: refuse a model that cannot fit before reading it
+            check_weights_fit(config)
         self.loaded = loaded or load_model(config.model, dtype=config.torch_dtype, device=device,
                                            cache_dir=config.cache_dir,
                                            gguf_blocks=config.gguf_blocks,
@@ -62,13 +69,14 @@ class Engine:
         self.prompt_encoder = SegmentEncoder(self.tokenizer)  # text prompts' cached pieces
         self.kv_bytes_per_token = KVPool.bytes_per_token(mc.num_layers, mc.num_kv_heads,
                                                          mc.head_dim, config.torch_kv_dtype)
-        varlen = config.attention_backend == "varlen"
-        capacity = config.kv_cache_tokens or plan_capacity(config, mc, self.kv_bytes_per_token,
-                                                           varlen=varlen)
+        self.memory_plan = plan_engine_memory(config, mc, model_bytes(self.loaded.model),
+                                              varlen=config.attention_backend == "varlen")
+        capacity = self.memory_plan.kv_tokens
         # NOTE: one sequence must always fit in the pool alone, or preemption could livelock.
         self.max_model_len = min(config.max_model_len or mc.max_position_embeddings,
                                  mc.max_position_embeddings, capacity)
-        self.runner = ModelRunner.build(self.loaded.model, config, capacity, self.max_model_len)
+        self.runner = ModelRunner.build(self.loaded.model, config, capacity, self.max_model_len,
+                                        mirror_tokens=self.memory_plan.mirror_tokens)
         pool, table = self.runner.pool, self.runner.req_to_token
         self.threads = ThreadTuner(torch.get_num_threads() if device.type == "cpu"
                                    and config.adaptive_threads else 1)
@@ -81,7 +89,8 @@ class Engine:
         self.grammar = GrammarRunner(self.tokenizer, config, vocab_size=mc.vocab_size,
                                      stop_token_ids=sorted(self.eos_ids))
         self.tiers = build_tiers(config, self.loaded.model, pool,
-                                 self.grammar.compiler.vocab.fingerprint) \
+                                 self.grammar.compiler.vocab.fingerprint,
+                                 host=self.memory_plan.host_tier_bytes) \
             if config.enable_prefix_cache else None
         self.cache = RadixCache(pool, self.tiers.demote if self.tiers else None) \
             if config.enable_prefix_cache else None
@@ -99,8 +108,7 @@ class Engine:
         self._arrivals = itertools.count()
         self._counters = dict(prompt_tokens=0, cached_prompt_tokens=0, generated_tokens=0,
                               finished_requests=0, aborted_requests=0, forward_passes=0)
-        log.info("KV pool: %d tokens x %d B/token = %.1f MiB (%s); process RSS %.0f MiB",
-                 capacity, self.kv_bytes_per_token, capacity * self.kv_bytes_per_token / 2**20,
+        log.info("memory plan: %s; KV %s; process RSS %.0f MiB", self.memory_plan.describe(),
                  pool.dtype, process_rss_bytes() / 2**20)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
@@ -154,9 +162,11 @@ class Engine:
             calibrate(self.runner, self.spec.cost, next(self._arrivals))
 
     def close(self) -> None:
-        """Write what the KV disk tier has queued and stop its threads (at shutdown)."""
+        """Write what the KV disk tier has queued and stop its threads and the grammar
+        layer's (at shutdown)."""
         if self.tiers is not None:
             self.tiers.close()
+        self.grammar.shutdown()
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work() or bool(self._done_early or self._compiling)
@@ -376,4 +386,5 @@ class Engine:
             grammar_compile_s=cache.compile_s_total, **disk_fields(cache.disk),
             **tier_fields(self.tiers.stats() if self.tiers else None),
             spec_drafted_tokens=self.spec.counters.drafted_tokens,
-            spec_accepted_tokens=self.spec.counters.accepted_tokens)
+            spec_accepted_tokens=self.spec.counters.accepted_tokens,
+            **plan_fields(self.memory_plan))

@@ -1,7 +1,10 @@
-"""Memory facts for sizing the KV pool and reporting at start-up."""
+"""Memory facts of this machine and model, and the engine's plan from them
+(:mod:`grammarserve.engine.memory_plan` shares the memory out)."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import os
 import resource
 from dataclasses import dataclass
@@ -9,8 +12,16 @@ from dataclasses import dataclass
 import torch
 
 from grammarserve.config import EngineConfig
-from grammarserve.errors import OutOfMemoryError
+from grammarserve.engine.kv_tiers.blocks import DEFAULT_BLOCK_TOKENS
+from grammarserve.engine.memory_plan import (
+    MIN_PLANNED_KV_TOKENS,
+    MemoryPlan,
+    PlanInputs,
+    plan_memory,
+    weights_fit_error,
+)
 from grammarserve.models.config import ModelConfig
+from grammarserve.models.loader import gguf_source, resolve_model_folder
 
 
 def available_memory_bytes(device: torch.device) -> int:
@@ -30,16 +41,6 @@ def process_rss_bytes() -> int:
     if found is not None:
         return found
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
-
-
-def kv_tokens_for_budget(fraction: float, bytes_per_token: int, device: torch.device) -> int:
-    """How many tokens of KV fit in ``fraction`` of the currently available memory."""
-    return max(1, int(available_memory_bytes(device) * fraction) // bytes_per_token)
-
-
-def mirror_tokens_for(capacity: int, setting: int | None) -> int:
-    """The decode mirror's token budget: ``setting``, or max(capacity / 2, 32768) when None."""
-    return max(capacity // 2, 32768) if setting is None else setting
 
 
 @dataclass(frozen=True)
@@ -67,56 +68,82 @@ def activation_reserve_bytes(a: ActivationShape) -> int:
     return 2 * (a.max_batch_tokens * per_token + logits)
 
 
-#: The smallest KV pool a planned (not explicitly sized) engine starts with: below it, the
-#: machine has no room to serve, and starting would only fail every request later.
-MIN_PLANNED_KV_TOKENS = 512
+def estimate_weight_bytes(mc: ModelConfig, itemsize: int) -> int:
+    """The weights' bytes in a dtype of ``itemsize`` bytes, from the model's shape alone (before
+    loading; a lower bound where the loader also keeps quantized blocks)."""
+    q, kv = mc.num_heads * mc.head_dim, mc.num_kv_heads * mc.head_dim
+    layer = mc.hidden_size * (2 * q + 2 * kv) + 3 * mc.hidden_size * mc.intermediate_size \
+        + 2 * mc.hidden_size
+    embed = mc.vocab_size * mc.hidden_size * (1 if mc.tie_word_embeddings else 2)
+    return (mc.num_layers * layer + embed + mc.hidden_size) * itemsize
 
 
-def plan_kv_tokens(available: int, fraction: float, bytes_per_token: int, *,
-                   reserve: int = 0, mirror: int | None = 0, gather_layers: int = 0) -> int:
-    """KV pool capacity (tokens) whose whole cost fits in ``fraction`` of what is left of
-    ``available`` bytes (measured after the weights were loaded) once ``reserve`` is set aside.
+def model_bytes(model: torch.nn.Module) -> int:
+    """Bytes of ``model``'s tensors: parameters, buffers and the tensors of the modules'
+    dataclass attributes (the GGUF blocks the CPU kernels read), each storage once."""
+    seen: dict[int, int] = {}
 
-    The cost counts the pool, the decode mirror (``mirror``: its token budget, 0 = none, None =
-    :func:`mirror_tokens_for`'s default, which grows with the capacity) and, for backends that
-    gather one layer's K/V of the batch per call (``gather_layers`` = the model's layer count),
-    that gathered copy: up to 1 / layers of the pool.
-    """
-    budget = max(0, available - reserve) * fraction
-    per_token = bytes_per_token * (1 + (1 / gather_layers if gather_layers else 0))
-    if mirror is None:
-        floor = mirror_tokens_for(0, None)
-        big = int(budget / (per_token + bytes_per_token / 2))  # mirror = capacity / 2
-        capacity = big if big // 2 >= floor else int((budget - floor * bytes_per_token)
-                                                     / per_token)
-    else:
-        capacity = int((budget - mirror * bytes_per_token) / per_token)
-    return max(0, capacity)
+    def add(t: torch.Tensor) -> None:
+        if t.device.type != "meta":
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        add(t)
+    for m in model.modules():
+        for value in vars(m).values():
+            if dataclasses.is_dataclass(value) and not isinstance(value, type):
+                for f in dataclasses.fields(value):
+                    if isinstance(t := getattr(value, f.name), torch.Tensor):
+                        add(t)
+    return sum(seen.values())
 
 
-def plan_capacity(c: EngineConfig, mc: ModelConfig, bytes_per_token: int, *,
-                  varlen: bool) -> int:
-    """KV tokens for ``kv_memory_fraction`` of the memory left after the weights, less one
-    forward's activations, counting the decode mirror or the varlen backend's gather; raises
-    :class:`OutOfMemoryError` (naming the two settings) below ``MIN_PLANNED_KV_TOKENS``."""
-    reserve = activation_reserve_bytes(ActivationShape(
+def activation_bytes(c: EngineConfig, mc: ModelConfig) -> int:
+    """:func:`activation_reserve_bytes` for ``c``'s forward on ``mc``."""
+    return activation_reserve_bytes(ActivationShape(
         c.max_batch_tokens, c.max_num_reqs, mc.hidden_size, mc.intermediate_size,
         mc.num_heads * mc.head_dim, mc.num_kv_heads * mc.head_dim, mc.vocab_size,
         c.torch_dtype.itemsize))
+
+
+def kv_token_bytes(mc: ModelConfig, dtype: torch.dtype) -> int:
+    """One token's K and V over all layers in ``dtype``."""
+    return 2 * mc.num_layers * mc.num_kv_heads * mc.head_dim * dtype.itemsize
+
+
+def check_weights_fit(c: EngineConfig) -> None:
+    """Raise :class:`OutOfMemoryError` before loading where ``c.model``'s weights in ``c``'s
+    dtype (with the GGUF blocks the CPU kernels keep), one forward's activations and a minimal
+    KV pool exceed the memory available now."""
+    mc = ModelConfig.from_folder(resolve_model_folder(c.model, c.cache_dir))
+    blocks = 0
+    source = gguf_source(c.model)
+    if c.gguf_blocks and source is not None and c.torch_device.type == "cpu" \
+            and c.torch_dtype == torch.float32:  # NOTE: the loader keeps two layouts of them
+        blocks = 2 * source.stat().st_size
+    error = weights_fit_error(
+        c.torch_device.type, estimate_weight_bytes(mc, c.torch_dtype.itemsize) + blocks,
+        available_memory_bytes(c.torch_device), activation_bytes(c, mc),
+        MIN_PLANNED_KV_TOKENS * kv_token_bytes(mc, c.torch_kv_dtype))
+    if error is not None:
+        raise error
+
+
+def plan_engine_memory(c: EngineConfig, mc: ModelConfig, weights: int, *,
+                       varlen: bool) -> MemoryPlan:
+    """The :class:`MemoryPlan` of resolved config ``c`` for ``mc``, from the memory available
+    now (after ``weights`` bytes of weights were loaded)."""
     assert c.kv_memory_fraction is not None  # resolved
-    available = available_memory_bytes(c.torch_device)
-    planned = plan_kv_tokens(
-        available, c.kv_memory_fraction, bytes_per_token, reserve=reserve,
-        mirror=0 if varlen else c.decode_mirror_tokens,
-        gather_layers=mc.num_layers if varlen else 0)
-    if planned < MIN_PLANNED_KV_TOKENS:
-        raise OutOfMemoryError(
-            f"only {planned} KV cache tokens fit in kv_memory_fraction="
-            f"{c.kv_memory_fraction} of the {available / 2**20:.0f} MiB available after "
-            f"the weights (less {reserve / 2**20:.0f} MiB for one forward's activations); "
-            f"at least {MIN_PLANNED_KV_TOKENS} are needed: free memory, raise "
-            "kv_memory_fraction, or set kv_cache_tokens")
-    return planned
+    device = c.torch_device
+    available = available_memory_bytes(device)
+    host = available if device.type == "cpu" else available_memory_bytes(torch.device("cpu"))
+    tier_dtype = c.torch_tier_dtype or c.torch_kv_dtype
+    return plan_memory(PlanInputs(
+        device.type, available, host, weights, activation_bytes(c, mc), c.kv_memory_fraction,
+        kv_token_bytes(mc, c.torch_kv_dtype), kv_token_bytes(mc, tier_dtype),
+        gather_layers=mc.num_layers if varlen else 0, kv_tokens=c.kv_cache_tokens,
+        mirror_tokens=0 if varlen else c.decode_mirror_tokens,
+        host_tier_bytes=c.kv_host_tier_bytes, prefix_cache=c.enable_prefix_cache,
+        tier_block_tokens=DEFAULT_BLOCK_TOKENS))
 
 
 def _proc_kib(path: str, key: str) -> int | None:

@@ -13,7 +13,6 @@ from grammarserve.attention.staging import stage_int64
 from grammarserve.attention.varlen import VarlenBackend
 from grammarserve.config import EngineConfig
 from grammarserve.engine.cuda_graphs import DecodeGraphs
-from grammarserve.engine.memory import mirror_tokens_for
 from grammarserve.models.llama import LlamaModel
 
 
@@ -46,10 +45,11 @@ class ModelRunner:
 
     @classmethod
     def build(cls, model: LlamaModel, config: EngineConfig, capacity: int,
-              max_context: int) -> ModelRunner:
+              max_context: int, *, mirror_tokens: int) -> ModelRunner:
         """The runner for ``config``: a KV pool of ``capacity`` tokens, a table of
-        ``max_num_reqs`` rows of ``max_context``, the configured attention backend, and CUDA
-        graphs where the device and the model allow them."""
+        ``max_num_reqs`` rows of ``max_context``, the configured attention backend (the torch
+        one with a decode mirror of at most ``mirror_tokens``, 0: none), and CUDA graphs where
+        the device and the model allow them."""
         mc, device = model.config, config.torch_device
         pool = KVPool(capacity=capacity, num_layers=mc.num_layers, num_kv_heads=mc.num_kv_heads,
                       head_dim=mc.head_dim, dtype=config.torch_kv_dtype, device=device)
@@ -61,7 +61,7 @@ class ModelRunner:
         else:
             attn = TorchSDPABackend(
                 pool, table, mc.sliding_window,
-                mirror_tokens=mirror_tokens_for(capacity, config.decode_mirror_tokens),
+                mirror_tokens=mirror_tokens,
                 decode_kernel=config.decode_attention_kernel,
                 decode_stack=config.decode_stack_kernel)
         graphs = None

@@ -311,6 +311,7 @@ def _engine_main(config: EngineConfig, conn: Connection) -> None:
     frozen = freeze_startup_heap()
     conn.send(Ready({"kv_capacity": engine.runner.pool.capacity,
                      "kv_bytes_per_token": engine.kv_bytes_per_token,
+                     "memory_plan": engine.memory_plan,
                      "rss_bytes": process_rss_bytes(), "model": config.model,
                      "model_folder": str(engine.loaded.folder),
                      "vocab_size": engine.vocab_size,

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grammarserve.engine.kv_tiers.tiers import TierStats
+from grammarserve.engine.memory_plan import MemoryPlan
 from grammarserve.fsm.disk_cache import DiskCacheStats
 
 
@@ -58,6 +59,13 @@ class EngineStats:
     kv_disk_tier_corrupt: int = 0  # entries found bad (removed; read as misses)
     spec_drafted_tokens: int = 0  # speculative draft tokens fed (checked by the matcher)
     spec_accepted_tokens: int = 0  # of them, the ones the model chose (kept in the output)
+    # The start-up memory plan (engine/memory_plan.py), in numbers a sum over replicas keeps:
+    memory_weights_bytes: int = 0
+    memory_available_bytes: int = 0  # on the pool's device after the weights
+    memory_activation_bytes: int = 0  # kept for one forward's transients
+    kv_pool_bytes: int = 0
+    kv_mirror_tokens: int = 0  # the decode mirror's budget (it fills as decodes need)
+    kv_host_tier_limit_bytes: int = 0  # the host tier's bound (kv_host_tier_bytes: held now)
 
 
 def disk_fields(disk: DiskCacheStats | None) -> dict[str, Any]:
@@ -83,3 +91,12 @@ def tier_fields(tiers: TierStats | None) -> dict[str, Any]:
             "kv_disk_tier_bytes": tiers.disk_bytes, "kv_disk_tier_writes": tiers.disk_writes,
             "kv_disk_tier_dropped": tiers.disk_dropped,
             "kv_disk_tier_corrupt": tiers.disk_corrupt}
+
+
+def plan_fields(plan: MemoryPlan) -> dict[str, Any]:
+    """The memory-plan fields of :class:`EngineStats`."""
+    return {"memory_weights_bytes": plan.weights_bytes,
+            "memory_available_bytes": plan.available_bytes,
+            "memory_activation_bytes": plan.activation_bytes, "kv_pool_bytes": plan.kv_bytes,
+            "kv_mirror_tokens": plan.mirror_tokens,
+            "kv_host_tier_limit_bytes": plan.host_tier_bytes}

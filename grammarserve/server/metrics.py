@@ -27,7 +27,9 @@ from grammarserve.fsm.cache import CacheStats
 PREFIX = "grammarserve"
 #: EngineStats fields that are levels, not running totals.
 _GAUGES = {"running_requests", "waiting_requests", "kv_capacity", "kv_free", "kv_cached",
-           "running_cap", "grammar_disk_bytes", "kv_host_tier_bytes", "kv_disk_tier_bytes"}
+           "running_cap", "grammar_disk_bytes", "kv_host_tier_bytes", "kv_disk_tier_bytes",
+           "memory_weights_bytes", "memory_available_bytes", "memory_activation_bytes",
+           "kv_pool_bytes", "kv_mirror_tokens", "kv_host_tier_limit_bytes"}
 _HELP = {
     "prompt_tokens": "Prompt tokens of finished requests",
     "cached_prompt_tokens": "Prompt tokens served from the radix prefix cache",
@@ -37,6 +39,13 @@ _HELP = {
     "running_cap": ("Requests that may run at once: the decode batch size measured to give "
                     "the most tokens/s (--adaptive-batch), else --max-num-reqs"),
     "kv_capacity": "KV pool capacity in tokens",
+    "memory_weights_bytes": "Bytes of the model's weights (the start-up memory plan)",
+    "memory_available_bytes": ("Bytes free on the KV pool's device after the weights loaded, "
+                               "which the memory plan shared out"),
+    "memory_activation_bytes": "Bytes the memory plan keeps for one forward's activations",
+    "kv_pool_bytes": "Bytes of the KV pool",
+    "kv_mirror_tokens": "Decode mirror budget in tokens (filled as decodes need; 0: off)",
+    "kv_host_tier_limit_bytes": "Bound of the host-memory KV tier (the memory plan's share)",
     "kv_free": "Free KV slots",
     "kv_cached": "KV slots owned by the radix cache",
     "jump_forward_tokens": "Output tokens fed by jump-forward (no decode step of their own)",

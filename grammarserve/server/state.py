@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from grammarserve.engine.memory_plan import MemoryPlan
 from grammarserve.engine.process import EngineProcess
 from grammarserve.engine.streams import AsyncRequestStream
 from grammarserve.errors import EngineDeadError
@@ -98,9 +99,11 @@ class ServerState:
             info = engine.info
             self._ready(tokenizer, compiler, info)
             self._supervise(engine)
-            log.info("grammarserve ready: %s (KV %d tokens, context %d) in %.1fs",
+            plan = info.get("memory_plan")
+            log.info("grammarserve ready: %s (KV %d tokens, context %d) in %.1fs%s",
                      self.model_name, info["kv_capacity"], self.max_model_len,
-                     time.perf_counter() - t0)
+                     time.perf_counter() - t0,
+                     f"; memory plan: {plan.describe()}" if isinstance(plan, MemoryPlan) else "")
         except Exception as e:  # reported through /health and on_failure
             starter.join()
             if engine_box and isinstance(engine_box[0], EngineProcess):
