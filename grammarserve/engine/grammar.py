@@ -386,4 +386,6 @@ class GrammarRunner:
         return next(t for t, hit in zip(self._stops, stop_part) if hit)
 
     def shutdown(self) -> None:
+        """Stop the mask thread and the compiler's background work (at engine shutdown)."""
         self._worker.shutdown(wait=False, cancel_futures=True)
+        self.compiler.close()

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import copy
 import json
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
 
 import torch
+from typing_extensions import Self
 
 from grammarserve.constraints import ConstraintKind, GrammarSyntax, PreparedSpec
 from grammarserve.errors import GrammarBackendError, GrammarError
@@ -31,6 +32,7 @@ from grammarserve.fsm.limits import GrammarLimits
 from grammarserve.fsm.lru import BoundedLRU
 from grammarserve.fsm.matcher import CompiledGrammar
 from grammarserve.fsm.policy import AUTO_ORDER, BackendPolicy
+from grammarserve.fsm.pools import BackgroundPool
 from grammarserve.fsm.vocab import VocabInfo
 
 #: Validated front-end results kept for repeated inputs.
@@ -129,8 +131,7 @@ class GrammarCompiler:
         self._specs: BoundedLRU[GrammarSpec | GrammarError] = BoundedLRU(
             _SPEC_MEMO_SIZE, limits.memo_bytes)
         self._memo_refused = 0
-        self._check_pool = ThreadPoolExecutor(max_workers=compile_threads,
-                                              thread_name_prefix="grammarserve-checks")
+        self._check_pool = BackgroundPool(compile_threads, "grammarserve-checks")
         self.journal = CrashJournal(crash_journal) if crash_journal is not None else None
         self._crashed = self.journal.crashed() if self.journal is not None else frozenset()
 
@@ -175,6 +176,21 @@ class GrammarCompiler:
         stats = self.cache.stats()
         return replace(stats, refused=stats.refused + self._memo_refused,
                        disk=self.disk.cache_stats() if self.disk is not None else None)
+
+    def close(self) -> None:
+        """Stop the background work (queued upgrades, disk writes, style compiles and value-check
+        plans are cancelled; running ones finish on their own). The compiler still compiles,
+        on the caller's and the compile threads only, and never upgrades again. Called by the
+        engine at shutdown, by ``with GrammarCompiler(...)``, and at the latest when the
+        interpreter starts to exit."""
+        self.policy.close()
+        self._check_pool.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def flush_disk_writes(self) -> None:
         """Wait for the disk cache writes queued so far (after an upgrade; tests, benchmarks)."""
@@ -283,7 +299,8 @@ class GrammarCompiler:
         return failed
 
     def _compile(self, spec: GrammarSpec) -> CompiledGrammar:
-        # NOTE: validators are built beside the backend compile (which drops the GIL).
+        # NOTE: validators are built beside the backend compile (which drops the GIL); a closed
+        # pool (None) leaves them to this thread.
         checks = self._check_pool.submit(self._check_set, spec) if spec.checks else None
         try:
             grammar = self.policy.compile(spec)

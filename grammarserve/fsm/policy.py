@@ -36,7 +36,7 @@ import json
 import os
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 import torch
 
@@ -47,6 +47,7 @@ from grammarserve.fsm.backends.base import GrammarBackend
 from grammarserve.fsm.config import AUTO_STYLES, GrammarConfig, GrammarSpec, SpecKind
 from grammarserve.fsm.disk_cache import DiskCache, code_versions
 from grammarserve.fsm.matcher import CompiledGrammar
+from grammarserve.fsm.pools import BackgroundPool, settled
 from grammarserve.fsm.style import StagedGrammar, StyledGrammar, separator_free, then_settled
 from grammarserve.fsm.vocab import VocabInfo
 
@@ -88,20 +89,27 @@ class BackendPolicy:
         self._build_locks: dict[str, threading.Lock] = {}
         # NOTE: one background upgrade at a time: upgrades are optional and must not compete
         # with foreground compiles for the CPU.
-        self._upgrades = ThreadPoolExecutor(max_workers=1, initializer=_lower_priority,
-                                            initargs=(config.upgrade_niceness,),
-                                            thread_name_prefix="grammarserve-upgrade")
-        self._styles: ThreadPoolExecutor | None = None  # started on first use
+        self._upgrades = BackgroundPool(1, "grammarserve-upgrade", _lower_priority,
+                                        (config.upgrade_niceness,))
+        self._styles: BackgroundPool | None = None  # started on first use
 
-    def _style_pool(self) -> ThreadPoolExecutor:
+    def _style_pool(self) -> BackgroundPool:
         # NOTE: a style compile never submits to this pool itself (its style is fixed), so
         # compile workers waiting on it cannot deadlock.
         with self._lock:
             if self._styles is None:
-                self._styles = ThreadPoolExecutor(
-                    max_workers=self.config.compile_threads * (len(AUTO_STYLES) - 1),
-                    thread_name_prefix="grammarserve-style")
+                self._styles = BackgroundPool(
+                    self.config.compile_threads * (len(AUTO_STYLES) - 1), "grammarserve-style")
             return self._styles
+
+    def close(self) -> None:
+        """Cancel queued upgrades, disk writes and style compiles and take no more (a grammar
+        compiled later is served by its first backend and never upgraded)."""
+        with self._lock:
+            styles = self._styles
+        self._upgrades.close()
+        if styles is not None:
+            styles.close()
 
     def _schedule_upgrade(self, grammar: CompiledGrammar, spec: GrammarSpec, name: str) -> None:
         # NOTE: everything (even building the backend) happens on the upgrade thread, when the
@@ -117,7 +125,8 @@ class BackendPolicy:
             grammar.upgrade(better)
             return True
 
-        grammar.set_upgrader(lambda: self._upgrades.submit(run))
+        # NOTE: a closed policy abandons the upgrade (a settled False / None)
+        grammar.set_upgrader(lambda: self._upgrades.submit(run) or settled(False))
 
     def backend(self, name: str) -> GrammarBackend:
         """The backend ``name``, built on first use."""
@@ -205,7 +214,8 @@ class BackendPolicy:
             later = better.request_upgrade()
             return later if later is not None else better.backend != either.backend
 
-        grammar.set_upgrader(lambda: then_settled(self._upgrades.submit(styled), take_over))
+        grammar.set_upgrader(
+            lambda: then_settled(self._upgrades.submit(styled) or settled(None), take_over))
         return grammar
 
     def _styled(self, specs: list[GrammarSpec], parallel: bool, upgraded: bool = False,
@@ -220,13 +230,13 @@ class BackendPolicy:
                 return self._upgraded_with_start(style_spec)
             return self._compile_with_start(style_spec, refused)
 
-        others: list[Future[CompiledGrammar]] = [
+        others: list[Future[CompiledGrammar] | None] = [
             self._style_pool().submit(one, s) for s in specs[1:]] if parallel else []
         outcomes: list[CompiledGrammar | GrammarError] = []
         for i, style_spec in enumerate(specs):
-            try:
-                outcomes.append(one(style_spec) if i == 0 or not parallel
-                                else others[i - 1].result())
+            beside = others[i - 1] if parallel and i > 0 else None
+            try:  # NOTE: a closed pool left it to this thread
+                outcomes.append(one(style_spec) if beside is None else beside.result())
             except GrammarError as e:  # e.g. a backend that has no such style
                 outcomes.append(e)
         styles = [g for g in outcomes if isinstance(g, CompiledGrammar)]
@@ -273,7 +283,7 @@ class BackendPolicy:
         if restored is not None:
             return restored
         grammar = backend.compile(spec, background=True)
-        self._upgrades.submit(self._write, backend, grammar, key)
+        self._upgrades.submit(self._write, backend, grammar, key)  # None: closed, not written
         return grammar
 
     def _write(self, backend: GrammarBackend, grammar: CompiledGrammar, key: str) -> None:
@@ -299,7 +309,9 @@ class BackendPolicy:
 
     def flush_writes(self) -> None:
         """Wait for the disk writes queued so far (tests, benchmarks)."""
-        self._upgrades.submit(lambda: None).result()
+        queued = self._upgrades.submit(lambda: None)
+        if queued is not None:
+            queued.result()
 
     def _start_mask(self, grammar: CompiledGrammar) -> None:
         bitmask = torch.empty((1, self.vocab.bitmask_width), dtype=torch.int32)

@@ -326,11 +326,12 @@ class StagedGrammar(CompiledGrammar):
 def then_settled(first: Future[CompiledGrammar | None],
                  after: Callable[[CompiledGrammar], Future[bool] | bool]) -> Future[bool]:
     """A future that settles once ``first`` gave a grammar and ``after(grammar)`` did (it
-    returns a result, or a future of one); False if ``first`` failed or gave None."""
+    returns a result, or a future of one); False if ``first`` failed, was cancelled (a closed
+    pool) or gave None."""
     done: Future[bool] = Future()
 
     def step(f: Future[CompiledGrammar | None]) -> None:
-        grammar = f.result() if f.exception() is None else None
+        grammar = None if f.cancelled() or f.exception() is not None else f.result()
         if grammar is None:
             done.set_result(False)
             return
@@ -338,8 +339,8 @@ def then_settled(first: Future[CompiledGrammar | None],
         if isinstance(nxt, bool):
             done.set_result(nxt)
         else:
-            nxt.add_done_callback(
-                lambda f: done.set_result(f.exception() is None and bool(f.result())))
+            nxt.add_done_callback(lambda f: done.set_result(
+                not f.cancelled() and f.exception() is None and bool(f.result())))
 
     first.add_done_callback(step)
     return done
