@@ -299,10 +299,14 @@ def _run_vocabulary(vocab: str, tok: Any, corpora: dict[str, list[Any]], engine_
     blocks: list[tuple[dict[str, Any], dict[str, _Tally]]] = []
     for corpus, cases in corpora.items():
         block: dict[str, Any] = {"schemas": len(cases), "engines": {}}
-        tallies = {}
+        tallies = {name: _Tally() for name in engine_names}
+        # NOTE: engines take turns per schema, so a load change on a shared machine falls on
+        # all of them alike, not on one engine's whole pass (the ratios stay comparable)
+        for case in cases:
+            for name in engine_names:
+                tallies[name].add(_run(engines[name], [case], tok, stop, bitmask, encoded,
+                                       walks=walks, explain=explainers.get(name)))
         for name in engine_names:
-            tallies[name] = _run(engines[name], cases, tok, stop, bitmask, encoded,
-                                 walks=walks, explain=explainers.get(name))
             totals.setdefault(name, _Tally()).add(tallies[name])
             block["engines"][name] = tallies[name].summary()
             print(f"# {vocab} {corpus} {name}: {json.dumps(block['engines'][name])}",
