@@ -1,0 +1,46 @@
+"""A real model shape (SmolLM2-360M's, random weights, benchmarks/model_shapes.py) served with no
+memory flags: the server starts, logs its memory plan in one line, reports it in /metrics and
+serves a ~2,000-token prompt. The 1.7B and Llama-3.2-1B shapes: benchmarks/bench_memory_plan.py
+(benchmarks/README.md)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+from bench_memory_plan import prompt
+from model_shapes import default_dir, make_gguf
+from serverproc import ServerProcess, metrics, request
+
+
+def test_a_real_shape_starts_with_the_defaults_and_serves(tmp_path: Path) -> None:
+    gguf = make_gguf("smollm2-360m", default_dir())  # cached after the first run
+    log = tmp_path / "serve.log"
+    server = ServerProcess(log, "--model", str(gguf), "--log-level", "info",
+                           "--num-threads", "2")
+    server.start(timeout=600)
+    try:
+        status, body = request("POST", server.url + "/v1/completions", {
+            "model": request("GET", server.url + "/v1/models")[1]["data"][0]["id"],
+            "prompt": prompt(0, 1900), "max_tokens": 4, "temperature": 0})
+        m = metrics(server.url)
+    finally:
+        server.stop()
+    assert status == 200, body
+    assert body["usage"]["prompt_tokens"] > 1500
+    lines = [ln for ln in log.read_text().splitlines() if "grammarserve ready" in ln]
+    assert len(lines) == 1 and "memory plan: cpu: weights" in lines[0], log.read_text()[-2000:]
+    found = re.search(r"KV pool (\d+) tokens (\d+) MiB, decode mirror (\d+) tokens", lines[0])
+    assert found is not None, lines[0]
+    assert int(found.group(1)) == m["grammarserve_kv_capacity"] >= 8192
+    assert m["grammarserve_kv_mirror_tokens"] == int(found.group(3)) > 0
+    assert m["grammarserve_memory_weights_bytes"] > 1e9  # fp32 weights and the GGUF's blocks
+    planned = sum(m[f"grammarserve_{k}"] for k in (
+        "kv_pool_bytes", "kv_host_tier_limit_bytes", "memory_activation_bytes")) + \
+        m["grammarserve_kv_mirror_tokens"] * m["grammarserve_kv_pool_bytes"] / \
+        m["grammarserve_kv_capacity"]
+    assert planned <= m["grammarserve_memory_available_bytes"]
