@@ -112,9 +112,13 @@ SHAPES: dict[str, ModelShape] = {
                                chat_template="meta-llama-Llama-3.2-3B-Instruct.jinja"),
 }
 _TINY = {"layers": 2, "hidden": 128, "intermediate": 256, "heads": 4, "kv_heads": 2, "head_dim": 32}
+# NOTE: transformers' GGUF loader reads no head_dim (attention.key_length) and Qwen3Config's default
+# is 128, so the Qwen3 stand-in keeps head_dim 128 for parity tests.
+_TINY_QWEN3 = {**_TINY, "heads": 2, "kv_heads": 1, "head_dim": 128}
 for _base in ("smollm2-135m", "qwen2.5-0.5b", "qwen3-0.6b", "llama-3.2-1b"):
-    SHAPES[_base.split("-")[0] + "-tiny"] = ModelShape(**{**asdict(SHAPES[_base]), **_TINY,
-                                                        "rope_scaling": SHAPES[_base].rope_scaling})
+    SHAPES[_base.split("-")[0] + "-tiny"] = ModelShape(**{
+        **asdict(SHAPES[_base]), **(_TINY_QWEN3 if _base.startswith("qwen3") else _TINY),
+        "rope_scaling": SHAPES[_base].rope_scaling})
 
 # The instruct tokenizers' special ids (tokenizer_config.json of the same models): end of turn,
 # padding, and whether the tokenizer adds BOS (llama.cpp's add_bos_token).
@@ -124,6 +128,11 @@ _SPECIAL_IDS: dict[str, dict[str, int | bool]] = {
     "qwen2.5": _QWEN_IDS, "qwen3": _QWEN_IDS,
     "llama3.1": {"eos_token_id": 128009, "bos_token_id": 128000, "add_bos_token": True},
 }
+
+
+def default_dir() -> Path:
+    """The cache folder for generated files: ``<cache root>/model_shapes`` (see ``vocab_files``)."""
+    return vocab_files.cache_root() / "model_shapes"
 
 
 def cached_path(shape: str, out: Path, seed: int = 0, qtype: str = "Q4_1") -> Path:

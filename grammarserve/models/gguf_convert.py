@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 
 from grammarserve.errors import ModelLoadError, UnsupportedModelError
+from grammarserve.models.config import RopeScaling
+from grammarserve.models.rope import rope_inv_freq
 
 # GGUF general.architecture -> (HF architecture, HF model_type)
 _ARCHS = {
@@ -113,12 +115,11 @@ def _convert(gguf_path: Path, out: Path) -> None:
     tensors: dict[str, torch.Tensor] = {}
     n_head = int(meta[f"{arch}.attention.head_count"])
     n_kv = int(meta.get(f"{arch}.attention.head_count_kv", n_head))
+    rope_factors = None
     for t in reader.tensors:
         if t.name == "rope_freqs.weight":
-            raise UnsupportedModelError(
-                f"{gguf_path} stores per-frequency RoPE factors (Llama 3.1-style rope scaling), "
-                "which the GGUF path does not convert; load the Hugging Face folder instead"
-            )
+            rope_factors = np.asarray(t.data, dtype=np.float32).reshape(-1)
+            continue
         name = _hf_name(t.name)
         if name is None:
             continue
@@ -130,6 +131,9 @@ def _convert(gguf_path: Path, out: Path) -> None:
     if "model.embed_tokens.weight" not in tensors:
         raise ModelLoadError(f"{gguf_path} has no token_embd.weight tensor")
     config = _hf_config(meta, arch, tensors, reader)
+    if rope_factors is not None:
+        config["rope_scaling"] = llama3_scaling_from_factors(
+            rope_factors, config["head_dim"], config["rope_theta"], gguf_path)
     save_file(tensors, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(config, indent=2))
     _save_tokenizer(gguf_path, out)
@@ -170,6 +174,29 @@ def unpermute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
     rows = w.shape[0]
     return (w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:])
             .swapaxes(1, 2).reshape(w.shape))
+
+
+def llama3_scaling_from_factors(factors: np.ndarray, head_dim: int, theta: float,
+                                source: Path) -> dict[str, Any]:
+    """The ``rope_scaling`` dict of a ``rope_freqs.weight`` tensor (llama.cpp stores Llama 3.1's
+    scaling as per-frequency divisors and not as parameters).
+
+    The divisors are matched against Llama 3.x's published parameters (low 1, high 4, original
+    context 8192) with the largest divisor as ``factor``; other divisors raise
+    UnsupportedModelError, since no parameter set reproduces them.
+    """
+    params = {"rope_type": "llama3", "factor": float(factors.max()), "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    plain = rope_inv_freq(head_dim, theta, RopeScaling())
+    scaled = rope_inv_freq(head_dim, theta, RopeScaling(**params))
+    expected = (plain / scaled).numpy()
+    if factors.shape != expected.shape or not np.allclose(factors, expected, rtol=1e-4):
+        raise UnsupportedModelError(
+            f"{source} stores per-frequency RoPE factors that match no Llama 3 rope_scaling "
+            f"(factor {params['factor']:g}, low 1, high 4, original context 8192); load the "
+            "Hugging Face folder instead"
+        )
+    return params
 
 
 def _hf_config(meta: dict[str, Any], arch: str, tensors: dict[str, Any],
