@@ -40,7 +40,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+# NOTE: the root last (an uninstalled tree), so an installed `kernels` package comes before the
+# root's kernels/ folder (grammarserve/source_paths.py)
+sys.path.append(str(ROOT))
 
 import jsonschema
 import torch

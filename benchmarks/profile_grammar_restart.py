@@ -118,7 +118,7 @@ def main() -> None:
     p.add_argument("--style", default=None, help="json_style (default: the engine's)")
     p.add_argument("--corpus", default="schemas/realworld", help="a folder of schema files")
     args = p.parse_args()
-    sys.path.insert(0, str(REPO))
+    sys.path.append(str(REPO))  # NOTE: last: the root's kernels/ must not hide `kernels`
     from transformers import AutoTokenizer
 
     from grammarserve.config import EngineConfig
