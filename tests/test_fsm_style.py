@@ -244,6 +244,26 @@ def test_an_upgrade_done_before_its_callback_is_set_does_not_deadlock() -> None:
     assert first.backend == "xgrammar"
 
 
+def test_a_cancelled_style_upgrade_settles_as_abandoned() -> None:
+    # a closed pool cancels queued upgrades: the styled grammar's upgrade then settles to the
+    # other styles' results, with no exception raised in a done-callback
+    def style(upgrade: Future[bool]) -> CompiledGrammar:
+        g = CompiledGrammar(backend="llguidance", kind="json_schema", make_matcher=list,
+                            size_bytes=0, compile_s=0.0)  # type: ignore[arg-type]
+        g.set_upgrader(lambda: upgrade)
+        return g
+
+    cancelled: Future[bool] = Future()
+    pending: Future[bool] = Future()
+    styled = StyledGrammar("json_schema", [style(cancelled), style(pending)],
+                           None, 0.0)  # type: ignore[arg-type]
+    future = styled.request_upgrade()
+    assert future is not None and not future.done()
+    assert cancelled.cancel()
+    pending.set_result(False)
+    assert future.result(timeout=1) is False
+
+
 def test_a_running_first_request_moves_to_the_styles_once_ready(
         compiler: GrammarCompiler, backend: str, tokenizer: Any) -> None:
     if backend != "llguidance":

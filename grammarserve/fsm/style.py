@@ -217,7 +217,8 @@ def _all_settled(futures: list[Future[bool]]) -> Future[bool]:
 
     def settle(f: Future[bool]) -> None:
         with lock:
-            results.append(bool(f.exception() is None and f.result()))
+            # NOTE: a cancelled upgrade (its pool closed) is an abandoned one
+            results.append(not f.cancelled() and f.exception() is None and bool(f.result()))
             if len(results) < len(futures):
                 return
         done.set_result(any(results))
