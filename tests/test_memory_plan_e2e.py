@@ -1,6 +1,6 @@
 """A real model shape (SmolLM2-360M's, random weights, benchmarks/model_shapes.py) served with no
 memory flags: the server starts, logs its memory plan in one line, reports it in /metrics and
-serves a ~2,000-token prompt. The 1.7B and Llama-3.2-1B shapes: benchmarks/bench_memory_plan.py
+serves a ~750-token prompt. The 1.7B and Llama-3.2-1B shapes: benchmarks/bench_memory_plan.py
 (benchmarks/README.md)."""
 
 from __future__ import annotations
@@ -26,17 +26,18 @@ def test_a_real_shape_starts_with_the_defaults_and_serves(tmp_path: Path) -> Non
     try:
         status, body = request("POST", server.url + "/v1/completions", {
             "model": request("GET", server.url + "/v1/models")[1]["data"][0]["id"],
-            "prompt": prompt(0, 1900), "max_tokens": 4, "temperature": 0})
+            "prompt": prompt(0, 700), "max_tokens": 4, "temperature": 0})
         m = metrics(server.url)
     finally:
         server.stop()
     assert status == 200, body
-    assert body["usage"]["prompt_tokens"] > 1500
+    assert body["usage"]["prompt_tokens"] > 500
     lines = [ln for ln in log.read_text().splitlines() if "grammarserve ready" in ln]
     assert len(lines) == 1 and "memory plan: cpu: weights" in lines[0], log.read_text()[-2000:]
     found = re.search(r"KV pool (\d+) tokens (\d+) MiB, decode mirror (\d+) tokens", lines[0])
     assert found is not None, lines[0]
-    assert int(found.group(1)) == m["grammarserve_kv_capacity"] >= 8192
+    # NOTE: the pool follows the memory free now (a shared machine: as little as 2 GB left)
+    assert int(found.group(1)) == m["grammarserve_kv_capacity"] > body["usage"]["prompt_tokens"]
     assert m["grammarserve_kv_mirror_tokens"] == int(found.group(3)) > 0
     assert m["grammarserve_memory_weights_bytes"] > 1e9  # fp32 weights and the GGUF's blocks
     planned = sum(m[f"grammarserve_{k}"] for k in (
