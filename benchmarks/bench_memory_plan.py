@@ -80,7 +80,6 @@ def main() -> None:
     args = ap.parse_args()
     out = args.out or default_dir()
     gguf = make_gguf(args.shape, out)
-    print(refusal_line(gguf, args.refuse_gib), flush=True)
     log = out / f"serve-{args.shape}.log"
     log.write_text("")
     server = ServerProcess(log, "--model", str(gguf), "--log-level", "info",
@@ -100,6 +99,7 @@ def main() -> None:
         m = metrics(server.url)
     finally:
         server.stop()
+    print(refusal_line(gguf, args.refuse_gib), flush=True)  # NOTE: the server converted it
     keys = ("kv_capacity", "kv_pool_bytes", "kv_mirror_tokens", "kv_host_tier_limit_bytes",
             "memory_weights_bytes", "memory_available_bytes", "memory_activation_bytes",
             "preemptions_total")
