@@ -162,6 +162,7 @@ class _Tally:
     def __init__(self) -> None:
         self.compile_ms: list[float] = []
         self.compile_by_case: dict[tuple[str, str], float] = {}  # (file, description) -> ms
+        self.masks_by_case: dict[tuple[str, str], list[float]] = {}  # -> its mask times (s)
         self.mask_s: list[float] = []
         self.c = {"schemas": 0, "compiled": 0, "refused": 0, "valid_accepted": 0,
                   "valid_total": 0, "valid_total_compiled": 0, "invalid_refused": 0, "invalid_accepted": 0,
@@ -172,6 +173,7 @@ class _Tally:
     def add(self, other: _Tally) -> None:
         self.compile_ms += other.compile_ms
         self.compile_by_case.update(other.compile_by_case)
+        self.masks_by_case.update(other.masks_by_case)
         self.mask_s += other.mask_s
         self.refusals += other.refusals
         self.explained = self.explained or other.explained
@@ -215,6 +217,7 @@ def _run(compile_fn: Callable[[Any], Any], cases: list[Any], tok: Any, stop: int
     t.explained = explain is not None
     for case in cases:
         t.c["schemas"] += 1
+        masks: list[float] = []
         start = time.perf_counter()
         try:
             make = compile_fn(case.schema)
@@ -223,6 +226,7 @@ def _run(compile_fn: Callable[[Any], Any], cases: list[Any], tok: Any, stop: int
                 make, elapsed = make
             t.compile_ms.append(elapsed * 1e3)
             t.compile_by_case[(case.file, case.description)] = elapsed * 1e3
+            t.masks_by_case[(case.file, case.description)] = masks
             t.c["compiled"] += 1
         except Exception:  # noqa: BLE001 - a refusal counts as refused
             make = None
@@ -233,7 +237,7 @@ def _run(compile_fn: Callable[[Any], Any], cases: list[Any], tok: Any, stop: int
                 ok = False
                 if make is not None:
                     ids = encoded.setdefault(text, tok.encode(text, add_special_tokens=False))
-                    ok, _ = walk(make(), ids, stop, bitmask, mask_times=t.mask_s)
+                    ok, _ = walk(make(), ids, stop, bitmask, mask_times=masks)
                 key = "valid" if valid else "invalid"
                 t.c[f"{key}_total"] += 1
                 t.c["valid_total_compiled"] += valid and make is not None
@@ -244,12 +248,14 @@ def _run(compile_fn: Callable[[Any], Any], cases: list[Any], tok: Any, stop: int
                                               explain(case.schema, instance, form)))
                 elif not valid:
                     t.c["invalid_accepted" if ok else "invalid_refused"] += 1
+        t.mask_s += masks
     return t
 
 
 def _ratios(ours: _Tally, raw: _Tally) -> dict[str, float | None]:
     """``ours`` / ``raw`` per latency figure, each over the schemas its engine compiled, and
-    ``compile_ms_p50_both`` / ``_p99_both`` over the schemas both compiled."""
+    the same figures over the schemas both compiled (``*_both``; masks of the walks of those
+    schemas)."""
     a, b = ours.summary(), raw.summary()
     both = sorted(set(ours.compile_by_case) & set(raw.compile_by_case))
 
@@ -260,6 +266,9 @@ def _ratios(ours: _Tally, raw: _Tally) -> dict[str, float | None]:
     for q, k in ((0.5, "compile_ms_p50_both"), (0.99, "compile_ms_p99_both")):
         out[k] = div(_pct([ours.compile_by_case[c] for c in both], q),
                      _pct([raw.compile_by_case[c] for c in both], q))
+    for q, k in ((0.5, "mask_us_p50_both"), (0.99, "mask_us_p99_both")):
+        out[k] = div(_pct([m for c in both for m in ours.masks_by_case[c]], q),
+                     _pct([m for c in both for m in raw.masks_by_case[c]], q))
     out["both_compiled"] = len(both)
     return out
 
