@@ -237,3 +237,22 @@ def test_weights_fit_error_names_the_sizes() -> None:
     assert e is not None and str(e).startswith(
         "the model does not fit in cuda memory: weights 1000 MiB, 1100 MiB available, "
         "1200 MiB needed")
+
+
+def test_model_bytes_counts_each_storage_once_with_the_kernel_blocks() -> None:
+    import dataclasses
+
+    import torch
+
+    from grammarserve.engine.memory import model_bytes
+
+    @dataclasses.dataclass(frozen=True)
+    class Blocks:
+        qs: torch.Tensor
+        kind: str = "Q4_1"
+
+    model = torch.nn.Sequential(torch.nn.Embedding(100, 8), torch.nn.Linear(8, 100, bias=False))
+    model[1].weight = model[0].weight  # tied: one storage
+    assert model_bytes(model) == 100 * 8 * 4
+    model[1].quant = Blocks(torch.zeros(100, 4, dtype=torch.uint8))
+    assert model_bytes(model) == 100 * 8 * 4 + 400
