@@ -9,7 +9,6 @@ import time
 from typing import Any
 
 import llguidance
-import llguidance.hf
 import numpy as np
 import torch
 from llguidance.gbnf_to_lark import any_to_lark
@@ -17,6 +16,7 @@ from llguidance.gbnf_to_lark import any_to_lark
 from grammarserve.constraints import ConstraintKind, GrammarSyntax
 from grammarserve.errors import GrammarBackendError, GrammarError, UnsupportedSchemaError
 from grammarserve.fsm.backends.base import GrammarBackend
+from grammarserve.fsm.backends.ll_tokenizer import from_hf_tokenizer
 from grammarserve.fsm.backends.messages import translate
 from grammarserve.fsm.config import GrammarConfig, GrammarSpec
 from grammarserve.fsm.freetext import FreeTextMasks, TextState
@@ -103,8 +103,10 @@ class LLGuidanceBackend(GrammarBackend):
 
     def __init__(self, vocab: VocabInfo, config: GrammarConfig) -> None:
         super().__init__(vocab, config)
-        self._tok = llguidance.hf.from_tokenizer(vocab.tokenizer, n_vocab=vocab.vocab_size,
-                                                 eos_token=list(vocab.stop_token_ids))
+        # NOTE: not llguidance.hf.from_tokenizer: plain added tokens (Qwen's <tool_call>) must
+        # keep their text for grammars that write them (see ll_tokenizer).
+        self._tok = from_hf_tokenizer(vocab.tokenizer, vocab.vocab_size,
+                                      list(vocab.stop_token_ids))
         self._lock = threading.Lock()
         self._token_bytes: list[bytes] | None = None
         self._digits: dict[int, RunBudget] = {}
