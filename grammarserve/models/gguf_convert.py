@@ -136,7 +136,8 @@ def _convert(gguf_path: Path, out: Path) -> None:
             rope_factors, config["head_dim"], config["rope_theta"], gguf_path)
     save_file(tensors, str(out / "model.safetensors"))
     (out / "config.json").write_text(json.dumps(config, indent=2))
-    _save_tokenizer(gguf_path, out)
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    _save_tokenizer(gguf_path, out, len(tokens.data) if tokens is not None else None)
 
 
 def _field(f: Any) -> Any:
@@ -232,7 +233,7 @@ def _hf_config(meta: dict[str, Any], arch: str, tensors: dict[str, Any],
     return cfg
 
 
-def _save_tokenizer(gguf_path: Path, out: Path) -> None:
+def _save_tokenizer(gguf_path: Path, out: Path, n_tokens: int | None) -> None:
     from transformers import AutoTokenizer
 
     try:
@@ -240,3 +241,24 @@ def _save_tokenizer(gguf_path: Path, out: Path) -> None:
     except Exception as e:
         raise ModelLoadError(f"cannot read the tokenizer of {gguf_path}: {e}") from None
     tok.save_pretrained(str(out))
+    if n_tokens is not None and len(tok) > n_tokens:
+        _drop_tokens_from(out, n_tokens)
+
+
+def _drop_tokens_from(folder: Path, n_tokens: int) -> None:
+    """Remove the added tokens of id ``n_tokens`` and above from a saved tokenizer.
+
+    NOTE: transformers' GGUF loader builds byte-level vocabularies with GPT2Tokenizer, whose
+    default unk/bos/eos ``<|endoftext|>`` is added as a new token when the vocabulary lacks it
+    (Llama 3's): one token past the GGUF's list and past the model's logits.
+    """
+    file = folder / "tokenizer.json"
+    data = json.loads(file.read_text())
+    data["added_tokens"] = [a for a in data.get("added_tokens", []) if a["id"] < n_tokens]
+    file.write_text(json.dumps(data, ensure_ascii=False))
+    config_file = folder / "tokenizer_config.json"
+    if config_file.is_file():
+        config = json.loads(config_file.read_text())
+        decoder = config.get("added_tokens_decoder") or {}
+        config["added_tokens_decoder"] = {k: v for k, v in decoder.items() if int(k) < n_tokens}
+        config_file.write_text(json.dumps(config, indent=2, ensure_ascii=False))
