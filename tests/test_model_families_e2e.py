@@ -32,7 +32,7 @@ from pydantic import BaseModel, Field
 from server_helpers import http_post, running_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import model_shapes  # noqa: E402
+import model_shapes
 
 pytestmark = pytest.mark.model  # the smollm2 vocabulary is the embedded model's
 

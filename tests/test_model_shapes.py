@@ -19,11 +19,11 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import model_shapes  # noqa: E402
-import vocab_files  # noqa: E402
+import model_shapes
+import vocab_files
 
-from grammarserve import LLM, SamplingParams  # noqa: E402
-from grammarserve.models.gguf_convert import read_gguf  # noqa: E402
+from grammarserve import LLM, SamplingParams
+from grammarserve.models.gguf_convert import read_gguf
 
 pytestmark = pytest.mark.model  # the smollm2 vocabulary is the embedded model's
 
