@@ -6,6 +6,7 @@ the tokenizer and chat template come from transformers' GGUF support. Later star
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -186,18 +187,17 @@ def llama3_scaling_from_factors(factors: np.ndarray, head_dim: int, theta: float
     context 8192) with the largest divisor as ``factor``; other divisors raise
     UnsupportedModelError, since no parameter set reproduces them.
     """
-    params = {"rope_type": "llama3", "factor": float(factors.max()), "low_freq_factor": 1.0,
-              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    fit = RopeScaling(rope_type="llama3", factor=float(factors.max()), low_freq_factor=1.0,
+                      high_freq_factor=4.0, original_max_position_embeddings=8192)
     plain = rope_inv_freq(head_dim, theta, RopeScaling())
-    scaled = rope_inv_freq(head_dim, theta, RopeScaling(**params))
-    expected = (plain / scaled).numpy()
+    expected = (plain / rope_inv_freq(head_dim, theta, fit)).numpy()
     if factors.shape != expected.shape or not np.allclose(factors, expected, rtol=1e-4):
         raise UnsupportedModelError(
             f"{source} stores per-frequency RoPE factors that match no Llama 3 rope_scaling "
-            f"(factor {params['factor']:g}, low 1, high 4, original context 8192); load the "
+            f"(factor {fit.factor:g}, low 1, high 4, original context 8192); load the "
             "Hugging Face folder instead"
         )
-    return params
+    return dataclasses.asdict(fit)
 
 
 def _hf_config(meta: dict[str, Any], arch: str, tensors: dict[str, Any],
