@@ -218,9 +218,10 @@ def test_tool_calls(family: Family, client: openai.OpenAI, mode: str, stream: bo
 
 
 def test_call_markers_are_allowed_as_one_token(family: Family, client: openai.OpenAI) -> None:
-    """The grammar of a tagged call allows the family's markers as their one token each: with
-    both biased up (a bias never re-allows a token the constraint forbids), the reply opens with
-    the marker token and, when it ends, closes with the other."""
+    """The grammar of a tagged call allows the family's opening marker as its one token: biased
+    up (a bias never re-allows a token the constraint forbids), the reply opens with it. (The
+    closing marker is biased too, but random weights may reach it through a token that straddles
+    the boundary, ``}<``, after which only its pieces fit: the grammar works on bytes.)"""
     if family.call_marker is None:
         pytest.skip("this family's calls open with plain JSON, not a marker token")
     end = family.call_marker.replace("<", "</")
@@ -236,7 +237,7 @@ def test_call_markers_are_allowed_as_one_token(family: Family, client: openai.Op
     tokens = [t.token for t in choice.logprobs.content]
     assert tokens[0] == family.call_marker, tokens[:4]
     assert choice.finish_reason == "stop", tokens
-    assert end in tokens[-2:], tokens[-4:]  # then the stop token, if listed
+    assert (choice.message.content or "").endswith(end)
     body = (choice.message.content or "").removeprefix(family.call_marker).removesuffix(end)
     jsonschema.validate(json.loads(body), PARAMS["get_time"])
 
