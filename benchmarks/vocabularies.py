@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+
 @dataclass(frozen=True)
 class Vocabulary:
     """One named vocabulary: ``gguf`` is the file name inside the sdist's ``llama.cpp/models/``
