@@ -41,6 +41,18 @@ def test_streams_same_tokens_as_in_process(proc: EngineProcess, llm: LLM) -> Non
 
 
 @pytest.mark.model
+def test_a_stats_call_given_up_leaves_the_outputs_flowing(proc: EngineProcess) -> None:
+    """A stats caller that timed out (a forward of minutes: a large model on a busy CPU)
+    cancelled its future; the answer that comes later is dropped, and the reader that
+    delivers every request's outputs lives on."""
+    given_up = proc._request_stats()
+    given_up.cancel()
+    assert proc.stats().kv_capacity == 4096
+    outs = list(proc.add_request("after-give-up", "Hello", SamplingParams(max_tokens=2)))
+    assert outs[-1].finished and proc.info["memory_plan"].kv_tokens == 4096
+
+
+@pytest.mark.model
 def test_async_stream_matches_blocking_stream(proc: EngineProcess) -> None:
     prompt = "List three fruits:"
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)

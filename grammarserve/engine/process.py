@@ -256,10 +256,15 @@ class EngineProcess:
                     stream.put(RequestFailedError(msg.message, kind=msg.kind, param=msg.param)
                                if msg.kind is ErrorKind.ENGINE_FAILURE else
                                InvalidRequestError(msg.message, param=msg.param, kind=msg.kind))
-            elif isinstance(msg, Stats) and self._stats_waiters:
-                self._stats_waiters.pop(0).set_result(msg.stats)
-            elif isinstance(msg, StatsFailed) and self._stats_waiters:
-                self._stats_waiters.pop(0).set_exception(GrammarserveError(msg.message))
+            elif isinstance(msg, (Stats, StatsFailed)) and self._stats_waiters:
+                # NOTE: a caller that timed out (a long forward) cancelled its future: the
+                # answer is dropped, and this thread must live on to read the outputs.
+                waiter = self._stats_waiters.pop(0)
+                if waiter.set_running_or_notify_cancel():
+                    if isinstance(msg, Stats):
+                        waiter.set_result(msg.stats)
+                    else:
+                        waiter.set_exception(GrammarserveError(msg.message))
 
     def _fail_all(self, err: EngineDeadError) -> None:
         if self._dead is None:
@@ -274,7 +279,9 @@ class EngineProcess:
         self._streams.clear()
         self._digests.clear()
         while self._stats_waiters:
-            self._stats_waiters.pop(0).set_exception(err)
+            waiter = self._stats_waiters.pop(0)
+            if waiter.set_running_or_notify_cancel():
+                waiter.set_exception(err)
         self._died.set()
 
 
