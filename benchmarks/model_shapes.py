@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -213,8 +214,9 @@ def _add_tensor(writer: gguf.GGUFWriter, name: str, arr: np.ndarray, qtype: str)
         writer.add_tensor(name, quantize(arr, qt), raw_dtype=qt)
 
 
-def _tensors(s: ModelShape, seed: int) -> list[tuple[str, np.ndarray]]:
-    """GGUF-named fp32 arrays, drawn in a fixed order from one seeded generator."""
+def _tensors(s: ModelShape, seed: int) -> Iterator[tuple[str, np.ndarray]]:
+    """GGUF-named fp32 arrays, drawn in a fixed order from one seeded generator, one at a time
+    (a 1.7B shape never holds all its fp32 weights at once)."""
     g = torch.Generator().manual_seed(seed)
 
     def normal(shape: tuple[int, ...], std: float) -> np.ndarray:
@@ -227,31 +229,33 @@ def _tensors(s: ModelShape, seed: int) -> list[tuple[str, np.ndarray]]:
         return normal((rows, cols), cols ** -0.5)
 
     h, q, kv = s.hidden, s.heads * s.head_dim, s.kv_heads * s.head_dim
-    out = [("token_embd.weight", normal((s.vocab, h), EMBED_STD))]
+    yield "token_embd.weight", normal((s.vocab, h), EMBED_STD)
     if s.rope_scaling is not None:
-        out.append(("rope_freqs.weight", llama3_rope_factors(s.head_dim, s.rope_theta,
-                                                             s.rope_scaling)))
+        yield "rope_freqs.weight", llama3_rope_factors(s.head_dim, s.rope_theta, s.rope_scaling)
     for i in range(s.layers):
         p = f"blk.{i}."
+        # NOTE: draw order (Q, K, then the norm) is part of the files' bytes: keep it
         wq, wk = linear(q, h), linear(kv, h)
         if s.arch == "llama":  # NOTE: llama.cpp stores llama-arch Q/K rows permuted for its RoPE
             wq, wk = permute_rows(wq, s.heads), permute_rows(wk, s.kv_heads)
-        out += [(p + "attn_norm.weight", gain(h)), (p + "attn_q.weight", wq),
-                (p + "attn_k.weight", wk), (p + "attn_v.weight", linear(kv, h))]
+        yield p + "attn_norm.weight", gain(h)
+        yield p + "attn_q.weight", wq
+        yield p + "attn_k.weight", wk
+        yield p + "attn_v.weight", linear(kv, h)
         if s.qkv_bias:
-            out += [(p + f"attn_{n}.bias", normal((m,), BIAS_STD))
-                    for n, m in (("q", q), ("k", kv), ("v", kv))]
+            for n, m in (("q", q), ("k", kv), ("v", kv)):
+                yield p + f"attn_{n}.bias", normal((m,), BIAS_STD)
         if s.qk_norm:
-            out += [(p + "attn_q_norm.weight", gain(s.head_dim)),
-                    (p + "attn_k_norm.weight", gain(s.head_dim))]
-        out += [(p + "attn_output.weight", linear(h, q)), (p + "ffn_norm.weight", gain(h)),
-                (p + "ffn_gate.weight", linear(s.intermediate, h)),
-                (p + "ffn_up.weight", linear(s.intermediate, h)),
-                (p + "ffn_down.weight", linear(h, s.intermediate))]
-    out.append(("output_norm.weight", gain(h)))
+            yield p + "attn_q_norm.weight", gain(s.head_dim)
+            yield p + "attn_k_norm.weight", gain(s.head_dim)
+        yield p + "attn_output.weight", linear(h, q)
+        yield p + "ffn_norm.weight", gain(h)
+        yield p + "ffn_gate.weight", linear(s.intermediate, h)
+        yield p + "ffn_up.weight", linear(s.intermediate, h)
+        yield p + "ffn_down.weight", linear(h, s.intermediate)
+    yield "output_norm.weight", gain(h)
     if not s.tied:
-        out.append(("output.weight", normal((s.vocab, h), EMBED_STD)))
-    return out
+        yield "output.weight", normal((s.vocab, h), EMBED_STD)
 
 
 def permute_rows(w: np.ndarray, n_head: int) -> np.ndarray:
