@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from machine import stamp
 from model_shapes import default_dir, make_gguf
 from serverproc import ServerProcess, metrics, request
 
@@ -40,17 +41,6 @@ def prompt(seed: int, words: int) -> str:
     """Distinct text per request (no shared prefix for the cache to serve)."""
     rng = random.Random(seed)
     return f"Record {seed}: " + " ".join(rng.choice(WORDS) for _ in range(words))
-
-
-def cpu_name() -> str | None:
-    """The CPU's model name (``lscpu``'s), from /proc/cpuinfo."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return None
 
 
 def refusal_line(gguf: Path, gib: float) -> str:
@@ -114,7 +104,7 @@ def main() -> None:
             "memory_weights_bytes", "memory_available_bytes", "memory_activation_bytes",
             "preemptions_total")
     print(json.dumps({
-        "bench": "memory_plan", "shape": args.shape, "cpu": cpu_name(),
+        **stamp(), "bench": "memory_plan", "shape": args.shape,
         "startup_s": round(startup, 1), "wave_s": round(wall, 1),
         "ok": sum(r["status"] == 200 for r in results), "requests": results,
         "metrics": {k: m.get(f"grammarserve_{k}") for k in keys}}), flush=True)

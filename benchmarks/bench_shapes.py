@@ -31,7 +31,6 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,7 @@ import openai
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import stamp
-from model_shapes import SHAPES, make_gguf
+from model_shapes import SHAPES, default_dir, make_gguf
 from serverproc import GRAMMARSERVE, free_port, request
 
 LLAMA_SERVER = Path("/work/peers/llama/build/bin/llama-server")
@@ -177,12 +176,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--llama-server", type=Path, default=LLAMA_SERVER)
     ap.add_argument("--no-peer", action="store_true")
-    ap.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "gs-shapes")
+    ap.add_argument("--cache", type=Path, default=None, help="default: model_shapes.default_dir()")
     args = ap.parse_args()
     streams = [int(s) for s in args.streams.split(",")]
     workloads = args.workloads.split(",")
     line: dict[str, Any] = {**stamp(), "bench": "shapes", "shape": args.shape,
                             "max_tokens": args.max_tokens, "rounds": args.rounds}
+    args.cache = args.cache or default_dir()
     gguf = make_gguf(args.shape, args.cache)
     servers = {"grammarserve": [GRAMMARSERVE, "serve", "--model", str(gguf),
                                 "--log-level", "info"]}

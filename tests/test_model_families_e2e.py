@@ -1,7 +1,9 @@
 """Model families end to end on random weights of their real shapes and real tokenizers.
 
-For each family (SmolLM2-360M, Qwen2.5-0.5B, Qwen3-0.6B, Llama-3.2-1B) a GGUF from
-``benchmarks/model_shapes.py`` is served by the real server (``grammarserve serve --model
+For each family (SmolLM2-360M, Qwen2.5-0.5B, Qwen3-0.6B, and Llama 3.2 as ``llama-tiny``: Llama
+3.2's tokenizer, template and rope scaling at two small layers, since the suite holds shapes up to
+about 0.5B; the real 1B shape is served by ``benchmarks/bench_shapes.py`` and
+``benchmarks/bench_memory_plan.py``) a GGUF from ``benchmarks/model_shapes.py`` is served by the real server (``grammarserve serve --model
 FILE.gguf``, the family's chat template from the file, default memory settings) and spoken to with
 the ``openai`` SDK: json_schema through ``parse()`` with a nested Pydantic model, the ``regex``
 extension, the family's tool-call format with ``tool_choice`` required, named and auto (streamed
@@ -58,7 +60,7 @@ FAMILIES = {
     "qwen3": Family("qwen3-0.6b", {**_CHATML, "<tool_call>": 151657, "</tool_call>": 151658,
                                    "<think>": 151667, "</think>": 151668}, "<tool_call>",
                     reasoning=True),
-    "llama3.2": Family("llama-3.2-1b", {"<|begin_of_text|>": 128000,
+    "llama3.2": Family("llama-tiny", {"<|begin_of_text|>": 128000,
                                         "<|start_header_id|>": 128006,
                                         "<|end_header_id|>": 128007, "<|eom_id|>": 128008,
                                         "<|eot_id|>": 128009, "<|python_tag|>": 128010}, None),
