@@ -9,15 +9,15 @@ tests fail if the suite, a Python it starts, or a Ray-style worker path puts the
 from __future__ import annotations
 
 import importlib
-import os
+import importlib.machinery
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from server_helpers import GRAMMARSERVE, ROOT
 
 from grammarserve.source_paths import drop_source_root, source_root
-from server_helpers import GRAMMARSERVE, ROOT
 
 _IMPORT_HUB_KERNELS = ("import transformers.integrations.hub_kernels, kernels; "
                        "print(kernels.__file__)")
@@ -33,7 +33,9 @@ def test_the_suite_imports_hubs_kernels_package_not_the_checkouts_folder() -> No
     importlib.import_module("transformers.integrations.hub_kernels")
     kernels = importlib.import_module("kernels")
     assert _outside_checkout(kernels.__file__), kernels.__file__
-    assert str(ROOT) not in [str(Path(p or os.curdir).resolve()) for p in sys.path]
+    # a fresh lookup along today's sys.path (a module imported earlier is not looked up again)
+    found = importlib.machinery.PathFinder.find_spec("kernels", sys.path)
+    assert found is not None and _outside_checkout(found.origin), found
 
 
 def test_a_python_the_suite_starts_from_the_root_is_not_shadowed() -> None:
