@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 
@@ -75,3 +76,19 @@ class VocabInfo:
         digest.update(f"|{size}|{stops}|{specials}".encode())
         return cls(tokenizer=tokenizer, vocab_size=size, stop_token_ids=stops,
                    fingerprint=digest.hexdigest()[:32], special_token_ids=specials)
+
+
+@lru_cache(maxsize=1)
+def byte_level_chars() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map, the alphabet of byte-level BPE
+    vocabularies (read-only: the cached dict is shared)."""
+    keep = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+            + list(range(ord("®"), ord("ÿ") + 1)))
+    chars = list(keep)
+    n = 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + n)
+            n += 1
+    return dict(zip(keep, (chr(c) for c in chars)))

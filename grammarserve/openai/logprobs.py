@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from grammarserve.engine.sampler import TopEntry
+from grammarserve.fsm.vocab import byte_level_chars
 
 
 class TokenTexts:
@@ -19,7 +20,7 @@ class TokenTexts:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self._cache: dict[int, tuple[str, list[int]]] = {}
-        self._byte_decoder = {ch: b for b, ch in _bytes_to_unicode().items()}
+        self._byte_decoder = {ch: b for b, ch in byte_level_chars().items()}
 
     def get(self, token_id: int) -> tuple[str, list[int]]:
         hit = self._cache.get(token_id)
@@ -67,17 +68,3 @@ class TokenTexts:
                 top.append(entry)
         return {"tokens": tokens, "token_logprobs": list(logprobs), "top_logprobs": top,
                 "text_offset": offsets}
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte <-> printable character map used by byte-level BPE."""
-    keep = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-            + list(range(ord("®"), ord("ÿ") + 1)))
-    chars = list(keep)
-    n = 0
-    for b in range(256):
-        if b not in keep:
-            keep.append(b)
-            chars.append(256 + n)
-            n += 1
-    return dict(zip(keep, (chr(c) for c in chars)))

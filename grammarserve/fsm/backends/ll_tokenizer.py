@@ -19,25 +19,11 @@ from __future__ import annotations
 
 import copy
 import json
-from functools import lru_cache
 from typing import Any
 
 import llguidance
 
-
-@lru_cache(maxsize=1)
-def _byte_chars() -> dict[int, str]:
-    """GPT-2's byte -> printable character table (the byte-level BPE alphabet)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
-        range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
+from grammarserve.fsm.vocab import byte_level_chars
 
 
 def _is_byte_level(tok: dict[str, Any]) -> bool:
@@ -69,7 +55,7 @@ def llguidance_tokenizer_json(backend_json: str) -> str:
     if not plain or not _is_byte_level(tok):
         return backend_json
     tok = copy.copy(tok)
-    table = _byte_chars()
+    table = byte_level_chars()
     moved = {a["id"] for a in plain}
     vocab = {k: v for k, v in tok["model"]["vocab"].items() if v not in moved}
     for added in plain:
