@@ -26,10 +26,7 @@ from model_shapes import default_dir, make_gguf
 from serverproc import ServerProcess, metrics, request
 
 from grammarserve.config import EngineConfig
-from grammarserve.engine.memory import activation_bytes, estimate_weight_bytes, kv_token_bytes
-from grammarserve.engine.memory_plan import MIN_PLANNED_KV_TOKENS, weights_fit_error
-from grammarserve.models.config import ModelConfig
-from grammarserve.models.loader import resolve_model_folder
+from grammarserve.engine.memory import weights_fit_refusal
 
 WORDS = ("invoice", "order", "customer", "shipping", "address", "amount", "total", "tax", "item",
          "quantity", "price", "date", "account", "payment", "method", "reference", "number",
@@ -47,10 +44,7 @@ def refusal_line(gguf: Path, gib: float) -> str:
     """The error the engine raises before loading ``gguf`` (CPU defaults) with ``gib`` GiB
     available, or a note that it would fit."""
     c = EngineConfig(model=str(gguf), device="cpu").resolved()
-    mc = ModelConfig.from_folder(resolve_model_folder(c.model))
-    weights = estimate_weight_bytes(mc, 4) + 2 * gguf.stat().st_size
-    error = weights_fit_error("cpu", weights, int(gib * 2**30), activation_bytes(c, mc),
-                              MIN_PLANNED_KV_TOKENS * kv_token_bytes(mc, c.torch_kv_dtype))
+    error = weights_fit_refusal(c, int(gib * 2**30))
     return str(error) if error is not None else f"fits in {gib} GiB"
 
 

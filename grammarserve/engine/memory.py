@@ -20,6 +20,7 @@ from grammarserve.engine.memory_plan import (
     plan_memory,
     weights_fit_error,
 )
+from grammarserve.errors import OutOfMemoryError
 from grammarserve.models.config import ModelConfig
 from grammarserve.models.loader import gguf_source, resolve_model_folder
 
@@ -111,21 +112,27 @@ def kv_token_bytes(mc: ModelConfig, dtype: torch.dtype) -> int:
 
 
 def check_weights_fit(c: EngineConfig) -> None:
-    """Raise :class:`OutOfMemoryError` before loading where ``c.model``'s weights in ``c``'s
-    dtype (with the GGUF blocks the CPU kernels keep), one forward's activations and a minimal
-    KV pool exceed the memory available now."""
+    """Raise :func:`weights_fit_refusal`'s error, if any, for the memory available now (before
+    loading)."""
+    error = weights_fit_refusal(c, available_memory_bytes(c.torch_device))
+    if error is not None:
+        raise error
+
+
+def weights_fit_refusal(c: EngineConfig, available: int) -> OutOfMemoryError | None:
+    """The :class:`OutOfMemoryError` where ``c.model``'s weights in ``c``'s dtype (with the GGUF
+    blocks the CPU kernels keep), one forward's activations and a minimal KV pool exceed
+    ``available`` bytes; None where they fit."""
     mc = ModelConfig.from_folder(resolve_model_folder(c.model, c.cache_dir))
     blocks = 0
     source = gguf_source(c.model)
     if c.gguf_blocks and source is not None and c.torch_device.type == "cpu" \
             and c.torch_dtype == torch.float32:  # NOTE: the loader keeps two layouts of them
         blocks = 2 * source.stat().st_size
-    error = weights_fit_error(
+    return weights_fit_error(
         c.torch_device.type, estimate_weight_bytes(mc, c.torch_dtype.itemsize) + blocks,
-        available_memory_bytes(c.torch_device), activation_bytes(c, mc),
+        available, activation_bytes(c, mc),
         MIN_PLANNED_KV_TOKENS * kv_token_bytes(mc, c.torch_kv_dtype))
-    if error is not None:
-        raise error
 
 
 def plan_engine_memory(c: EngineConfig, mc: ModelConfig, weights: int, *,
