@@ -9,15 +9,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from grammarserve.errors import InvalidRequestError
 from grammarserve.fsm.reasoning_formats import PromptState, by_name, detect, resolve
 from grammarserve.models.loader import load_tokenizer, resolve_model_folder
 from grammarserve.openai.context import ModelContext
+from grammarserve.openai.errors import validation_error
 from grammarserve.openai.prepare import prepare_chat
 from grammarserve.openai.protocol import ChatCompletionRequest, ChatMessage
 from grammarserve.openai.reasoning_split import ReasoningSplitter, split
 from grammarserve.openai.render import render_chat
+from grammarserve.openai.responses_request import ResponsesRequest
 
 TEMPLATES = Path(__file__).parent / "data" / "templates"
 QWEN3 = by_name("qwen3")
@@ -161,15 +164,23 @@ def test_strict_thinking_bans_the_tool_trigger() -> None:
     ({"reasoning_effort": "huge"}, "reasoning_effort"),
     ({"thinking_token_budget": 5, "thinking_budget": 6}, "thinking_budget"),
     ({"custom_params": {"thinking_budget": -2}}, "custom_params.thinking_budget"),
+    # NOTE: no coercion: a string, a bool or a float is not a budget
+    ({"thinking_token_budget": "10"}, "thinking_token_budget"),
+    ({"thinking_token_budget": True}, "thinking_token_budget"),
+    ({"thinking_token_budget": 10.5}, "thinking_token_budget"),
+    ({"thinking_token_budget": 10.0}, "thinking_token_budget"),
+    ({"thinking_budget": "10"}, "thinking_budget"),
+    ({"thinking_budget": True}, "thinking_budget"),
+    ({"thinking_budget": 2.5}, "thinking_budget"),
+    ({"thinking_budget": -3}, "thinking_budget"),
+    ({"custom_params": {"thinking_budget": "10"}}, "custom_params.thinking_budget"),
+    ({"custom_params": {"thinking_budget": True}}, "custom_params.thinking_budget"),
+    ({"custom_params": {"thinking_budget": 1.5}}, "custom_params.thinking_budget"),
     ({"reasoning_effort": "none", "thinking_budget": 5}, "thinking_budget"),
     ({"chat_template_kwargs": {"enable_thinking": "yes"}}, "chat_template_kwargs.enable_thinking"),
     ({"chat_template_kwargs": {"tools": []}}, "chat_template_kwargs.tools"),
 ])
 def test_bad_reasoning_parameters_name_themselves(body: dict[str, Any], param: str) -> None:
-    from pydantic import ValidationError
-
-    from grammarserve.openai.errors import validation_error
-
     try:
         _prepare(**body)
     except InvalidRequestError as e:
@@ -178,6 +189,16 @@ def test_bad_reasoning_parameters_name_themselves(body: dict[str, Any], param: s
         assert validation_error(e.errors()).param == param
     else:
         pytest.fail(f"{body} was accepted")
+
+
+@pytest.mark.parametrize("param", ["thinking_token_budget", "thinking_budget"])
+@pytest.mark.parametrize("value", ["10", True, False, 10.5, -1])
+def test_a_responses_budget_that_is_not_an_integer_names_itself(param: str, value: Any) -> None:
+    with pytest.raises(ValidationError) as e:
+        ResponsesRequest.model_validate({"model": "m", "input": "hi", param: value})
+    assert validation_error(e.value.errors()).param == param
+    assert getattr(ResponsesRequest.model_validate({"model": "m", "input": "hi", param: 10}),
+                   param) == 10
 
 
 def test_a_budget_without_a_reasoning_model_is_refused() -> None:

@@ -288,10 +288,11 @@ class ChatCompletionRequest(_Generation):
     max_tokens: int | None = Field(default=None, ge=1)
     # reasoning (grammarserve.openai.reasoning; vLLM's and SGLang's names)
     reasoning_effort: ReasoningEffort | None = None
+    # NOTE: strict: "10", true and 10.0 are refused (400 naming the field), not read as numbers
     thinking_token_budget: int | None = Field(
-        default=None, ge=0, le=2**31 - 1,
+        default=None, ge=0, le=2**31 - 1, strict=True,
         description="vLLM's name: reasoning tokens before the span is closed")
-    thinking_budget: int | None = Field(default=None, ge=0, le=2**31 - 1,
+    thinking_budget: int | None = Field(default=None, ge=0, le=2**31 - 1, strict=True,
                                         description="the same, SGLang's and Qwen's name")
     strict_thinking: bool | None = Field(
         default=None, description="no stop token and no tool-call marker inside the "

@@ -123,8 +123,8 @@ class ResponsesRequest(RequestBody):
     cache_namespace: str | None = None
     reasoning: ResponsesReasoning | None = None
     # reasoning extensions, as in chat (vLLM's and SGLang's names)
-    thinking_token_budget: int | None = Field(default=None, ge=0, le=2**31 - 1)
-    thinking_budget: int | None = Field(default=None, ge=0, le=2**31 - 1)
+    thinking_token_budget: int | None = Field(default=None, ge=0, le=2**31 - 1, strict=True)
+    thinking_budget: int | None = Field(default=None, ge=0, le=2**31 - 1, strict=True)
     strict_thinking: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
 
