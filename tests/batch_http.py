@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from serverproc import request
+from waiting import wait_until
 
 CHAT = "/v1/chat/completions"
 
@@ -51,10 +49,12 @@ def start_batch(url: str, n: int, headers: dict[str, str] | None = None) -> str:
 def wait_batch(url: str, bid: str, done: Any, timeout: float = 900,
                headers: dict[str, str] | None = None) -> dict[str, Any]:
     """Poll the batch until ``done(batch)`` (fails the test after ``timeout`` seconds)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    seen: list[Any] = [None]
+
+    def reached() -> bool:
         status, b = request("GET", f"{url}/v1/batches/{bid}", headers=headers)
-        if status == 200 and done(b):
-            return dict(b)
-        time.sleep(0.5)
-    pytest.fail(f"batch {bid} did not get there: {b}")
+        seen[0] = b
+        return status == 200 and bool(done(b))
+
+    wait_until(reached, timeout, f"batch {bid} to get there", interval_s=0.5)
+    return dict(seen[0])

@@ -7,7 +7,6 @@ import json
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from serverproc import GRAMMARSERVE
+from waiting import wait_http_ok
 
 
 def free_port() -> int:
@@ -63,21 +63,13 @@ def running_server(log: Path, *args: str) -> Iterator[dict[str, Any]]:
              "--port", str(port), "--num-threads", "1", "--log-level", "warning", *args],
             stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
-    statuses = []
+    statuses: list[int] = []
     try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            assert proc.poll() is None, log.read_text()
-            try:
-                status, _ = http_get(url + "/health")
-                statuses.append(status)
-                if status == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.5)
-        else:
-            pytest.fail("the server did not become healthy:\n" + log.read_text())
+        try:
+            wait_http_ok(url + "/health", 300, "the server to become healthy", proc=proc,
+                         statuses=statuses)
+        except AssertionError as e:
+            pytest.fail(f"{e}\n{log.read_text()}")
         yield {"url": url, "health": statuses, "log": log}
     finally:
         proc.terminate()

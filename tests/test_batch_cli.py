@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 from server_helpers import GRAMMARSERVE
 from test_batch_server import check_output, schema_line
+from waiting import wait_lines
 
 pytestmark = pytest.mark.model
 
@@ -37,11 +37,7 @@ def test_cli_killed_mid_run_resumes_without_loss(tmp_path: Path) -> None:
     with open(log, "wb") as f:
         proc = subprocess.Popen(_cmd(inp, out, err, "--no-progress"), stdout=f,
                                 stderr=subprocess.STDOUT, cwd=ROOT)
-    deadline = time.monotonic() + 300
-    while not (out.exists() and out.read_text().count("\n") >= 1):
-        assert proc.poll() is None, log.read_text()
-        assert time.monotonic() < deadline, log.read_text()
-        time.sleep(0.1)
+    wait_lines(out, 1, 300, "the first output line", proc, log)
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     first = out.read_text().count("\n")

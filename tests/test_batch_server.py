@@ -9,8 +9,6 @@ import os
 import signal
 import socket
 import subprocess
-import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Final
@@ -19,6 +17,7 @@ import jsonschema
 import openai
 import pytest
 from server_helpers import GRAMMARSERVE
+from waiting import wait_http_ok, wait_until
 
 pytestmark = pytest.mark.model
 
@@ -79,17 +78,8 @@ class Server:
                  "--kv-cache-tokens", "16384", "--max-num-reqs", "16", "--num-threads", "1",
                  "--data-dir", str(self.data_dir), "--log-level", "warning"],
                 stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, self.log.read_text()
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.3)
-        pytest.fail("the server did not become healthy:\n" + self.log.read_text())
+        wait_http_ok(self.url + "/health", 300, "the server to become healthy", self.proc,
+                     self.log)
 
     def kill(self) -> None:
         assert self.proc is not None
@@ -122,13 +112,11 @@ def client(srv: Server) -> openai.OpenAI:
 
 def wait_for(c: openai.OpenAI, batch_id: str, done: Callable[[Any], bool],
              timeout: float = 600) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def reached() -> Any:
         b = c.batches.retrieve(batch_id)
-        if done(b):
-            return b
-        time.sleep(0.2)
-    pytest.fail(f"batch {batch_id} stuck: {b}")
+        return b if done(b) else None
+
+    return wait_until(reached, timeout, f"batch {batch_id} to get there", interval_s=0.2)
 
 
 def submit(c: openai.OpenAI, lines: list[str]) -> Any:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
 from server_helpers import GRAMMARSERVE, ROOT, http_post, running_server
+from waiting import wait_until
 
 from grammarserve.errors import ErrorKind, GrammarError, RequestFailedError
 from grammarserve.openai.errors import STATUS, error_response
@@ -130,6 +130,11 @@ def over_http(server: dict[str, Any]) -> dict[str, tuple[int, dict[str, Any]]]:
     return {name: http_post(server["url"] + url, body) for name, (url, body, _) in CASES.items()}
 
 
+def _finished(batch: Any) -> Any:
+    """``batch`` once it reached a final status, else None."""
+    return batch if batch.status in ("completed", "failed", "cancelled", "expired") else None
+
+
 @pytest.fixture(scope="module")
 def batches_worker(server: dict[str, Any]) -> dict[str, tuple[int, dict[str, Any]]]:
     client = openai.OpenAI(base_url=server["url"] + "/v1", api_key="none", max_retries=0)
@@ -139,9 +144,9 @@ def batches_worker(server: dict[str, Any]) -> dict[str, tuple[int, dict[str, Any
         upload = client.files.create(file=("in.jsonl", lines.encode()), purpose="batch")
         batch = client.batches.create(input_file_id=upload.id, endpoint=url,  # type: ignore[arg-type]
                                       completion_window="24h")
-        while batch.status not in ("completed", "failed", "cancelled", "expired"):
-            time.sleep(0.2)  # every line is refused or dies early; the worker is never idle long
-            batch = client.batches.retrieve(batch.id)
+        bid = batch.id
+        batch = wait_until(lambda: _finished(client.batches.retrieve(bid)), 600,  # noqa: B023
+                           f"batch {bid} to finish", interval_s=0.2)
         assert batch.status == "completed" and batch.error_file_id, batch
         ok = client.files.content(batch.output_file_id).text if batch.output_file_id else ""
         results.update(_results(client.files.content(batch.error_file_id).text, ok))

@@ -53,13 +53,12 @@ def test_models_by_id(server: ServerProcess) -> None:
 def test_slow_headers_and_a_stalled_body_get_408(server: ServerProcess) -> None:
     stalled_body = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\n"
                     b"content-type: application/json\r\ncontent-length: 100\r\n\r\n{")
-    for first, pause in ((b"GET /health HTTP/1.1\r\n", 0.0), (stalled_body, 0.0)):
+    for first in (b"GET /health HTTP/1.1\r\n", stalled_body):
         sock = socket.create_connection(("127.0.0.1", server.port))
         sock.settimeout(30)
         start = time.monotonic()
         try:
             sock.sendall(first)
-            time.sleep(pause)
             received = b""
             while chunk := sock.recv(65536):
                 received += chunk

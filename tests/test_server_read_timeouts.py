@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import uvicorn
 from server_helpers import free_port
+from waiting import wait_until
 
 from grammarserve.server.timeouts import ReadTimeouts, protocol_class
 
@@ -47,10 +48,7 @@ def port() -> Iterator[int]:
     server = uvicorn.Server(config)
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert server.started
+    wait_until(lambda: server.started, 10, "uvicorn to start", interval_s=0.02)
     yield port
     server.should_exit = True
     thread.join(10)
@@ -68,7 +66,7 @@ def _trickle(port: int, parts: list[bytes], pause_s: float) -> tuple[bytes, floa
                 sock.sendall(part)
             except OSError:
                 break  # closed by the server
-            time.sleep(pause_s)
+            time.sleep(pause_s)  # the client's pace: the behaviour under test, not a wait
         received = b""
         while True:
             try:
@@ -122,7 +120,9 @@ def test_a_second_request_on_a_kept_connection_has_its_own_header_timeout(port: 
         while not first.endswith(b"\r\n\r\n20"):
             first += sock.recv(65536)
         assert first.startswith(b"HTTP/1.1 200")
-        time.sleep(HEADER_S + 0.2)  # idle between requests: the keep-alive timeout's business
+        # NOTE: idle between requests on purpose (the behaviour under test, not a wait): past
+        # HEADER_S is the keep-alive timeout's business, not the header timeout's.
+        time.sleep(HEADER_S + 0.2)
         sock.sendall(b"GET /x HTTP/1.1\r\n")
         start = time.monotonic()
         second = sock.recv(65536)
