@@ -13,8 +13,6 @@ from __future__ import annotations
 import http.client
 import json
 import re
-import time
-from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -37,6 +35,7 @@ from e2e_jobs import (
     schema_corpus,
 )
 from server_helpers import http_get, http_post
+from waiting import wait_until
 
 pytestmark = pytest.mark.model
 
@@ -317,21 +316,15 @@ def test_client_disconnect_aborts_the_request(server: dict[str, Any], stream: bo
         resp = conn.getresponse()
         assert resp.status == 200
         resp.fp.readline()  # the first event
-    _wait_for(lambda: _metric(server, "grammarserve_running_requests") >= 1, "it never ran")
+    wait_until(lambda: _metric(server, "grammarserve_running_requests") >= 1, 300,
+               "the request to run")
     conn.sock.close()  # type: ignore[union-attr]
     conn.close()
     # NOTE: the engine counts the abort itself; the wait bounds a hang, not the work (the
     # request would run for minutes if the disconnect were missed: 4000 tokens, no EOS).
-    _wait_for(lambda: _metric(server, "grammarserve_aborted_requests_total") > aborted,
-              "the request was not aborted")
+    wait_until(lambda: _metric(server, "grammarserve_aborted_requests_total") > aborted, 300,
+               "the request to be aborted")
     assert _metric(server, "grammarserve_aborted_requests_total") == aborted + 1
-    _wait_for(lambda: _metric(server, "grammarserve_requests_in_flight") == 0,
-              "the server did not release the request")
+    wait_until(lambda: _metric(server, "grammarserve_requests_in_flight") == 0, 300,
+               "the server to release the request")
     assert _metric(server, "grammarserve_running_requests") == 0
-
-
-def _wait_for(condition: Callable[[], bool], failure: str, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, failure
-        time.sleep(0.2)
