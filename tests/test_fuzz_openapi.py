@@ -20,7 +20,6 @@ import json
 import os
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.request
 from collections import Counter
@@ -31,6 +30,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from server_helpers import GRAMMARSERVE
+from waiting import wait_http_ok
 
 schemathesis = pytest.importorskip("schemathesis")
 from schemathesis.checks import not_a_server_error
@@ -98,16 +98,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
             stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "the server did not become ready"
-            try:
-                if _request(url + "/health")[0] == 200:
-                    break
-            except (urllib.error.URLError, ConnectionError):
-                pass
-            time.sleep(0.5)
+        wait_http_ok(url + "/health", 300, "the server to become ready", proc, log)
         yield {"url": url, "proc": proc, "log": log}
     finally:
         proc.terminate()
