@@ -163,10 +163,12 @@ class Engine:
 
     def close(self) -> None:
         """Write what the KV disk tier has queued and stop its threads and the grammar
-        layer's (at shutdown)."""
-        if self.tiers is not None:
-            self.tiers.close()
-        self.grammar.shutdown()
+        layer's (at shutdown; idempotent). The grammar layer stops even if the tiers fail."""
+        try:
+            if self.tiers is not None:
+                self.tiers.close()
+        finally:
+            self.grammar.shutdown()
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work() or bool(self._done_early or self._compiling)

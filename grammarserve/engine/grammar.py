@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +26,7 @@ from grammarserve.fsm import GrammarCompiler
 from grammarserve.fsm.canonical import CanonicalSpans
 from grammarserve.fsm.loop_guard import CommaTable, LoopGuardMatcher
 from grammarserve.fsm.matcher import Matcher
+from grammarserve.fsm.pools import BackgroundPool, settled
 from grammarserve.fsm.reasoning import ReasoningMatcher, ReasoningTables
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class GrammarRunner:
         self._stop_bits = np.array([1 << (t % 32) for t in stops], dtype=np.uint32)
         self._stops = stops
         self._stop_set = frozenset(stops)
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-mask")
+        self._worker = BackgroundPool(1, "grammar-mask")
         self.counters = GrammarCounters()
         self._commas: CommaTable | None = None  # the loop guard's, built on first use
         self._reasoning: ReasoningTables | None = None  # reasoning markers, built on first use
@@ -216,10 +217,11 @@ class GrammarRunner:
         thread.
         Resolves to None when none of them is constrained."""
         if not any(r.matcher is not None for r in reqs):
-            done: Future[Filled | None] = Future()
-            done.set_result(None)
-            return done
-        return self._worker.submit(self._fill, list(reqs), self._bitmask)
+            return settled(None)
+        queued: Future[Filled | None] | None = self._worker.submit(
+            self._fill, list(reqs), self._bitmask)
+        # NOTE: after shutdown (or at interpreter exit) the fill runs on this thread
+        return queued if queued is not None else settled(self._fill(list(reqs), self._bitmask))
 
     def _fill(self, reqs: list[Req], buffer: torch.Tensor) -> Filled:
         t0 = time.perf_counter()
@@ -386,6 +388,8 @@ class GrammarRunner:
         return next(t for t, hit in zip(self._stops, stop_part) if hit)
 
     def shutdown(self) -> None:
-        """Stop the mask thread and the compiler's background work (at engine shutdown)."""
-        self._worker.shutdown(wait=False, cancel_futures=True)
+        """Stop the mask thread (waiting for a fill in flight) and the compiler's background
+        work (at engine shutdown; idempotent). A fill asked for later runs on the caller's
+        thread."""
+        self._worker.close(wait=True)
         self.compiler.close()

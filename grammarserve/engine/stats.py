@@ -8,6 +8,7 @@ from typing import Any
 from grammarserve.engine.kv_tiers.tiers import TierStats
 from grammarserve.engine.memory_plan import MemoryPlan
 from grammarserve.fsm.disk_cache import DiskCacheStats
+from grammarserve.fsm.failures import FailureCounts
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,12 @@ class EngineStats:
     grammar_disk_corrupt: int = 0  # entries found bad (removed; read as misses)
     grammar_disk_evictions: int = 0
     grammar_disk_bytes: int = 0  # size of the disk cache's folder (last measured)
+    # Failures the grammar layer survived (logged, rate-limited; fsm/failures.py):
+    grammar_upgrade_failures: int = 0  # background upgrades / per-style compiles that failed
+    grammar_disk_write_failures: int = 0  # grammars not written to the disk cache
+    grammar_forced_token_failures: int = 0  # jump-forward spans that failed (none fed)
+    grammar_schema_id_failures: int = 0  # schemas whose $ids could not be read
+    grammar_journal_failures: int = 0  # crash journal entries not written, read or removed
     kv_host_hit_tokens: int = 0  # prompt tokens whose KV came back from the host tier
     kv_disk_hit_tokens: int = 0  # ... from the disk tier
     kv_prefetched_tokens: int = 0  # read from disk into the host tier while queued
@@ -76,6 +83,16 @@ def disk_fields(disk: DiskCacheStats | None) -> dict[str, Any]:
             "grammar_disk_misses": disk.misses, "grammar_disk_writes": disk.writes,
             "grammar_disk_corrupt": disk.corrupt, "grammar_disk_evictions": disk.evictions,
             "grammar_disk_bytes": disk.bytes}
+
+
+def failure_fields(counts: FailureCounts) -> dict[str, Any]:
+    """The ``grammar_*_failures`` fields of :class:`EngineStats` from the grammar layer's
+    failure counts (``fsm/failures.py``: ``FAILURES.counts()``)."""
+    return {"grammar_upgrade_failures": counts.upgrade,
+            "grammar_disk_write_failures": counts.disk_write,
+            "grammar_forced_token_failures": counts.forced_tokens,
+            "grammar_schema_id_failures": counts.local_refs,
+            "grammar_journal_failures": counts.journal}
 
 
 def tier_fields(tiers: TierStats | None) -> dict[str, Any]:

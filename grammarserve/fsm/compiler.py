@@ -393,8 +393,8 @@ class GrammarCompiler:
         other.config = replace(self.config, backend=backend)
         other.policy = BackendPolicy(self.vocab, other.config, self.disk)
         other.front = SpecBuilder(other.config)
-        other.cache = GrammarCache(max_bytes=other.config.cache_bytes,
-                                   timeout_s=other.config.compile_timeout_s,
-                                   threads=other.config.compile_threads,
-                                   limits=other.config.limits)
+        c = other.config
+        other.cache = GrammarCache(max_bytes=c.cache_bytes, timeout_s=c.compile_timeout_s,
+                                   threads=c.compile_threads, limits=c.limits)
+        other._check_pool = BackgroundPool(c.compile_threads, "grammarserve-checks")  # its own
         return other

@@ -8,6 +8,7 @@ rollback), with a message that says how to fix it.
 
 from __future__ import annotations
 
+import logging
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -16,9 +17,12 @@ from concurrent.futures import Future
 import numpy as np
 import torch
 
+from grammarserve.fsm.failures import FAILURES, Failure
 from grammarserve.fsm.runs import LexTracker
 from grammarserve.fsm.value_check import ValueCheck
 from grammarserve.fsm.vocab import VocabInfo
+
+log = logging.getLogger(__name__)
 
 
 class SharedMasks:
@@ -232,7 +236,11 @@ class Matcher(ABC):
             forced = [t for t in self._forced() if t not in self._stops]
             for tracker in self._runs:
                 forced = forced[:tracker.permits(forced)]
-        except Exception:  # noqa: BLE001 - jump-forward is an optimization; never fail on it
+        except Exception as e:  # noqa: BLE001 - jump-forward is an optimization; never fail on it
+            # NOTE: may repeat every token: the log is rate-limited (failures.py)
+            FAILURES.report(Failure.FORCED_TOKENS, log, logging.WARNING, "%s: computing the "
+                            "forced tokens failed; none are fed (the masks still hold)",
+                            type(self).__name__, exc_info=e)
             return []
         # NOTE: a backend that hit a limit here (llguidance's items) stays in error; say so now
         # rather than at the next mask.

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import os
 import threading
 import time
@@ -46,10 +47,13 @@ from grammarserve.fsm.backends import create_backend
 from grammarserve.fsm.backends.base import GrammarBackend
 from grammarserve.fsm.config import AUTO_STYLES, GrammarConfig, GrammarSpec, SpecKind
 from grammarserve.fsm.disk_cache import DiskCache, code_versions
+from grammarserve.fsm.failures import FAILURES, Failure
 from grammarserve.fsm.matcher import CompiledGrammar
 from grammarserve.fsm.pools import BackgroundPool, settled
 from grammarserve.fsm.style import StagedGrammar, StyledGrammar, separator_free, then_settled
 from grammarserve.fsm.vocab import VocabInfo
+
+log = logging.getLogger(__name__)
 
 AUTO_ORDER: dict[SpecKind, tuple[str, ...]] = {
     ConstraintKind.JSON_SCHEMA: ("llguidance", "xgrammar"),
@@ -70,6 +74,16 @@ def _lower_priority(niceness: int) -> None:
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), niceness)
     except (AttributeError, OSError):  # not Linux, or not permitted: run at normal priority
         pass
+
+
+def _upgrade_failed(e: Exception, what: str) -> None:
+    """Count and log a failed background compile (``what`` says which and what remains): a
+    backend's refusal (``GrammarError``: a limit, a timeout) at info, anything else at warning
+    with its traceback."""
+    if isinstance(e, GrammarError):
+        FAILURES.report(Failure.UPGRADE, log, logging.INFO, "%s: %s", what, e)
+    else:
+        FAILURES.report(Failure.UPGRADE, log, logging.WARNING, "%s", what, exc_info=e)
 
 
 #: ``auto``: after a grammar of this kind compiles, upgrade it to this backend in the background.
@@ -120,7 +134,9 @@ class BackendPolicy:
                 if not backend.accepts(spec) or not backend.upgrade_pays(spec):
                     return False
                 better = self._background(backend, spec)
-            except Exception:  # noqa: BLE001 - an upgrade is optional
+            except Exception as e:  # noqa: BLE001 - an upgrade is optional
+                _upgrade_failed(e, f"the background {name} upgrade of a {spec.kind.value} "
+                                "grammar failed; it stays on its first backend")
                 return False
             grammar.upgrade(better)
             return True
@@ -205,7 +221,9 @@ class BackendPolicy:
         def styled() -> CompiledGrammar | None:
             try:
                 return self._styled(specs, parallel=False, upgraded=True)
-            except Exception:  # noqa: BLE001 - an upgrade is optional
+            except Exception as e:  # noqa: BLE001 - an upgrade is optional
+                _upgrade_failed(e, "compiling the per-style grammars of a JSON schema "
+                                "failed; it keeps its grammar of both styles")
                 return None
 
         def take_over(better: CompiledGrammar) -> Future[bool] | bool:
@@ -290,10 +308,16 @@ class BackendPolicy:
         assert self.disk is not None
         try:
             text = backend.serialize(grammar)
-        except Exception:  # noqa: BLE001 - the disk cache is optional
+        except Exception as e:  # noqa: BLE001 - the disk cache is optional
+            FAILURES.report(Failure.DISK_WRITE, log, logging.WARNING, "a %s grammar could not "
+                            "be serialized for the disk cache (it is compiled again after a "
+                            "restart)", backend.name, exc_info=e)
             return
-        if text is not None:
-            self.disk.put("grammar", key, text.encode())
+        if text is not None and not self.disk.put("grammar", key, text.encode()):
+            # NOTE: the store logged why (a folder not writable: once; a full disk: debug)
+            FAILURES.report(Failure.DISK_WRITE, log, logging.INFO, "a %s grammar was not "
+                            "written to the disk cache (too large, or the store could not "
+                            "write it)", backend.name)
 
     def _restored(self, backend: GrammarBackend, spec: GrammarSpec, key: str
                   ) -> CompiledGrammar | None:

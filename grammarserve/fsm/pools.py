@@ -1,11 +1,13 @@
-"""Thread pools for the grammar layer's background work (upgrades and disk writes, side-by-side
-style compiles, value-check plans) that end with their owner or with the interpreter.
+"""Thread pools that end with their owner or with the interpreter: the grammar layer's background
+work (upgrades and disk writes, side-by-side style compiles, value-check plans), and the
+engine's mask worker and KV prefetcher, which use the same pool.
 
 A bare ``ThreadPoolExecutor`` runs every queued item before the interpreter may exit (a script
 that compiled many schemas waits for all their queued upgrades), and raises ``RuntimeError`` on
 ``submit`` once the interpreter began to shut down (a compile still running at exit then
 reports a traceback per grammar). A :class:`BackgroundPool` is closed by its owner
-(``GrammarCompiler.close()``) or, at the latest, when the interpreter starts shutting down,
+(``GrammarCompiler.close()``, ``GrammarRunner.shutdown()``, ``KVTiers.close()``, all three from
+``Engine.close()``) or, at the latest, when the interpreter starts shutting down,
 before it joins the pools' threads: queued work is cancelled, the running item finishes, and
 ``submit`` answers None from then on, so the caller runs the work itself or abandons it.
 """
@@ -53,10 +55,11 @@ class BackgroundPool:
         except RuntimeError:  # shut down meanwhile (or the interpreter is exiting)
             return None
 
-    def close(self) -> None:
-        """Cancel the queued work and take no more; does not wait for the running item."""
+    def close(self, wait: bool = False) -> None:
+        """Cancel the queued work and take no more; ``wait``: until the running item ends and
+        the threads exit (else they exit on their own once it does). Idempotent."""
         self._closed = True
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown(wait=wait, cancel_futures=True)
 
 
 def settled(value: T) -> Future[T]:

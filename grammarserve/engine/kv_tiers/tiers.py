@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +33,7 @@ from grammarserve.attention.kv_pool import KVPool
 from grammarserve.engine.kv_tiers.blocks import BlockLayout, chain_keys, gather, scatter
 from grammarserve.engine.kv_tiers.disk import DiskTier
 from grammarserve.engine.kv_tiers.host import HostTier
+from grammarserve.fsm.pools import BackgroundPool
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ class KVTiers:
         self.host = HostTier(host_bytes) if host_bytes > 0 else None
         self.disk = DiskTier(disk_dir, disk_bytes, layout) if disk_dir and disk_bytes > 0 \
             else None
-        self._prefetcher = ThreadPoolExecutor(1, thread_name_prefix="kv-prefetch") \
+        self._prefetcher = BackgroundPool(1, "kv-prefetch") \
             if self.host is not None and self.disk is not None else None
         self._counts = {"host_hit_tokens": 0, "disk_hit_tokens": 0, "prefetched_tokens": 0,
                         "demoted_tokens": 0}
@@ -122,8 +123,9 @@ class KVTiers:
                 self.block_tokens:
             return
         self._pending = [f for f in self._pending if not f.done()]
-        self._pending.append(self._prefetcher.submit(self._prefetch, list(tokens), namespace,
-                                                     cached))
+        queued = self._prefetcher.submit(self._prefetch, list(tokens), namespace, cached)
+        if queued is not None:  # NOTE: None: closed (a prefetch is a hint)
+            self._pending.append(queued)
 
     def wait_prefetched(self, timeout: float | None = None) -> bool:
         """Wait for the prefetches queued so far (tests, benchmarks); False on timeout."""
@@ -198,8 +200,11 @@ class KVTiers:
         return self.disk.flush(timeout) if self.disk is not None else True
 
     def close(self) -> None:
+        """Drop the queued prefetches (hints), wait for the running one, then write what the
+        disk tier has queued and stop its writer (``Engine.close``; the prefetcher closes at
+        interpreter exit at the latest)."""
         if self._prefetcher is not None:
-            self._prefetcher.shutdown(wait=True)
+            self._prefetcher.close(wait=True)
         if self.disk is not None:
             self.disk.close()
 

@@ -21,10 +21,12 @@ the same: each reference names the same subschema. Then the embedded ``$id``s an
 from __future__ import annotations
 
 import functools
+import logging
 from collections import Counter
 from typing import Any
 from urllib.parse import urldefrag, urljoin
 
+from grammarserve.fsm.failures import FAILURES, Failure
 from grammarserve.fsm.schema.read.dynamicrefs import plan_dynamic_refs, specialize_dynamic_refs
 from grammarserve.fsm.schema.read.metaschemas import is_meta_ref
 from grammarserve.fsm.schema.tree import (
@@ -41,6 +43,8 @@ from grammarserve.fsm.schema.tree import (
     pointer_parts,
     resolve_pointer,
 )
+
+log = logging.getLogger(__name__)
 
 _SPECS = {4: "DRAFT4", 6: "DRAFT6", 7: "DRAFT7", 2019: "DRAFT201909", 2020: "DRAFT202012"}
 
@@ -121,7 +125,10 @@ def localize_refs(schema: dict[str, Any], draft: int = 2020) -> dict[str, Any]:
         _plain_dynamic_refs(schema)
     try:
         registry = Registry().with_resource("", spec.create_resource(schema)).crawl()
-    except Exception:  # noqa: BLE001 - ids it cannot read: leave the refs to the front end
+    except Exception as e:  # noqa: BLE001 - ids it cannot read: leave the refs to the front end
+        FAILURES.report(Failure.LOCAL_REFS, log, logging.INFO, "a schema's ids could not be "
+                        "read (%s: %s); its references are left to the front end, which "
+                        "refuses those it cannot follow", type(e).__name__, e)
         return schema
 
     paths: dict[int, Parts] = {}
