@@ -31,7 +31,6 @@ import random
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.parse
 from collections import Counter
@@ -40,14 +39,14 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import model_shapes
 from machine import cpu_name, revision, stamp
 from serverproc import ROOT, ServerProcess, metrics, request
 from soak_adversarial import CRASH_CLASS, adversarial_cases, body, corpus_cases
 from soak_check import Verdict, check
 from soak_corpus import CHAT, COMPLETIONS, PERSON, Case, cases, chat
+from soak_metrics import Sampler, rss_summary, scrapes_report, start_scraper
 
-_API_RSS = "process_resident_memory_bytes"
-_ENGINE_RSS = "grammarserve_engine_process_resident_memory_bytes"
 _RESTARTS = "grammarserve_engine_restarts_total"
 _BATCH_LINES = 4
 
@@ -125,41 +124,9 @@ class Batches:
                 "every_line_once": exact}
 
 
-class Sampler(threading.Thread):
-    """RSS of both processes and the restart counter, every ``every_s`` seconds."""
-
-    def __init__(self, base: str, every_s: float) -> None:
-        super().__init__(daemon=True)
-        self.base, self.every_s = base, every_s
-        self.t0 = time.monotonic()
-        self.series: list[tuple[float, float, float]] = []  # (s, api MB, engine MB)
-        self.stop = threading.Event()
-
-    def sample(self) -> dict[str, float]:
-        m = metrics(self.base)
-        if _API_RSS in m:
-            self.series.append((round(time.monotonic() - self.t0, 1),
-                                round(m[_API_RSS] / 2**20, 1),
-                                round(m.get(_ENGINE_RSS, 0.0) / 2**20, 1)))
-        return m
-
-    def run(self) -> None:
-        while not self.stop.wait(self.every_s):
-            self.sample()
-
-
-def _rss(series: list[tuple[float, float, float]], col: int, warm_s: float) -> dict[str, Any]:
-    vals = [row[col] for row in series if row[col] > 0]
-    warm = [row[col] for row in series if row[0] >= warm_s and row[col] > 0]
-    if not vals:
-        return {}
-    after = warm[0] if warm else vals[-1]
-    return {"start": vals[0], "after_warmup": after, "end": vals[-1], "max": max(vals),
-            "growth_after_warmup": round(vals[-1] - after, 1)}
-
-
 def soak(base: str, *, minutes: float = 0.0, rounds: int = 0, workers: int = 4,
-         sample_s: float = 10.0, seed: int = 0, batch_wait_s: float = 900) -> dict[str, Any]:
+         sample_s: float = 10.0, seed: int = 0, batch_wait_s: float = 900,
+         scrape_s: float = 0.0) -> dict[str, Any]:
     """Run rounds of the corpus until ``minutes`` passed (and at least ``rounds`` rounds ran);
     the report."""
     corpus = cases()
@@ -167,6 +134,7 @@ def soak(base: str, *, minutes: float = 0.0, rounds: int = 0, workers: int = 4,
     sampler = Sampler(base, sample_s)
     first = sampler.sample()
     sampler.start()
+    scraper = start_scraper(base, scrape_s, sampler)
     counts: Counter[str] = Counter()
     unexpected: Counter[str] = Counter()
     examples: dict[str, str] = {}  # the first reply of each unexpected (case, status)
@@ -190,6 +158,7 @@ def soak(base: str, *, minutes: float = 0.0, rounds: int = 0, workers: int = 4,
     wall = time.monotonic() - t0
     batch_report = batches.finish(batch_wait_s)
     sampler.stop.set()
+    scrapes = scrapes_report(scraper)
     last = sampler.sample()
     five = sum(n for s, n in counts.items() if s.startswith("5"))
     return {
@@ -201,9 +170,9 @@ def soak(base: str, *, minutes: float = 0.0, rounds: int = 0, workers: int = 4,
         "engine_restarts": (last.get(_RESTARTS, float("nan")) - first.get(_RESTARTS, 0.0)
                             if last else None),
         "server_answering": bool(last), "batch": batch_report,
-        "rss_mb": {"api": _rss(sampler.series, 1, warm_s),
-                   "engine": _rss(sampler.series, 2, warm_s)},
-        "rss_series_mb": sampler.series, "head": _head(),
+        "rss_mb": {"api": rss_summary(sampler.series, 1, warm_s),
+                   "engine": rss_summary(sampler.series, 2, warm_s)},
+        "rss_series_mb": sampler.series, "scrapes": scrapes, "head": _head(),
     }
 
 
@@ -231,7 +200,8 @@ def _note(bucket: dict[str, list[dict[str, Any]]], key: str, case: Case, status:
 
 def validated_soak(base: str, *, minutes: float, in_flight: int = 16, seed: int = 0,
                    sample_s: float = 10.0, timeout_s: float = 300,
-                   batch_wait_s: float = 900, keep: int = 5) -> dict[str, Any]:
+                   batch_wait_s: float = 900, keep: int = 5, scrape_s: float = 0.0
+                   ) -> dict[str, Any]:
     """Issue 33's soak: six crash-class requests in a row, then the bad-input corpus, the
     adversarial corpus and the corpus schemas (temperature 0.7) shuffled round after round,
     ``in_flight`` requests always in flight, for ``minutes``; every 200 with ``finish_reason``
@@ -243,6 +213,7 @@ def validated_soak(base: str, *, minutes: float, in_flight: int = 16, seed: int 
     rng = random.Random(seed)
     sampler = Sampler(base, sample_s)
     sampler.start()
+    scraper = start_scraper(base, scrape_s, sampler)
     batches = Batches(base)
     counts: Counter[str] = Counter()
     tally: Counter[str] = Counter()
@@ -305,6 +276,7 @@ def validated_soak(base: str, *, minutes: float, in_flight: int = 16, seed: int 
     wall = time.monotonic() - t0
     batch_report = batches.finish(batch_wait_s)
     sampler.stop.set()
+    scrapes = scrapes_report(scraper)
     last = sampler.sample()
     restarts = last.get(_RESTARTS, float("nan")) - first.get(_RESTARTS, 0.0) if last else None
     return {
@@ -325,8 +297,8 @@ def validated_soak(base: str, *, minutes: float, in_flight: int = 16, seed: int 
         "unverifiable": tally["unverifiable"], "stream_errors": tally["stream_errors"],
         "float_disagreements": tally["float_disagreements"],
         "unexpected": dict(sorted(unexpected.items())), "batch": batch_report,
-        "rss_mb": {"api": _rss(sampler.series, 1, 0.0), "engine": _rss(sampler.series, 2, 0.0)},
-        "failures": seen,
+        "rss_mb": {"api": rss_summary(sampler.series, 1, 0.0), "engine": rss_summary(sampler.series, 2, 0.0)},
+        "rss_series_mb": sampler.series, "scrapes": scrapes, "failures": seen,
     }
 
 
@@ -351,6 +323,13 @@ def main() -> None:
     p.add_argument("--url", default=None, help="an existing server (default: start one)")
     p.add_argument("--sample-s", type=float, default=10.0, help="RSS sampling period")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scrape-every", type=float, default=0.0, metavar="S",
+                   help="GET /metrics every S seconds as a Prometheus scraper would (3 s "
+                        "timeout; slow and failed scrapes counted, RSS added to the series)")
+    p.add_argument("--model", default=None, help="the started server's --model (a GGUF path)")
+    p.add_argument("--shape", default=None, choices=sorted(model_shapes.SHAPES),
+                   help="serve model_shapes.py's random-weight GGUF of this shape (made once, "
+                        "then cached)")
     p.add_argument("--server-args", default="--kv-cache-tokens 16384 --max-num-reqs 16",
                    help="extra arguments of the server this script starts")
     args = p.parse_args()
@@ -359,17 +338,19 @@ def main() -> None:
         if args.adversarial:
             return validated_soak(url, minutes=args.minutes, in_flight=args.in_flight,
                                   seed=args.seed, sample_s=args.sample_s,
-                                  timeout_s=args.timeout_s)
+                                  timeout_s=args.timeout_s, scrape_s=args.scrape_every)
         return soak(url, minutes=args.minutes, rounds=args.rounds, workers=args.workers,
-                    sample_s=args.sample_s, seed=args.seed)
+                    sample_s=args.sample_s, seed=args.seed, scrape_s=args.scrape_every)
 
     if args.url:
         print(json.dumps({**stamp(), **run(args.url.rstrip("/"))}), flush=True)
         return
+    model = args.model or (str(model_shapes.make_gguf(args.shape, model_shapes.default_dir()))
+                           if args.shape else None)
     with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
         log = Path(tmp) / "server.log"
         srv = ServerProcess(log, "--data-dir", str(Path(tmp) / "data"),
-                            *args.server_args.split())
+                            *args.server_args.split(), *(["--model", model] if model else []))
         srv.start()
         try:
             report = run(srv.url)
@@ -377,6 +358,7 @@ def main() -> None:
         finally:
             code = srv.stop()
         report["server_exit_code"] = code
+        report["model"] = model or "default"
         report["engine_deaths_logged"] = log.read_text(errors="replace").count(
             "the engine process died")
         print(json.dumps({**stamp(), **report}), flush=True)

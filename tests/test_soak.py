@@ -1,7 +1,8 @@
 """A short soak (benchmarks/soak.py): the bad-input corpus plus valid traffic, two rounds against
 the real server. No 5xx, no connection dropped, no engine death, every valid request answered,
-every batch line once, and the resident memory of both processes about flat after the warm-up
-round (bounded generously: the suite runs beside other work)."""
+every batch line once, the resident memory of both processes about flat after the warm-up
+round (bounded generously: the suite runs beside other work), and every /metrics scrape
+answered while it runs."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
                         "--kv-cache-tokens", "16384", "--max-num-reqs", "8")
     srv.start()
     try:
-        out = soak(srv.url, rounds=2, workers=3, sample_s=5.0)
+        out = soak(srv.url, rounds=2, workers=3, sample_s=5.0, scrape_s=0.5)
         out["server_alive"] = srv.proc is not None and srv.proc.poll() is None
         yield out
     finally:
@@ -59,3 +60,11 @@ def test_memory_is_about_flat_after_warm_up(report: dict[str, Any]) -> None:
     api, engine = report["rss_mb"]["api"], report["rss_mb"]["engine"]
     assert api["growth_after_warmup"] < API_GROWTH_MB, report["rss_series_mb"]
     assert engine["growth_after_warmup"] < ENGINE_GROWTH_MB, report["rss_series_mb"]
+
+
+def test_metrics_scrapes_are_answered_during_the_soak(report: dict[str, Any]) -> None:
+    """A Prometheus-style scraper (GET /metrics every 0.5 s, 3 s client timeout) is answered
+    every time while the corpus runs, and its samples hold both processes' resident memory."""
+    scrapes = report["scrapes"]
+    assert scrapes["scrapes"] >= 3 and scrapes["failed"] == 0, scrapes
+    assert all(api > 0 and engine > 0 for _, api, engine in report["rss_series_mb"])
