@@ -6,7 +6,6 @@ one valid entry; off writes nothing; and a real server restart serves from disk 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import multiprocessing
 import re
@@ -18,9 +17,11 @@ from typing import Any
 import pytest
 from server_helpers import http_get, http_post, running_server
 
+from grammarserve.cache_secret import ENV, load_secret
 from grammarserve.cli import build_parser
 from grammarserve.cli_engine import engine_config as _config
 from grammarserve.config import EngineConfig, grammar_disk_cache_dir
+from grammarserve.disk_store import entry_mac
 from grammarserve.fsm import GrammarCompiler
 from grammarserve.fsm.config import GrammarConfig
 from grammarserve.fsm.conformance import walk
@@ -37,6 +38,16 @@ PERSON = {"type": "object", "properties": {
 VALID = [{"name": "Ada", "age": 36}, {"name": "Bob", "age": 0, "tags": ["a", "b"]}]
 INVALID = [{"name": "Eve", "age": 1}, {"name": "Ada", "age": -1}, {"name": "Ada"},
            {"name": "Bob", "age": 3, "tags": ["a", "b", "a", "b"]}]
+
+
+@pytest.fixture(autouse=True)
+def cache_secret_file(tmp_path_factory: pytest.TempPathFactory,
+                      monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's own cache secret (never the user's), shared with the processes and servers
+    it starts."""
+    path = tmp_path_factory.mktemp("config") / "cache-secret"
+    monkeypatch.setenv(ENV, str(path))
+    return path
 
 
 def _compiler(tokenizer: Any, folder: Path | None, style: str = "flexible") -> GrammarCompiler:
@@ -124,10 +135,11 @@ def test_a_bad_entry_is_a_miss_and_is_rewritten(tokenizer: Any, tmp_path: Path,
         fields = json.loads(header)
         fields["format"] = 0
         grammar_file.write_bytes(json.dumps(fields).encode() + b"\n" + payload)
-    else:  # a verified entry whose payload xgrammar refuses
+    else:  # a verified entry (signed with this installation's secret) xgrammar refuses
         bad = b'{"not": "a grammar"}'
         fields = json.loads(header)
-        fields["bytes"], fields["sha256"] = len(bad), hashlib.sha256(bad).hexdigest()
+        fields["bytes"] = len(bad)
+        fields["hmac"] = entry_mac(load_secret(), "grammar", fields["key"], bad)
         grammar_file.write_bytes(json.dumps(fields).encode() + b"\n" + bad)
 
     again = _compiler(tokenizer, tmp_path)

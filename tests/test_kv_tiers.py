@@ -13,6 +13,7 @@ import torch
 from greedy_helpers import assert_same_greedy
 
 from grammarserve.attention.kv_pool import KVPool
+from grammarserve.cache_secret import ENV
 from grammarserve.config import EngineConfig
 from grammarserve.engine.engine import Engine
 from grammarserve.engine.kv_tiers.blocks import (
@@ -29,6 +30,16 @@ from grammarserve.engine.kv_tiers.host import HostTier
 from grammarserve.engine.request import RequestOutput
 from grammarserve.llm import LLM
 from grammarserve.sampling_params import SamplingParams
+
+
+@pytest.fixture(autouse=True)
+def cache_secret_file(tmp_path_factory: pytest.TempPathFactory,
+                      monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's own cache secret (never the user's): the disk tier authenticates its
+    entries with it (``tests/test_cache_folders_hostile.py`` tests that)."""
+    path = tmp_path_factory.mktemp("config") / "cache-secret"
+    monkeypatch.setenv(ENV, str(path))
+    return path
 
 
 def _pool(capacity: int = 512, dtype: torch.dtype = torch.float32) -> KVPool:

@@ -2,8 +2,10 @@
 
 Contract
 --------
-- Entries live in a :class:`~grammarserve.disk_store.DiskStore` (verified, atomic, bounded,
-  shared by processes; its docstring has the rules). A key names what the entry holds
+- Entries live in a :class:`~grammarserve.disk_store.DiskStore` (authenticated with the
+  installation's secret, atomic, bounded, shared by the processes of one user; its docstring
+  has the rules): whoever can write the folder can cause misses, never another schema's
+  grammar. A key names what the entry holds
   completely: its namespace (``spec``: a front end's :class:`GrammarSpec` of one exact
   request; ``grammar``: a backend's serialized compiled grammar), the request or spec, the
   options that shape it, the tokenizer's fingerprint and the versions of everything that made
@@ -189,8 +191,10 @@ class DiskCache(DiskStore):
     """The grammar cache's folder (a :class:`DiskStore` of the ``spec`` and ``grammar``
     namespaces)."""
 
-    def __init__(self, folder: str | os.PathLike[str], max_bytes: int) -> None:
-        super().__init__(folder, max_bytes, namespaces=NAMESPACES, label="grammar disk cache")
+    def __init__(self, folder: str | os.PathLike[str], max_bytes: int, *,
+                 secret_file: str | os.PathLike[str] | None = None) -> None:
+        super().__init__(folder, max_bytes, namespaces=NAMESPACES, label="grammar disk cache",
+                         secret_file=secret_file)
 
     def cache_stats(self) -> DiskCacheStats:
         """The store's counters as the grammar cache reports them."""

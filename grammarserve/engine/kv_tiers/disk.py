@@ -1,5 +1,7 @@
-"""The disk tier: blocks as entries of a :class:`DiskStore` (verified, atomic, bounded, shared
-by the processes of one machine, found again after a restart).
+"""The disk tier: blocks as entries of a :class:`DiskStore` (authenticated with the
+installation's secret, atomic, bounded, shared by the processes of one user, found again after
+a restart). An entry is read only if it is a regular file no larger than one block's: a FIFO,
+a link or a large file in the folder is a miss that never blocks admission.
 
 Writes run on one background thread from a queue bounded in bytes: a block the queue has no
 room for is not written (counted ``dropped``), so a slow disk never holds up a step. Reads
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grammarserve.disk_store import DiskStore
+from grammarserve.disk_store import MAX_HEADER_BYTES, DiskStore
 from grammarserve.engine.kv_tiers.blocks import BlockLayout, decode, encode
 
 log = logging.getLogger(__name__)
@@ -39,11 +41,15 @@ class DiskTierStats:
 
 
 class DiskTier:
-    """Blocks of one layout in ``folder``, at most ``max_bytes``."""
+    """Blocks of one layout in ``folder``, at most ``max_bytes``; ``secret_file``: the
+    store's (default: ``cache_secret.default_secret_file()``)."""
 
-    def __init__(self, folder: str, max_bytes: int, layout: BlockLayout) -> None:
+    def __init__(self, folder: str, max_bytes: int, layout: BlockLayout, *,
+                 secret_file: str | None = None) -> None:
         self.layout = layout
-        self.store = DiskStore(folder, max_bytes, namespaces=(NAMESPACE,), label="KV disk tier")
+        self.store = DiskStore(folder, max_bytes, namespaces=(NAMESPACE,), label="KV disk tier",
+                               max_entry_bytes=layout.nbytes + MAX_HEADER_BYTES,
+                               secret_file=secret_file)
         self._queue: queue.Queue[tuple[str, torch.Tensor] | None] = queue.Queue()
         self._queued_bytes = 0
         self._queued: set[str] = set()  # keys waiting to be written
