@@ -154,9 +154,16 @@ class DiskStore:
         regular file or larger than an entry may be (then it is not read at all)."""
         if not stat.S_ISREG(st.st_mode) or st.st_size > self.max_entry_bytes:
             return None
-        with open(fd, "rb", closefd=False) as f:
-            data = f.read(self.max_entry_bytes + 1)  # NOTE: it may have grown since fstat
-        return data if len(data) <= self.max_entry_bytes else None
+        limit = st.st_size + 1  # NOTE: one byte more: a file grown since fstat is seen
+        chunks: list[bytes] = []
+        got = 0
+        while got < limit:
+            chunk = os.read(fd, limit - got)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            got += len(chunk)
+        return b"".join(chunks) if got <= self.max_entry_bytes else None
 
     def _bad(self, path: Path, st: os.stat_result | None) -> None:
         """Count a corrupt miss; remove ``path`` if it is still the file of status ``st``
