@@ -55,6 +55,16 @@ def _server_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engine-restart-backoff", type=float, default=r.backoff_s,
                    help="seconds before the first restart, doubled per death in the window "
                         f"(at most {r.max_backoff_s:.0f})")
+    p.add_argument("--engine-max-request-crashes", type=int, default=r.max_request_crashes,
+                   help="engine deaths blamed on a request (a native crash compiling its "
+                        "constraint, refused from then on) restarted at the normal backoff "
+                        "within --engine-restart-window; beyond, each restart waits "
+                        f"{r.max_backoff_s:.0f} s (they never end the server)")
+    p.add_argument("--engine-stall-timeout", type=float, default=r.stall_timeout_s,
+                   help="seconds without a heartbeat from the engine (stopped, wedged) after "
+                        "which it is killed, its requests get 503 and it is restarted")
+    p.add_argument("--engine-step-timeout", type=float, default=r.step_timeout_s,
+                   help="longest one engine step may run before the same")
     p.add_argument("--api-key", action="append", default=[], metavar="'KEY [TENANT]'",
                    help="accept 'Authorization: Bearer KEY' (repeatable); a tenant, if given, "
                         "is the key's cache namespace and owns its files and batches")
@@ -128,7 +138,10 @@ def _serve(args: argparse.Namespace) -> int:
     keys = load_api_keys(args.api_key, args.api_keys_file)
     restart = RestartPolicy(max_restarts=args.engine_max_restarts,
                             window_s=args.engine_restart_window,
-                            backoff_s=args.engine_restart_backoff)
+                            backoff_s=args.engine_restart_backoff,
+                            max_request_crashes=args.engine_max_request_crashes,
+                            stall_timeout_s=args.engine_stall_timeout,
+                            step_timeout_s=args.engine_step_timeout)
     config = ServerConfig(engine=engine_config(args), served_model_name=args.served_model_name,
                           max_n=args.max_n, max_pending_requests=args.max_pending_requests,
                           data_dir=args.data_dir, restart=restart,

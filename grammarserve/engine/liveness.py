@@ -1,4 +1,5 @@
-"""Whether a process is dying or dead *now* (``/health``, issue 33 item 5).
+"""Whether a process is dying or dead *now*, or stopped (``/health`` and the engine client's
+stall watch; see DESIGN.md, "Engine process").
 
 ``multiprocessing.Process.is_alive`` (``waitpid``) says "alive" until the kernel has torn the
 process down: a process killed by a signal still unmaps its memory, or writes its core dump,
@@ -52,3 +53,18 @@ def process_gone(pid: int | None) -> bool:
     pending = masks.get(b"SigPnd", 0) | masks.get(b"ShdPnd", 0)
     handled = masks.get(b"SigCgt", 0) | masks.get(b"SigIgn", 0)
     return bool(pending & _KILL or pending & _FATAL & ~handled)
+
+
+def process_stopped(pid: int | None) -> bool:
+    """True if process ``pid`` is stopped by a signal (``SIGSTOP``/``SIGTSTP``: state ``T``) or
+    by a tracer (``t``): it makes no progress until continued. False if it runs, is gone, or
+    nothing can be told."""
+    if pid is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    fields = stat[stat.rfind(b")") + 2:].split()
+    return bool(fields) and fields[0] in (b"T", b"t")

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from grammarserve.batch.lines import MAX_BYTES
 from grammarserve.config import EngineConfig
+from grammarserve.engine.process import STALL_TIMEOUT_S, STEP_TIMEOUT_S
 from grammarserve.errors import InvalidRequestError
 from grammarserve.openai.context import model_name
 from grammarserve.openai.depth import DEFAULT_MAX_JSON_DEPTH
@@ -28,20 +29,40 @@ class RestartPolicy:
         Delay before the first restart; doubled for each further death in the window.
     max_backoff_s:
         The longest delay.
+    max_request_crashes:
+        Deaths blamed on a request (a native crash while its constraint compiled; that
+        constraint is refused from then on) allowed within ``window_s`` at the normal backoff.
+        They do not spend ``max_restarts`` (no client can stop the server), but beyond this
+        many each further one waits ``max_backoff_s`` before the restart, so a client sending
+        a new crashing constraint each time cannot keep the engine restarting.
+    stall_timeout_s:
+        Seconds without a heartbeat from the engine (stopped, wedged) after which it counts as
+        dead: its requests get 503, it is killed and restarted.
+    step_timeout_s:
+        The longest one engine step may run before the same.
     """
 
     max_restarts: int = 5
     window_s: float = 600.0
     backoff_s: float = 1.0
     max_backoff_s: float = 30.0
+    max_request_crashes: int = 10
+    stall_timeout_s: float = STALL_TIMEOUT_S
+    step_timeout_s: float = STEP_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if self.max_restarts < 0:
             raise InvalidRequestError("engine_max_restarts must be >= 0",
                                       param="engine_max_restarts")
+        if self.max_request_crashes < 0:
+            raise InvalidRequestError("max_request_crashes must be >= 0",
+                                      param="max_request_crashes")
         for name in ("window_s", "backoff_s", "max_backoff_s"):
             if getattr(self, name) < 0:
                 raise InvalidRequestError(f"engine restart {name} must be >= 0", param=name)
+        for name in ("stall_timeout_s", "step_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise InvalidRequestError(f"engine {name} must be > 0", param=name)
 
 
 @dataclass(frozen=True)

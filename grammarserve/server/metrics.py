@@ -157,9 +157,17 @@ class ServerMetrics:
         self.engine_restarts = Counter(f"{PREFIX}_engine_restarts",
                                        "Times the engine process died and was started again",
                                        registry=r)
+        self.engine_request_crashes = Counter(
+            f"{PREFIX}_engine_request_crashes", "Engine deaths blamed on a request (a native crash "
+            "while its constraint compiled; the constraint is refused from then on)", registry=r)
+        self.engine_stalls = Counter(
+            f"{PREFIX}_engine_stalls", "Times the engine stopped making progress (no heartbeat, "
+            "or one step past its limit) and was killed", registry=r)
         #: The engine process's id (its CPU and memory are exported as
         #: ``grammarserve_engine_process_*``; the server's own as ``process_*``).
         self.engine_pid: int | None = None
+        Gauge(f"{PREFIX}_engine_pid", "The engine process's id (0: none running)",
+              registry=r).set_function(lambda: self.engine_pid or 0)
         ProcessCollector(registry=r)
         ProcessCollector(namespace=f"{PREFIX}_engine", registry=r,
                          pid=lambda: self.engine_pid or "none")

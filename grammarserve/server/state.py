@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from grammarserve.engine.liveness import process_gone
 from grammarserve.engine.memory_plan import MemoryPlan
 from grammarserve.engine.process import EngineProcess
 from grammarserve.engine.streams import AsyncRequestStream
@@ -24,7 +25,6 @@ from grammarserve.fsm import GrammarCompiler
 from grammarserve.openai.context import ModelContext
 from grammarserve.sampling_params import SamplingParams
 from grammarserve.server.config import ServerConfig
-from grammarserve.server.liveness import process_gone
 from grammarserve.server.metrics import ServerMetrics
 from grammarserve.server.supervisor import EngineSupervisor
 
@@ -116,6 +116,11 @@ class ServerState:
     def _supervise(self, engine: EngineProcess) -> None:
         def down(reason: str) -> None:
             self.status, self.error = "restarting", reason
+            dead = self.engine
+            if dead is not None and dead.crashed_by_request:
+                self.metrics.engine_request_crashes.inc()
+            elif dead is not None and dead.stalled:
+                self.metrics.engine_stalls.inc()
 
         def up(new: EngineProcess) -> None:
             self.engine = new
@@ -128,10 +133,8 @@ class ServerState:
             if self._on_failure is not None:
                 self._on_failure(reason)
 
-        self._supervisor = EngineSupervisor(
-            engine, lambda: EngineProcess(self.config.engine,
-                                          startup_timeout_s=self.config.startup_timeout_s),
-            self.config.restart, on_down=down, on_up=up, on_give_up=give_up)
+        self._supervisor = EngineSupervisor(engine, self._new_engine, self.config.restart,
+                                            on_down=down, on_up=up, on_give_up=give_up)
         self._supervisor.start()
 
     def _ready(self, tokenizer: Any, compiler: GrammarCompiler, info: dict[str, Any]) -> None:
@@ -149,10 +152,14 @@ class ServerState:
             max_choices=self.config.request_choices_limit, vocab_size=int(info["vocab_size"]))
         self.status = "ready"
 
+    def _new_engine(self) -> EngineProcess:
+        r = self.config.restart
+        return EngineProcess(self.config.engine, startup_timeout_s=self.config.startup_timeout_s,
+                             stall_timeout_s=r.stall_timeout_s, step_timeout_s=r.step_timeout_s)
+
     def _start_engine(self, box: list[EngineProcess | BaseException]) -> None:
         try:
-            box.append(EngineProcess(self.config.engine,
-                                     startup_timeout_s=self.config.startup_timeout_s))
+            box.append(self._new_engine())
         except BaseException as e:  # re-raised by _load
             box.append(e)
 
@@ -205,8 +212,13 @@ class ServerState:
         return self.context
 
     def health(self) -> tuple[int, dict[str, Any]]:
+        """``/health``: 200 only while the engine makes progress (answers at once, whatever
+        the engine is doing)."""
         if self.ready and self.engine is not None and process_gone(self.engine.pid):
             return 503, {"status": "restarting", "message": "the engine process died"}
+        trouble = self.engine.trouble() if self.ready and self.engine is not None else None
+        if trouble is not None:
+            return 503, {"status": "unavailable", "message": trouble}
         if self.ready:
             return 200, {"status": "ok"}
         if self.status == "loading":

@@ -1,0 +1,165 @@
+"""The engine process's body: build the engine, then serve messages and step while there is
+work (:mod:`grammarserve.engine.process_messages` names the protocol).
+
+Two threads write the pipe, under one lock: the main thread (outputs, answers, published
+counters) and the heartbeat thread, which runs whatever the main thread is doing (a long
+prefill step included), so the parent can tell a busy engine from a stopped or wedged one.
+The process ends when told to (``Shutdown``) or when the parent's end of the pipe closes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from multiprocessing.connection import Connection
+
+from grammarserve.config import EngineConfig
+from grammarserve.engine.engine import Engine
+from grammarserve.engine.heap import HeapTrimmer, freeze_startup_heap
+from grammarserve.engine.memory import process_rss_bytes
+from grammarserve.engine.process_messages import (
+    HEARTBEAT_S,
+    PUBLISH_S,
+    Abort,
+    AddRequest,
+    GetStats,
+    Heartbeat,
+    Outputs,
+    Published,
+    Ready,
+    RequestFailed,
+    Shutdown,
+    StartupFailed,
+    Stats,
+    StatsFailed,
+)
+from grammarserve.errors import ErrorKind, GrammarserveError, InvalidRequestError
+
+log = logging.getLogger(__name__)
+
+
+class _Pipe:
+    """The child's end of the pipe, safe to send on from several threads."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self._lock = threading.Lock()
+        self.steps = 0
+        self.step_started: float | None = None  # monotonic start of the running step
+        self.closed = threading.Event()
+
+    def send(self, msg: object) -> None:
+        with self._lock:
+            self.conn.send(msg)
+
+    def heartbeat_forever(self) -> None:
+        while not self.closed.wait(HEARTBEAT_S):
+            started = self.step_started
+            try:
+                self.send(Heartbeat(self.steps, None if started is None
+                                    else time.monotonic() - started))
+            except (OSError, ValueError):  # the parent is gone: the main thread ends too
+                self.closed.set()
+
+
+def engine_main(config: EngineConfig, conn: Connection) -> None:
+    """Child process body (the target of ``EngineProcess``'s process)."""
+    pipe = _Pipe(conn)
+    try:
+        engine = Engine(config)
+    except Exception as e:  # reported to the parent, which raises it in the caller
+        conn.send(StartupFailed(f"{type(e).__name__}: {e}" if not isinstance(
+            e, GrammarserveError) else str(e)))
+        return
+    engine.warm_up()
+    frozen = freeze_startup_heap()
+    pipe.send(Ready({"kv_capacity": engine.runner.pool.capacity,
+                     "kv_bytes_per_token": engine.kv_bytes_per_token,
+                     "memory_plan": engine.memory_plan,
+                     "rss_bytes": process_rss_bytes(), "model": config.model,
+                     "model_folder": str(engine.loaded.folder),
+                     "vocab_size": engine.vocab_size,
+                     "stop_token_ids": sorted(engine.eos_ids),
+                     "max_model_len": engine.max_model_len, "gc_frozen_objects": frozen}))
+    threading.Thread(target=pipe.heartbeat_forever, daemon=True,
+                     name="grammarserve-heartbeat").start()
+    try:
+        _serve(engine, pipe)
+    except (EOFError, OSError, ValueError):  # the parent went away: nobody to answer
+        log.warning("the server's end of the engine pipe closed; the engine exits")
+    finally:
+        pipe.closed.set()
+        engine.close()
+
+
+def _serve(engine: Engine, pipe: _Pipe) -> None:
+    heap = HeapTrimmer()
+    published = 0.0
+    while True:
+        heap.maybe_trim()
+        if not engine.has_unfinished():
+            pipe.conn.poll(None)  # idle: sleep until a message arrives
+        while pipe.conn.poll(0):
+            if not _handle(engine, pipe, pipe.conn.recv()):
+                return
+        if engine.has_unfinished():
+            _step(engine, pipe)
+            if time.monotonic() - published >= PUBLISH_S or not engine.has_unfinished():
+                published = time.monotonic()
+                _publish(engine, pipe)
+
+
+def _handle(engine: Engine, pipe: _Pipe, msg: object) -> bool:
+    """Act on one message from the parent; False on ``Shutdown``."""
+    if isinstance(msg, Shutdown):
+        return False
+    if isinstance(msg, AddRequest):
+        try:
+            engine.add_request(msg.request_id, msg.prompt, msg.params, namespace=msg.namespace)
+        except InvalidRequestError as e:
+            pipe.send(RequestFailed(msg.request_id, str(e), e.param, e.kind))
+        except Exception as e:  # a bug must fail this request only
+            log.exception("add_request failed")
+            engine.abort(msg.request_id)
+            pipe.send(RequestFailed(msg.request_id, f"internal engine error: {e}",
+                                    kind=ErrorKind.ENGINE_FAILURE))
+    elif isinstance(msg, Abort):
+        engine.abort(msg.request_id)
+    elif isinstance(msg, GetStats):
+        try:
+            pipe.send(Stats(engine.stats()))
+        except (OSError, ValueError):
+            raise
+        except Exception as e:  # a stats bug must not take the engine down
+            log.exception("engine stats failed")
+            pipe.send(StatsFailed(f"engine stats failed: {type(e).__name__}: {e}"))
+    return True
+
+
+def _step(engine: Engine, pipe: _Pipe) -> None:
+    pipe.step_started = time.monotonic()
+    try:
+        outs = engine.step()
+    except Exception as e:  # a bug must not take the process down with every request
+        log.exception("engine step failed; failing the requests in flight")
+        for rid in list(engine.requests):
+            engine.abort(rid)
+            pipe.send(RequestFailed(rid, f"internal engine error: {e}",
+                                    kind=ErrorKind.ENGINE_FAILURE))
+        engine.step()  # collect the aborts
+        return
+    finally:
+        pipe.step_started = None
+        pipe.steps += 1
+    if outs:
+        pipe.send(Outputs(outs))
+
+
+def _publish(engine: Engine, pipe: _Pipe) -> None:
+    try:
+        stats = engine.stats()
+    except Exception:  # the counters are a convenience; GetStats reports its own failure
+        log.exception("engine stats failed")
+        return
+    pipe.send(Published(stats))
