@@ -109,15 +109,17 @@ class Sampler(threading.Thread):
 
 def rss_summary(series: list[tuple[float, float, float]], col: int,
                 warm_s: float) -> dict[str, Any]:
-    """Start, value after the warm-up (``warm_s``), end, max and growth after the warm-up of
-    column ``col`` of ``series``."""
+    """Start, value after the warm-up (``warm_s``), middle sample, end, max, growth after the
+    warm-up and over the second half, of column ``col`` of ``series``."""
     vals = [row[col] for row in series if row[col] > 0]
     warm = [row[col] for row in series if row[0] >= warm_s and row[col] > 0]
     if not vals:
         return {}
     after = warm[0] if warm else vals[-1]
-    return {"start": vals[0], "after_warmup": after, "end": vals[-1], "max": max(vals),
-            "growth_after_warmup": round(vals[-1] - after, 1)}
+    mid = vals[len(vals) // 2]  # flat means the second half grows by ~nothing
+    return {"start": vals[0], "after_warmup": after, "middle": mid, "end": vals[-1],
+            "max": max(vals), "growth_after_warmup": round(vals[-1] - after, 1),
+            "growth_second_half": round(vals[-1] - mid, 1)}
 
 
 def start_scraper(base: str, every_s: float, sampler: Sampler) -> Scraper | None:
