@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import tempfile
+from pathlib import Path
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -29,6 +31,10 @@ torch.set_num_threads(1)
 # here and in the servers the tests start), and none is served from an earlier run's grammars;
 # tests/test_fsm_disk_cache.py names its own folders.
 os.environ["GRAMMARSERVE_GRAMMAR_CACHE"] = "off"
+# Nor the user's cache secret (grammarserve/cache_secret.py): the caches a test opens sign their
+# entries with a secret of the run's own.
+os.environ.setdefault("GRAMMARSERVE_CACHE_SECRET_FILE",
+                      str(Path(tempfile.mkdtemp(prefix="grammarserve-secret-")) / "cache-secret"))
 
 # The checkout's root is never on sys.path, here or in any Python the tests start (servers,
 # batch runs, `-c` children): there its kernels/ folder would stand in for the `kernels` package

@@ -32,11 +32,18 @@ from grammarserve.engine.scheduler import ScheduledReq, Scheduler
 from grammarserve.engine.spec.calibrate import calibrate
 from grammarserve.engine.spec.ngram import space_folded
 from grammarserve.engine.spec.speculator import SpecOptions, Speculator
-from grammarserve.engine.stats import EngineStats, disk_fields, plan_fields, tier_fields
+from grammarserve.engine.stats import (
+    EngineStats,
+    disk_fields,
+    failure_fields,
+    plan_fields,
+    tier_fields,
+)
 from grammarserve.engine.stopping import append_token, retract
 from grammarserve.engine.threads import ThreadTuner
 from grammarserve.engine.validate import check_bias, check_prompt
 from grammarserve.errors import ErrorKind, InvalidRequestError
+from grammarserve.fsm.failures import FAILURES
 from grammarserve.fsm.repeats import CallRepeatGuard
 from grammarserve.models.loader import LoadedModel, load_model
 from grammarserve.models.prompt_tokens import SegmentEncoder
@@ -389,4 +396,4 @@ class Engine:
             **tier_fields(self.tiers.stats() if self.tiers else None),
             spec_drafted_tokens=self.spec.counters.drafted_tokens,
             spec_accepted_tokens=self.spec.counters.accepted_tokens,
-            **plan_fields(self.memory_plan))
+            **plan_fields(self.memory_plan), **failure_fields(FAILURES.counts()))

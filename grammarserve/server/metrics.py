@@ -80,6 +80,13 @@ _HELP = {
     "kv_disk_tier_writes": "KV blocks written to the disk tier",
     "kv_disk_tier_dropped": "KV blocks not written to the disk tier (its writer queue was full)",
     "kv_disk_tier_corrupt": "Disk KV tier entries found bad (removed, read as misses)",
+    "grammar_upgrade_failures": "Background grammar upgrades that failed (logged; the request "
+                                "keeps its first grammar)",
+    "grammar_disk_write_failures": "Compiled grammars that could not be written to the disk cache",
+    "grammar_forced_token_failures": "Jump-forward spans the grammar layer could not compute "
+                                     "(the tokens are sampled instead)",
+    "grammar_schema_id_failures": "Schemas whose $id/$anchor table could not be read",
+    "grammar_journal_failures": "Crash-journal operations that failed (logged; never blocking)",
 }
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
