@@ -12,7 +12,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 
 from grammarserve.errors import GrammarError, GrammarTimeoutError
@@ -54,6 +54,20 @@ class _Job:
         self.deadline = deadline
         self.future: Future[CompiledGrammar] = Future()
         self.worker: int | None = None  # id of the worker thread running it
+        self.cancelled = False  # the cache closed before a worker took it
+
+
+def _settle(future: Future[CompiledGrammar], result: CompiledGrammar | None,
+            exc: GrammarError) -> None:
+    """Deliver ``result`` (else ``exc``) unless ``future`` holds an outcome already (the
+    watchdog, a worker and ``close`` may race to it; the first one stands)."""
+    try:
+        if result is not None:
+            future.set_result(result)
+        else:
+            future.set_exception(exc)
+    except InvalidStateError:
+        pass
 
 
 class GrammarCache:
@@ -62,7 +76,7 @@ class GrammarCache:
     NOTE: ``threads`` persistent workers take jobs from a queue; one watchdog thread fails
     jobs past their deadline. A worker whose job timed out is written off (it exits once the
     backend returns, and the result is still cached) and a replacement worker starts at once,
-    so a pathological schema never holds up the queue behind it.
+    so a pathological schema never holds up the queue behind it. :meth:`close` stops them all.
     """
 
     def __init__(self, *, max_bytes: int, timeout_s: float, threads: int,
@@ -82,29 +96,44 @@ class GrammarCache:
                         "evictions": 0, "refused": 0}
         self._compile_s_total = 0.0
         self._compile_s_max = 0.0
-        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()  # None: exit
         self._written_off: set[int] = set()
         self._deadlines: list[tuple[float, int, _Job]] = []
         self._watch = threading.Condition(self._lock)
         self._seq = 0
         self._threads = threads
         self._started = False
+        self._closed = False
+        self._live: set[threading.Thread] = set()  # workers and the watchdog
 
     def _start(self) -> None:
         # Called with the lock held, on first use (no threads for an unused cache).
         self._started = True
         for _ in range(self._threads):
             self._spawn_worker()
-        threading.Thread(target=self._watchdog, daemon=True,
-                         name="grammarserve-compile-watchdog").start()
+        self._spawn(self._watchdog, "grammarserve-compile-watchdog")
 
     def _spawn_worker(self) -> None:
-        threading.Thread(target=self._worker, daemon=True, name="grammarserve-compile").start()
+        self._spawn(self._worker, "grammarserve-compile")
+
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        # Called with the lock held.
+        thread = threading.Thread(target=self._run, args=(target,), daemon=True, name=name)
+        self._live.add(thread)
+        thread.start()
+
+    def _run(self, target: Callable[[], None]) -> None:
+        try:
+            target()
+        finally:
+            with self._lock:
+                self._live.discard(threading.current_thread())
 
     def get_or_compile(self, key: str, compile_fn: Callable[[], CompiledGrammar]
                        ) -> Future[CompiledGrammar]:
         """The cached grammar for ``key``, the in-flight compile of it, or a new compile; a
-        key refused before is refused again at once (a copy of the same error)."""
+        key refused before is refused again at once (a copy of the same error). After
+        :meth:`close`, a new compile runs on the caller's thread, without a timeout."""
         with self._lock:
             refusal = self._refusal(key)
             if refusal is not None:
@@ -124,45 +153,63 @@ class GrammarCache:
                 self._counts["shared"] += 1
                 return job.future
             self._counts["misses"] += 1
-            if not self._started:
-                self._start()
-            job = self._inflight[key] = _Job(key, compile_fn,
-                                             time.monotonic() + self.timeout_s)
-            self._seq += 1
-            # NOTE: the watchdog sleeps until the earliest deadline; waking it (a thread switch
-            # on every cold compile) is needed only when this one comes first.
-            earliest = not self._deadlines or job.deadline < self._deadlines[0][0]
-            heapq.heappush(self._deadlines, (job.deadline, self._seq, job))
-            if earliest:
-                self._watch.notify()
-        self._jobs.put(job)
+            if self._closed:
+                job = self._inflight[key] = _Job(key, compile_fn, float("inf"))
+                inline: _Job | None = job
+            else:
+                inline = None
+                job = self._enqueue(key, compile_fn)
+        if inline is not None:
+            self._execute(inline)
+        else:
+            self._jobs.put(job)
         return job.future
+
+    def _enqueue(self, key: str, compile_fn: Callable[[], CompiledGrammar]) -> _Job:
+        # Called with the lock held: the job, in flight and under the watchdog.
+        if not self._started:
+            self._start()
+        job = self._inflight[key] = _Job(key, compile_fn, time.monotonic() + self.timeout_s)
+        self._seq += 1
+        # NOTE: the watchdog sleeps until the earliest deadline; waking it (a thread switch
+        # on every cold compile) is needed only when this one comes first.
+        earliest = not self._deadlines or job.deadline < self._deadlines[0][0]
+        heapq.heappush(self._deadlines, (job.deadline, self._seq, job))
+        if earliest:
+            self._watch.notify()
+        return job
 
     def _worker(self) -> None:
         me = threading.get_ident()
         while True:
             job = self._jobs.get()
+            if job is None:
+                return
             with self._lock:
-                if job.future.done():  # timed out while queued
+                if job.future.done() or job.cancelled:  # timed out or closed while queued
                     continue
                 job.worker = me
-            start = time.perf_counter()
-            final = False
-            try:
-                result: CompiledGrammar | None = job.fn()
-                exc: GrammarError | None = None
-            except BaseException as e:  # noqa: BLE001 - delivered to the waiters
-                result = None
-                # NOTE: a refusal of the input is final; anything else (a backend failure, no
-                # memory) may be the moment's, so it is remembered for the TTL only.
-                final = isinstance(e, GrammarError)
-                exc = e if isinstance(e, GrammarError) else GrammarError(
-                    f"grammar compile failed: {type(e).__name__}: {e}")
-            self._finish(job, result, exc, time.perf_counter() - start, final=final)
+            self._execute(job)
             with self._lock:
                 if me in self._written_off:  # replaced after a timeout
                     self._written_off.discard(me)
                     return
+
+    def _execute(self, job: _Job) -> None:
+        """Run ``job``'s compile on this thread and deliver the outcome."""
+        start = time.perf_counter()
+        final = False
+        try:
+            result: CompiledGrammar | None = job.fn()
+            exc: GrammarError | None = None
+        except BaseException as e:  # noqa: BLE001 - delivered to the waiters
+            result = None
+            # NOTE: a refusal of the input is final; anything else (a backend failure, no
+            # memory) may be the moment's, so it is remembered for the TTL only.
+            final = isinstance(e, GrammarError)
+            exc = e if isinstance(e, GrammarError) else GrammarError(
+                f"grammar compile failed: {type(e).__name__}: {e}")
+        self._finish(job, result, exc, time.perf_counter() - start, final=final)
 
     def _finish(self, job: _Job, result: CompiledGrammar | None, exc: GrammarError | None,
                 elapsed: float, *, final: bool) -> None:
@@ -180,15 +227,14 @@ class GrammarCache:
                     self._remember(job.key, exc, forever=final)
             if job.future.done():
                 return
-        if result is not None:
-            job.future.set_result(result)
-        else:
-            job.future.set_exception(exc if exc is not None else GrammarError("compile failed"))
+        _settle(job.future, result, exc if exc is not None else GrammarError("compile failed"))
 
     def _watchdog(self) -> None:
         while True:
             with self._lock:
                 while not self._deadlines or self._deadlines[0][0] > time.monotonic():
+                    if self._closed:
+                        return
                     wait = self._deadlines[0][0] - time.monotonic() if self._deadlines else None
                     self._watch.wait(wait)
                 _, _, job = heapq.heappop(self._deadlines)
@@ -206,7 +252,7 @@ class GrammarCache:
                 # NOTE: the written-off worker may still be compiling it; a resubmission within
                 # the TTL must not start a second one beside it.
                 self._remember(job.key, timeout, forever=False)
-            job.future.set_exception(timeout)
+            _settle(job.future, None, timeout)
 
     def _insert(self, key: str, value: CompiledGrammar) -> None:
         if value.size_bytes > self.max_bytes or key in self._lru:
@@ -241,6 +287,30 @@ class GrammarCache:
             self._refused.pop(key)
             return None
         return copy.copy(error).with_traceback(None)
+
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Stop the workers and the watchdog: compiles not started yet fail with
+        ``GrammarError``; a worker in a backend compile finishes it (its waiters get the
+        outcome, and its crash-journal entry is closed) and exits. Waits up to ``timeout_s``
+        for them to exit. Later compiles run on the caller's thread (``get_or_compile``)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            queued = [j for j in self._inflight.values() if j.worker is None]
+            for job in queued:
+                job.cancelled = True
+                del self._inflight[job.key]
+            workers = [t for t in self._live if t.name == "grammarserve-compile"]
+            self._watch.notify_all()
+            live = list(self._live)
+        for job in queued:
+            _settle(job.future, None, GrammarError("the grammar compiler was closed"))
+        for _ in workers:
+            self._jobs.put(None)
+        deadline = time.monotonic() + timeout_s
+        for thread in live:
+            thread.join(max(0.0, deadline - time.monotonic()))
 
     def clear(self) -> None:
         """Drop every cached grammar and refusal (in-flight compiles are unaffected)."""

@@ -10,7 +10,7 @@ Each bound is here, explicit and configurable, rather than left to a library's d
 - xgrammar has no such knobs. Its masks and jump-forward are bounded by the grammar: the front
   end refuses every schema and grammar with a part that can be entered but never completed
   (``schema/algebra/finite.py``, ``text_finite.py``), which is what made its jump-forward loop and allocate
-  until the OOM killer came (issue 20); every accepted grammar has a finite completion from
+  until the OOM killer came; every accepted grammar has a finite completion from
   every state, so the forced continuation is finite.
 - Compile time: ``GrammarConfig.compile_timeout_s`` (``cache.py``). It fails the waiters, but a
   backend compile cannot be stopped once started, so what may start is bounded too: xgrammar
@@ -18,6 +18,12 @@ Each bound is here, explicit and configurable, rather than left to a library's d
   shared cores: an enum of 20,000 strings, 2 MB of JSON, took 93 s and +746 MB to compile
   ahead of time into a 540 MB grammar; 1,000 strings 0.9 s and +26 MB; llguidance compiled the
   20,000 in 0.3 s, +33 MB). Beyond it llguidance alone serves the grammar (``auto``).
+- Size (``max_tools``, ``max_tags``, ``max_triggers``, ``max_tag_formats``,
+  ``max_grammar_bytes``, ``max_grammar_rules``, ``max_regex_bytes``): checked by the front end
+  before any parser or backend sees the input, each refusal a 400 naming the bound and the JSON
+  path. What a backend builds from an accepted input is bounded too: llguidance refuses to
+  parse a generated grammar over ``max_backend_grammar_bytes`` (measured: a structural tag of
+  3,000 triggers made a 120 MB Lark grammar, whose parse took the engine past 20 GB).
 - Refusals (``negative_entries``): a schema refused once is refused again from memory, without
   compiling (``cache.py``); a compile that timed out is remembered for ``negative_ttl_s`` (its
   worker may still be running it, and a timeout can be the machine's load, not the schema).
@@ -66,6 +72,32 @@ class GrammarLimits:
     negative_ttl_s : float
         How long a compile timeout is remembered (refusals of the input itself stay until
         evicted).
+    max_tools : int
+        Function tools of one request (OpenAI allows 128).
+    max_tags : int
+        Tags of one structural tag (``structures`` of the legacy shape, ``tags`` of every
+        ``triggered_tags`` and ``tags_with_separator``, together). At 2,048 tags one trigger's
+        alternatives passed llguidance's ``max_items_in_row``.
+    max_triggers : int
+        Triggers of one structural tag (``triggers`` and ``dispatch`` patterns, together). Each
+        trigger's free text excludes every other, so the lexer's work grows with the square:
+        at 96 triggers llguidance's lexer gave up on the first tag ("too many expressions"),
+        at 64 it served it.
+    max_tag_formats : int
+        Format objects of one structural tag (each one is a grammar rule).
+    max_grammar_bytes : int
+        Length of a Lark or EBNF grammar's text (UTF-8 bytes).
+    max_grammar_rules : int
+        Rules and terminals one Lark or EBNF grammar defines (the ``lark`` check's cost grows
+        with them: 0.3 s for 1,500 chained rules; its Earley construction took 7 s).
+    max_regex_bytes : int
+        Length of a regex (UTF-8 bytes).
+    max_backend_grammar_bytes : int
+        Largest grammar text the grammar layer hands to llguidance's parser (the grammar it
+        generates for a tool-call format or a structural tag, embedded schemas included).
+    check_timeout_s, check_memory_bytes : float, int
+        Time and address space of the child process that checks a large Lark grammar
+        (``text_grammars.check_lark``); it is killed at the deadline.
     """
 
     max_depth: int = DEFAULT_MAX_DEPTH
@@ -79,16 +111,30 @@ class GrammarLimits:
     negative_entries: int = 4096
     memo_bytes: int = 64 * 2**20
     negative_ttl_s: float = 600.0
+    max_tools: int = 512
+    max_tags: int = 512
+    max_triggers: int = 64
+    max_tag_formats: int = 10_000
+    max_grammar_bytes: int = 64 * 1024
+    max_grammar_rules: int = 1_000
+    max_regex_bytes: int = 32 * 1024
+    max_backend_grammar_bytes: int = 16 * 2**20
+    check_timeout_s: float = 10.0
+    check_memory_bytes: int = 2**30
 
     def __post_init__(self) -> None:
         for name in ("max_depth", "step_max_items", "max_items_in_row", "max_lexer_states",
                      "max_grammar_size", "initial_lexer_fuel", "step_lexer_fuel",
-                     "xgrammar_max_bytes"):
+                     "xgrammar_max_bytes", "max_tools", "max_tags", "max_triggers",
+                     "max_tag_formats", "max_grammar_bytes", "max_grammar_rules",
+                     "max_regex_bytes", "max_backend_grammar_bytes", "check_memory_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.memo_bytes < 0:
             raise ValueError(f"memo_bytes must be >= 0, got {self.memo_bytes}")
         if self.negative_entries < 0:
             raise ValueError(f"negative_entries must be >= 0, got {self.negative_entries}")
+        if self.check_timeout_s <= 0:
+            raise ValueError(f"check_timeout_s must be > 0, got {self.check_timeout_s}")
         if self.negative_ttl_s < 0:
             raise ValueError(f"negative_ttl_s must be >= 0, got {self.negative_ttl_s}")

@@ -1,5 +1,5 @@
 """What of a pattern the grammar backends do not read as Python's ``re`` does, and the
-*superset* pattern a grammar can hold instead (issue 33 item 4).
+*superset* pattern a grammar can hold instead.
 
 The front end takes what ``re`` compiles (``patterns.py``); the backends' regex engines (Rust
 ``regex`` in llguidance, xgrammar's own) lack some of it. One scan of the pattern text finds
@@ -19,12 +19,19 @@ each such *construct*:
   operation: ``[[:alpha:]]`` is six characters and a ``]`` to ``re``, any letter to Rust).
 
 A pattern with no construct is passed to the backends as it is.
+
+Anchors are the backends' other difference: both ignore ``^`` and ``$`` (llguidance logs
+"'$' ... is ignored"), which is right where the whole text is the match and the anchor can only
+stand at its start or end. :func:`misplaced_anchors` finds the others (``(a+)+$b`` matches
+nothing in ``re``; without the anchor, ``aab``), which no grammar holds.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from re import _constants as _sc  # type: ignore[attr-defined]
+from re import _parser as _sp  # type: ignore[attr-defined]
 from typing import Any
 
 from grammarserve.errors import UnsupportedSchemaError
@@ -233,6 +240,77 @@ def constructs(pattern: str) -> list[Construct]:
     return sorted(_scan(pattern).found, key=lambda c: c.pos)
 
 
+_STARTS = {_sc.AT_BEGINNING: "^", _sc.AT_BEGINNING_STRING: "\\A"}
+_ENDS = {_sc.AT_END: "$", _sc.AT_END_STRING: "\\Z"}
+_REPEATS = (_sc.MAX_REPEAT, _sc.MIN_REPEAT, getattr(_sc, "POSSESSIVE_REPEAT", _sc.MAX_REPEAT))
+
+
+def misplaced_anchors(pattern: str) -> list[Construct]:
+    """The ``^``/``\\A`` of ``pattern`` that can match after its first character, and the
+    ``$``/``\\Z`` that can match before its last, where the whole text is the match (a regex
+    constraint): the backends ignore anchors, which is exact only at the ends. ``pattern``
+    must compile with ``re``; under ``(?m)`` anchors are the multiline flag's (``constructs``)."""
+    if not any(a in pattern for a in ("^", "$", "\\A", "\\Z")):
+        return []
+    try:
+        tree = _sp.parse(pattern)
+    except (re.error, RecursionError, OverflowError, ValueError):
+        return []
+    every: list[tuple[str, bool]] = []
+    _walk_anchors(list(tree), True, True, every)
+    if not any(bad for _, bad in every):
+        return []
+    written = _anchor_positions(pattern)
+    aligned = len(written) == len(every)  # NOTE: re's parser may merge equal branch prefixes
+    return [Construct("anchor inside the pattern", text,
+                      written[k][0] if aligned else next(p for p, t in written if t == text),
+                      False)
+            for k, (text, bad) in enumerate(every) if bad]
+
+
+def _zero_width(item: tuple[Any, Any]) -> bool:
+    return item[0] in (_sc.AT, _sc.ASSERT, _sc.ASSERT_NOT)
+
+
+def _walk_anchors(items: list[tuple[Any, Any]], lead: bool, trail: bool,
+                  found: list[tuple[str, bool]]) -> None:
+    """Append to ``found`` each anchor of ``items`` in order, with whether it may match
+    elsewhere than the start (``lead``: ``items`` start the text) or end (``trail``) it
+    asserts."""
+    after = [True] * (len(items) + 1)
+    for k in range(len(items) - 1, -1, -1):
+        after[k] = after[k + 1] and _zero_width(items[k])
+    before = True
+    for k, (op, av) in enumerate(items):
+        first, last = lead and before, trail and after[k + 1]
+        if op == _sc.AT:
+            if av in _STARTS or av in _ENDS:
+                found.append((_STARTS.get(av) or _ENDS[av],
+                              not first if av in _STARTS else not last))
+        elif op == _sc.SUBPATTERN:
+            _walk_anchors(list(av[-1]), first, last, found)
+        elif op == _sc.BRANCH:
+            for alt in av[1]:
+                _walk_anchors(list(alt), first, last, found)
+        elif op in _REPEATS:
+            once = av[1] <= 1  # NOTE: a second copy of the body follows the first
+            _walk_anchors(list(av[2]), first and once, last and once, found)
+        elif op == getattr(_sc, "ATOMIC_GROUP", None):
+            _walk_anchors(list(av), first, last, found)
+        elif op == _sc.GROUPREF_EXISTS:
+            for branch in av[1:]:
+                if branch is not None:
+                    _walk_anchors(list(branch), first, last, found)
+        before = before and _zero_width((op, av))
+
+
+def _anchor_positions(pattern: str) -> list[tuple[int, str]]:
+    """Where ``^``, ``$``, ``\\A`` and ``\\Z`` are written outside classes, in order."""
+    out = [(i, c) for i, c, inside in regex_chars(pattern) if c in "^$" and not inside]
+    out += [(m.start(), m.group(1)) for m in re.finditer(r"(?<!\\)(?:\\\\)*(\\[AZ])", pattern)]
+    return sorted(out)
+
+
 def first_refused(pattern: str) -> Construct | None:
     """The first construct of ``pattern`` that no superset can stand for, if any."""
     return next((c for c in constructs(pattern) if not c.checkable), None)
@@ -273,6 +351,8 @@ _WHY = {
                                     "backends as a nested class (escape it: '\\[')",
     "set operation in a character class": "Python's re reads it as two characters, the "
                                           "grammar backends as a set operation (escape them)",
+    "anchor inside the pattern": "the grammar backends ignore anchors, which is right only at "
+                                 "the pattern's start or end",
 }
 _NOT_HERE = ("no grammar holds it, and it cannot be left to a value check here (strict mode, "
              "tool-call parameters and value_checks=False have none, nor has a pattern under "

@@ -19,7 +19,8 @@ free text where the enclosing tag's ``end`` appears (or at the end of the output
 lexeme holds; free text followed by other output is ambiguous, which a lexeme cannot hold.
 
 Every JSON schema passes the front end of ``response_format`` ``json_schema``, its refusals
-naming the path inside the tag. The normalized tree: ``optional``/``plus``/``star`` as ``repeat``.
+naming the path inside the tag. The tag's size is bounded before its parts are read
+(``GrammarLimits``: tags, triggers and format objects of the whole tag). The normalized tree: ``optional``/``plus``/``star`` as ``repeat``.
 """
 
 from __future__ import annotations
@@ -27,10 +28,19 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, NoReturn
+from typing import Any, Literal
 
 from grammarserve.constraints import StructuralFormat as F
-from grammarserve.errors import GrammarError
+from grammarserve.fsm.limits import GrammarLimits
+from grammarserve.fsm.structural_fields import count as _count
+from grammarserve.fsm.structural_fields import excludes as _excludes
+from grammarserve.fsm.structural_fields import fail as _fail
+from grammarserve.fsm.structural_fields import flag as _flag
+from grammarserve.fsm.structural_fields import items as _list
+from grammarserve.fsm.structural_fields import kind_of as _kind
+from grammarserve.fsm.structural_fields import only as _only
+from grammarserve.fsm.structural_fields import string as _string
+from grammarserve.fsm.structural_fields import strings as _strings
 
 #: Where a format's output is followed from: the end of the output, the ``end`` of the ``tag``
 #: whose content it ends, or other output (where free text cannot be compiled exactly).
@@ -71,9 +81,11 @@ class TagChecks:
     grammar: Callable[[Any, str], str]
 
 
-def normalize_structural_tag(tag: Any, checks: TagChecks, max_depth: int) -> dict[str, Any]:
+def normalize_structural_tag(tag: Any, checks: TagChecks, max_depth: int,
+                             limits: GrammarLimits | None = None) -> dict[str, Any]:
     """The normalized format tree of a structural tag (either shape), ``{"format": {...}}``;
-    raises ``GrammarError`` naming the problem and its path (``$`` is the tag object)."""
+    raises ``GrammarError`` naming the problem and its path (``$`` is the tag object), a bound
+    of ``limits`` (default ``GrammarLimits()``) exceeded included."""
     if isinstance(tag, str):
         try:
             tag = json.loads(tag)
@@ -83,7 +95,7 @@ def normalize_structural_tag(tag: Any, checks: TagChecks, max_depth: int) -> dic
         _fail("$", f"a structural tag must be an object, got {_kind(tag)}")
     if tag.get("type", "structural_tag") != "structural_tag":
         _fail("$.type", f"must be 'structural_tag', got {tag.get('type')!r}")
-    reader = _Reader(checks, max_depth)
+    reader = _Reader(checks, max_depth, limits or GrammarLimits())
     legacy = "structures" in tag or "triggers" in tag
     if legacy and "format" in tag:
         _fail("$", "give either 'format' or the legacy 'structures' and 'triggers', not both")
@@ -97,15 +109,31 @@ def normalize_structural_tag(tag: Any, checks: TagChecks, max_depth: int) -> dic
 
 
 class _Reader:
-    def __init__(self, checks: TagChecks, max_depth: int) -> None:
+    def __init__(self, checks: TagChecks, max_depth: int, limits: GrammarLimits) -> None:
         self.checks = checks
         self.max_depth = max_depth
+        self.limits = limits
+        self.spent = {"tags": 0, "triggers": 0, "format objects": 0}
+
+    def spend(self, what: str, n: int, path: str) -> None:
+        """Count ``n`` more ``what`` (tags, triggers, format objects) of the tag, refused at
+        ``path`` past their bound (before they are read: the trigger checks are quadratic)."""
+        self.spent[what] += n
+        field = {"tags": "max_tags", "triggers": "max_triggers",
+                 "format objects": "max_tag_formats"}[what]
+        most = getattr(self.limits, field)
+        if self.spent[what] > most:
+            _fail(path, f"the structural tag has at least {self.spent[what]:,} {what}, "
+                        f"more than this server's limit of {most:,} ({field})")
 
     def legacy(self, tag: dict[str, Any]) -> dict[str, Any]:
+        if isinstance(tag.get("triggers"), list):
+            self.spend("triggers", len(tag["triggers"]), "$.triggers")
         triggers = _strings(tag.get("triggers"), "$.triggers", nonempty=True)
         structures = tag.get("structures")
         if not isinstance(structures, list) or not structures:
             _fail("$.structures", "must be a non-empty list of {'begin', 'schema', 'end'}")
+        self.spend("tags", len(structures), "$.structures")
         tags: list[dict[str, Any]] = []
         for i, s in enumerate(structures):
             where = f"$.structures[{i}]"
@@ -130,6 +158,7 @@ class _Reader:
                         f"{self.max_depth} levels)")
         if not isinstance(value, dict):
             _fail(path, f"a format must be an object with a 'type', got {_kind(value)}")
+        self.spend("format objects", 1, path)
         name = value.get("type")
         try:
             kind = F(name)
@@ -258,6 +287,7 @@ class _Reader:
 
     def _tags(self, v: dict[str, Any], path: str, depth: int) -> list[dict[str, Any]]:
         items = _list(v.get("tags"), f"{path}.tags")
+        self.spend("tags", len(items), f"{path}.tags")
         tags = []
         for i, t in enumerate(items):
             where = f"{path}.tags[{i}]"
@@ -273,6 +303,7 @@ class _Reader:
         if not once:  # NOTE: otherwise it may end in free text
             _free_here(F.TRIGGERED_TAGS, path, follow)
         triggers = _strings(v.get("triggers"), f"{path}.triggers", nonempty=True)
+        self.spend("triggers", len(triggers), f"{path}.triggers")
         tags = self._tags(v, path, depth)
         _match_triggers(triggers, [t["begin"] for t in tags], f"{path}.triggers",
                         [f"{path}.tags[{i}].begin" for i in range(len(tags))])
@@ -294,6 +325,7 @@ class _Reader:
                   ) -> dict[str, Any]:
         _free_here(F.DISPATCH, path, follow)
         rules = _list(v.get("rules"), f"{path}.rules")
+        self.spend("triggers", len(rules), f"{path}.rules")
         out: list[tuple[str, dict[str, Any]]] = []
         for i, rule in enumerate(rules):
             where = f"{path}.rules[{i}]"
@@ -340,60 +372,3 @@ def _distinct_triggers(triggers: list[str], paths: list[str]) -> None:
             if i != j and other in t and (other != t or j < i):
                 _fail(paths[i], f"the trigger {t!r} contains the trigger {other!r} "
                                 f"({paths[j]}): which one dispatches would be ambiguous")
-
-
-def _excludes(v: dict[str, Any], path: str) -> list[str]:
-    if v.get("excludes") is None:
-        return []
-    return _strings(v["excludes"], f"{path}.excludes", nonempty=False)
-
-
-def _flag(v: dict[str, Any], name: str, path: str) -> bool:
-    value = v.get(name, False)
-    if not isinstance(value, bool):
-        _fail(f"{path}.{name}", f"must be a boolean, got {_kind(value)}")
-    return value
-
-
-def _count(value: Any, path: str, most: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= most:
-        _fail(path, f"must be an integer from 0 to {most}, got {value!r}")
-    return value
-
-
-def _list(value: Any, path: str) -> list[Any]:
-    if not isinstance(value, list) or not value:
-        _fail(path, f"must be a non-empty list, got {_kind(value)}")
-    return value
-
-
-def _string(value: Any, path: str, nonempty: bool = True) -> str:
-    if not isinstance(value, str) or (nonempty and not value):
-        _fail(path, f"must be a {'non-empty ' if nonempty else ''}string, got {value!r}"[:300])
-    return value
-
-
-def _strings(value: Any, path: str, *, nonempty: bool, empty_items: bool = False
-             ) -> list[str]:
-    """A list of strings (``nonempty``: at least one; ``empty_items``: ``""`` allowed)."""
-    if not isinstance(value, list) or (nonempty and not value):
-        _fail(path, f"must be a {'non-empty ' if nonempty else ''}list of strings, got "
-                    f"{_kind(value)}")
-    for i, s in enumerate(value):
-        _string(s, f"{path}[{i}]", nonempty=not empty_items)
-    return list(value)
-
-
-def _only(value: dict[str, Any], fields: tuple[str, ...], path: str) -> None:
-    """Unknown fields are refused, not ignored: a misspelt one would weaken the constraint."""
-    for key in value:
-        if key not in fields:
-            _fail(f"{path}.{key}", f"unknown field {key!r} here (known: {', '.join(fields)})")
-
-
-def _kind(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
-
-
-def _fail(path: str, message: str) -> NoReturn:
-    raise GrammarError(f"{path}: {message}", path=path)

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from grammarserve.errors import GrammarError
+from grammarserve.fsm.limits import GrammarLimits
 from grammarserve.fsm.schema.tree import rebase_refs
 from grammarserve.fsm.tool_args import RAW_RULE, args_rules, check_args, lit
 from grammarserve.fsm.tool_formats import FORMATS as _TABLE
@@ -50,8 +51,10 @@ SchemaCheck = Callable[[Any, bool, str], dict[str, Any]]
 
 
 def normalize_tools(tools: list[dict[str, Any]], mode: Any, *, parallel: bool,
-                    check_schema: SchemaCheck, fmt: str = "hermes") -> dict[str, Any]:
-    """Validate OpenAI ``tools``, ``tool_choice`` and the call format ``fmt``.
+                    check_schema: SchemaCheck, fmt: str = "hermes",
+                    limits: GrammarLimits | None = None) -> dict[str, Any]:
+    """Validate OpenAI ``tools``, ``tool_choice`` and the call format ``fmt``; at most
+    ``limits.max_tools`` tools (default ``GrammarLimits()``), counted before any is read.
 
     ``check_schema(schema, strict, path)`` validates each tool's ``parameters`` (the JSON Schema
     front end). Returns ``{"tools": [{"name", "parameters"}], "mode", "parallel", "format"}``.
@@ -67,6 +70,10 @@ def normalize_tools(tools: list[dict[str, Any]], mode: Any, *, parallel: bool,
                            path="$.tool_choice")
     if not isinstance(tools, list) or not tools:
         raise GrammarError("'tools' must be a non-empty list of function tools", path="$.tools")
+    most = (limits or GrammarLimits()).max_tools
+    if len(tools) > most:
+        raise GrammarError(f"'tools' has {len(tools):,} tools, more than this server's limit "
+                           f"of {most:,} tools in one request (max_tools)", path="$.tools")
     out: list[dict[str, Any]] = []
     for i, tool in enumerate(tools):
         where = f"$.tools[{i}]"

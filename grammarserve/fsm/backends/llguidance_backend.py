@@ -242,6 +242,12 @@ class LLGuidanceBackend(GrammarBackend):
             grammar = self.grammar_text(spec)
         except ValueError as e:
             raise _refusal(spec, str(e)) from None
+        most = self.config.limits.max_backend_grammar_bytes
+        if len(grammar) > most:  # NOTE: its parse, before any llguidance limit, grows with it
+            raise GrammarBackendError(
+                f"the {spec.kind} makes an llguidance grammar of {len(grammar):,} bytes, more than "
+                f"this server's limit of {most:,} (max_backend_grammar_bytes); use fewer or smaller "
+                "schemas", backend=self.name)
         proto = llguidance.LLMatcher(self._tok, grammar, log_level=0, limits=self._limits)
         if proto.is_error():
             raise _refusal(spec, proto.get_error())
