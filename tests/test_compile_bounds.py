@@ -216,8 +216,12 @@ def test_anchors_at_the_ends_pass(pattern: str) -> None:
     assert _spec(ConstraintKind.REGEX, pattern).source == pattern
 
 
-def test_a_custom_tool_regex_with_a_mid_pattern_dollar_is_a_400() -> None:
-    tool = CustomToolSpec(0, "send", None, CustomSyntax.REGEX, "(a+)+$b")
+@pytest.mark.parametrize(("pattern", "named"), [
+    ("(a+)+$b", "'$' at position 5"), (r"a\bb", r"word boundary '\\b' at position 1"),
+    ("(?=a)a", "look-ahead '(?=' at position 0")])
+def test_a_custom_tool_regex_the_backends_would_read_differently_is_a_400(pattern: str,
+                                                                          named: str) -> None:
+    tool = CustomToolSpec(0, "send", None, CustomSyntax.REGEX, pattern)
     plan = custom_constraint(tool)
     assert plan is not None
     kind, args, kwargs = plan.constraint.compile_args()
@@ -225,10 +229,11 @@ def test_a_custom_tool_regex_with_a_mid_pattern_dollar_is_a_400() -> None:
         SpecBuilder(GrammarConfig()).spec(kind, *args, **kwargs)
     err = grammar_error(e.value, plan)
     assert err.param == "tools[0].custom.format.grammar.definition"
-    assert "custom tool 'send'" in str(err) and "'$' at position 5" in str(err)
-    tag = {"format": {"type": "regex", "pattern": "(a+)+$b"}}
-    e2 = _refusal(ConstraintKind.STRUCTURAL_TAG, tag)
-    assert e2.path == "$.format.pattern" and "'$' at position 5" in str(e2)
+    assert "custom tool 'send'" in str(err) and named in str(err), str(err)
+    # NOTE: the same refusal as in a structural tag and as response_format's regex
+    e2 = _refusal(ConstraintKind.STRUCTURAL_TAG, {"format": {"type": "regex", "pattern": pattern}})
+    assert e2.path == "$.format.pattern" and named in str(e2)
+    assert named in str(_refusal(ConstraintKind.REGEX, pattern))
 
 
 # -- the compile cache -------------------------------------------------------------------------
