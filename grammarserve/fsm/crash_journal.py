@@ -3,13 +3,13 @@ so a constraint that crashed a backend natively (a SIGSEGV cannot be caught) is 
 then on instead of killing every engine that compiles it again.
 
 A :class:`CrashJournal` is a folder. Around each backend compile the compiling process writes an
-entry ``running/<digest>.<pid>.<tid>`` (``tid``: the compiling thread's kernel id) and
-removes it when the compile returns (or raises). The entry holds the spec's digest, the
-writer's start time, and its parent's pid and start time (the parent is the process that sees it die: the server, for its engine). Entries left there
-name the compiles in progress when their process died: whoever sees the death (the server's
-engine client) calls :meth:`CrashJournal.collect` with the dead process's pid, which moves
-their digests into the ``crashed`` list; a compiler opened on the folder refuses those digests
-from memory (:meth:`CrashJournal.crashed`).
+entry ``running/<digest>.<pid>.<tid>`` (``tid``: the compiling thread's kernel id) and removes
+it when the compile returns (or raises). The entry holds the spec's digest, the writer's start
+time, and its parent's pid and start time (the parent is the process that sees it die: the
+server, for its engine). Entries left there name the compiles in progress when their process
+died: whoever sees the death (the server's engine client) calls :meth:`CrashJournal.collect`
+with the dead process's pid, which moves their digests into the ``crashed`` list; a compiler
+opened on the folder refuses those digests from memory (:meth:`CrashJournal.crashed`).
 
 Entries that must blame no one:
 
