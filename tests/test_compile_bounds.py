@@ -11,6 +11,7 @@ import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +22,12 @@ from grammarserve.constraints import ConstraintKind, GrammarSyntax
 from grammarserve.errors import GrammarError, GrammarSyntaxError, UnsupportedSchemaError
 from grammarserve.fsm import CompiledGrammar, GrammarCompiler
 from grammarserve.fsm.cache import GrammarCache
-from grammarserve.fsm.config import GrammarConfig, GrammarSpec
+from grammarserve.fsm.config import GrammarConfig, GrammarSpec, canonical_json
 from grammarserve.fsm.frontend import SpecBuilder
 from grammarserve.fsm.lark_check import lark_problem
 from grammarserve.fsm.limits import GrammarLimits
 from grammarserve.fsm.regex_superset import misplaced_anchors
+from grammarserve.fsm.structural_tag import TagChecks, normalize_structural_tag
 from grammarserve.fsm.text_grammars import check_lark
 from grammarserve.fsm.tools import normalize_tools
 from grammarserve.openai.custom_tools import CustomSyntax, CustomToolSpec
@@ -308,6 +310,55 @@ def test_the_llguidance_grammar_is_bounded(tokenizer: Any) -> None:
         with pytest.raises(GrammarError, match=r"limit of 2,000 \(max_backend_grammar_bytes\)"):
             compiler.compile_structural_tag(_legacy(20, triggers=1))
         assert compiler.compile_structural_tag(_legacy(2, triggers=1)).backend == "llguidance"
+        compiler.cache.close()
+
+
+UNBOUNDED = GrammarLimits(max_triggers=10**6, max_tags=10**6, max_backend_grammar_bytes=2**30)
+
+
+def _unbounded_tag_spec(compiler: GrammarCompiler, n: int) -> GrammarSpec:
+    """The spec of an ``n``-trigger structural tag, past the front end's bounds (a tag the
+    front end would refuse, to reach the backend's own bounds)."""
+    small = compiler.spec(ConstraintKind.STRUCTURAL_TAG, _legacy(1))
+    checks = TagChecks(schema=lambda s, p: s, regex=lambda s, p: s, grammar=lambda s, p: s)
+    tree = normalize_structural_tag(_legacy(n), checks, 64, UNBOUNDED)
+    return replace(small, source=canonical_json(tree))
+
+
+@pytest.mark.model
+def test_a_timed_out_llguidance_build_is_killed_and_its_memory_never_reaches_the_engine(
+        tokenizer: Any) -> None:
+    with GrammarCompiler(tokenizer, background_upgrade=False, limits=UNBOUNDED,
+                         compile_timeout_s=1.0) as compiler:
+        compiler.compile_structural_tag(_legacy(1))
+        probe = compiler.policy.backend("llguidance").probe  # type: ignore[attr-defined]
+        assert probe.check('start: "a"\n', 30) is None  # NOTE: its child, started
+        child = probe.pid
+        base = _rss_mb()
+        # NOTE: a 5 MB grammar (the triggers exclude each other): in the engine it grew past
+        # 1.3 GB at 1,000 triggers; built in the probe, it is killed at the timeout
+        with pytest.raises(GrammarError, match="timeout"):
+            compiler.compile_spec_async(_unbounded_tag_spec(compiler, 600)).result(30)
+        # NOTE: the written-off compile goes on to the probe, which kills its child at the
+        # compile timeout; closing the cache waits for that compile thread
+        compiler.cache.close(timeout_s=60)
+        assert probe.pid is None and not Path(f"/proc/{child}").exists()
+        assert _rss_mb() - base < 300  # the grammar's text, not its build
+
+
+@pytest.mark.model
+def test_an_llguidance_build_over_its_memory_is_refused(tokenizer: Any) -> None:
+    limits = replace(UNBOUNDED, probe_memory_bytes=256 * 2**20)
+    with GrammarCompiler(tokenizer, background_upgrade=False, limits=limits,
+                         compile_timeout_s=60) as compiler:
+        with pytest.raises(GrammarError, match=r"probe_memory_bytes"):
+            compiler.compile_spec_async(_unbounded_tag_spec(compiler, 600)).result(60)
+        probe = compiler.policy.backend("llguidance").probe  # type: ignore[attr-defined]
+        assert probe.pid is None
+        # NOTE: a grammar within the bounds is probed in a fresh child and compiles
+        assert compiler.compile_structural_tag(_legacy(300, triggers=1)).backend == "llguidance"
+        assert probe.pid is not None
+        probe.close()
         compiler.cache.close()
 
 

@@ -323,7 +323,11 @@ class GrammarCache:
         """A snapshot of the counters."""
         with self._lock:
             self._bytes = sum(g.size_bytes for g in self._lru.values())
+            c = self._counts
             return CacheStats(entries=len(self._lru), bytes=self._bytes, max_bytes=self.max_bytes,
                               compile_s_total=self._compile_s_total,
                               compile_s_max=self._compile_s_max,
-                              refused_entries=len(self._refused), **self._counts)
+                              refused_entries=len(self._refused), hits=c["hits"],
+                              misses=c["misses"], shared=c["shared"], timeouts=c["timeouts"],
+                              errors=c["errors"], evictions=c["evictions"],
+                              refused=c["refused"])

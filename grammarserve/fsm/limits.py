@@ -99,6 +99,10 @@ class GrammarLimits:
         Measured with SmolLM2's tokenizer: 0.5 MB (256 tools of 20 properties) compiled in
         1.9 s, +140 MB; 2 MB (512 tools of 40) took 7 s and +460 MB before llguidance refused
         it (over its 65,535 grammar symbols).
+    probe_bytes, probe_memory_bytes : int
+        An llguidance grammar over ``probe_bytes`` is built first in a child process, under
+        ``probe_memory_bytes`` of address space and killed at the compile timeout
+        (``backends/ll_probe.py``).
     check_timeout_s, check_memory_bytes : float, int
         Time and address space of the child process that checks a large Lark grammar
         (``text_grammars.check_lark``); it is killed at the deadline.
@@ -123,6 +127,8 @@ class GrammarLimits:
     max_grammar_rules: int = 1_000
     max_regex_bytes: int = 32 * 1024
     max_backend_grammar_bytes: int = 2**20
+    probe_bytes: int = 64 * 1024
+    probe_memory_bytes: int = 2 * 2**30
     check_timeout_s: float = 10.0
     check_memory_bytes: int = 2**30
 
@@ -131,7 +137,8 @@ class GrammarLimits:
                      "max_grammar_size", "initial_lexer_fuel", "step_lexer_fuel",
                      "xgrammar_max_bytes", "max_tools", "max_tags", "max_triggers",
                      "max_tag_formats", "max_grammar_bytes", "max_grammar_rules",
-                     "max_regex_bytes", "max_backend_grammar_bytes", "check_memory_bytes"):
+                     "max_regex_bytes", "max_backend_grammar_bytes", "check_memory_bytes",
+                     "probe_bytes", "probe_memory_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.memo_bytes < 0:

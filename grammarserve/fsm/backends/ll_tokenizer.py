@@ -39,11 +39,16 @@ def plain_added_tokens(tok: dict[str, Any]) -> list[dict[str, Any]]:
 
 def from_hf_tokenizer(hf_tokenizer: Any, n_vocab: int, eos_token: list[int]) -> Any:
     """``llguidance.hf.from_tokenizer`` with plain added tokens as text (see the module)."""
+    return llguidance.LLTokenizer(hf_tokenizer_json(hf_tokenizer), n_vocab=n_vocab,
+                                  eos_token=eos_token)
+
+
+def hf_tokenizer_json(hf_tokenizer: Any) -> str:
+    """The tokenizer JSON :func:`from_hf_tokenizer` builds llguidance's tokenizer from."""
     backend = copy.copy(hf_tokenizer.backend_tokenizer)
     backend.no_padding()
     backend.no_truncation()
-    return llguidance.LLTokenizer(llguidance_tokenizer_json(backend.to_str()), n_vocab=n_vocab,
-                                  eos_token=eos_token)
+    return llguidance_tokenizer_json(backend.to_str())
 
 
 def llguidance_tokenizer_json(backend_json: str) -> str:

@@ -16,7 +16,8 @@ from llguidance.gbnf_to_lark import any_to_lark
 from grammarserve.constraints import ConstraintKind, GrammarSyntax
 from grammarserve.errors import GrammarBackendError, GrammarError, UnsupportedSchemaError
 from grammarserve.fsm.backends.base import GrammarBackend
-from grammarserve.fsm.backends.ll_tokenizer import from_hf_tokenizer
+from grammarserve.fsm.backends.ll_probe import LLProbe
+from grammarserve.fsm.backends.ll_tokenizer import from_hf_tokenizer, hf_tokenizer_json
 from grammarserve.fsm.backends.messages import translate
 from grammarserve.fsm.config import GrammarConfig, GrammarSpec
 from grammarserve.fsm.freetext import FreeTextMasks, TextState
@@ -114,10 +115,16 @@ class LLGuidanceBackend(GrammarBackend):
         lim = config.limits
         # NOTE: explicit, so a grammar over them fails (its matcher's error state, a 400)
         # instead of depending on the library's defaults.
-        self._limits = llguidance.LLParserLimits(
-            max_items_in_row=lim.max_items_in_row, initial_lexer_fuel=lim.initial_lexer_fuel,
-            step_lexer_fuel=lim.step_lexer_fuel, step_max_items=lim.step_max_items,
-            max_lexer_states=lim.max_lexer_states, max_grammar_size=lim.max_grammar_size)
+        parser_limits: dict[str, Any] = {
+            "max_items_in_row": lim.max_items_in_row, "initial_lexer_fuel": lim.initial_lexer_fuel,
+            "step_lexer_fuel": lim.step_lexer_fuel, "step_max_items": lim.step_max_items,
+            "max_lexer_states": lim.max_lexer_states, "max_grammar_size": lim.max_grammar_size}
+        self._limits = llguidance.LLParserLimits(**parser_limits)
+        # NOTE: started on the first grammar over probe_bytes (see ll_probe.py)
+        self.probe = LLProbe(lambda: {"tokenizer": hf_tokenizer_json(vocab.tokenizer),
+                                      "n_vocab": vocab.vocab_size,
+                                      "eos": list(vocab.stop_token_ids),
+                                      "limits": parser_limits}, lim.probe_memory_bytes)
 
     def warmup(self, max_whitespace: int | None) -> None:
         self.token_bytes()
@@ -248,6 +255,10 @@ class LLGuidanceBackend(GrammarBackend):
                 f"the {spec.kind} makes an llguidance grammar of {len(grammar):,} bytes, more than "
                 f"this server's limit of {most:,} (max_backend_grammar_bytes); use fewer or smaller "
                 "schemas", backend=self.name)
+        if len(grammar) > self.config.limits.probe_bytes:
+            problem = self.probe.check(grammar, self.config.compile_timeout_s)
+            if problem is not None:
+                raise _refusal(spec, problem)
         proto = llguidance.LLMatcher(self._tok, grammar, log_level=0, limits=self._limits)
         if proto.is_error():
             raise _refusal(spec, proto.get_error())
