@@ -331,19 +331,30 @@ def test_a_timed_out_llguidance_build_is_killed_and_its_memory_never_reaches_the
     with GrammarCompiler(tokenizer, background_upgrade=False, limits=UNBOUNDED,
                          compile_timeout_s=1.0) as compiler:
         compiler.compile_structural_tag(_legacy(1))
-        probe = compiler.policy.backend("llguidance").probe  # type: ignore[attr-defined]
+        backend = compiler.policy.backend("llguidance")
+        probe = backend.probe  # type: ignore[attr-defined]
         assert probe.check('start: "a"\n', 30) is None  # NOTE: its child, started
         child = probe.pid
         base = _rss_mb()
         # NOTE: a 5 MB grammar (the triggers exclude each other): in the engine it grew past
-        # 1.3 GB at 1,000 triggers; built in the probe, it is killed at the timeout
+        # 1.3 GB at 1,000 triggers; here it never reaches the engine's llguidance
+        spec = _unbounded_tag_spec(compiler, 600)
         with pytest.raises(GrammarError, match="timeout"):
-            compiler.compile_spec_async(_unbounded_tag_spec(compiler, 600)).result(30)
-        # NOTE: the written-off compile goes on to the probe, which kills its child at the
-        # compile timeout; closing the cache waits for that compile thread
-        compiler.cache.close(timeout_s=60)
-        assert probe.pid is None and not Path(f"/proc/{child}").exists()
+            compiler.compile_spec_async(spec).result(30)
+        compiler.cache.close(timeout_s=60)  # NOTE: waits for the written-off compile thread
         assert _rss_mb() - base < 300  # the grammar's text, not its build
+        assert probe.pid in (None, child)  # killed at the deadline, or never asked past it
+        # the build itself, given half a second: the child is killed and a new one serves
+        compact = spec.with_option("json_style", "compact")
+        text = backend.grammar_text(compact)  # type: ignore[attr-defined]
+        if probe.pid is None:
+            assert probe.check('start: "a"\n', 30) is None
+        child = probe.pid
+        with pytest.raises(GrammarError, match=r"compile timeout \(compile_timeout_s"):
+            probe.check(text, 0.5)
+        assert probe.pid is None and not Path(f"/proc/{child}").exists()
+        assert probe.check('start: "b"\n', 30) is None and probe.pid not in (None, child)
+        probe.close()
 
 
 @pytest.mark.model

@@ -16,6 +16,7 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 
 from grammarserve.errors import GrammarError, GrammarTimeoutError
+from grammarserve.fsm.deadlines import compiling_until
 from grammarserve.fsm.disk_cache import DiskCacheStats
 from grammarserve.fsm.limits import GrammarLimits
 from grammarserve.fsm.lru import BoundedLRU
@@ -200,7 +201,8 @@ class GrammarCache:
         start = time.perf_counter()
         final = False
         try:
-            result: CompiledGrammar | None = job.fn()
+            with compiling_until(job.deadline):
+                result: CompiledGrammar | None = job.fn()
             exc: GrammarError | None = None
         except BaseException as e:  # noqa: BLE001 - delivered to the waiters
             result = None

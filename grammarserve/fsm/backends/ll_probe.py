@@ -47,9 +47,9 @@ class LLProbe:
     def check(self, grammar: str, timeout_s: float) -> str | None:
         """llguidance's refusal of ``grammar`` (None: it builds, with its first mask).
         Raises ``GrammarBackendError`` when the build took longer than ``timeout_s`` (the
-        child is killed) or more memory than the bound."""
+        child is killed; 0: at once, without a build) or more memory than the bound."""
         deadline = time.monotonic() + timeout_s
-        if not self._lock.acquire(timeout=timeout_s):
+        if timeout_s <= 0 or not self._lock.acquire(timeout=timeout_s):
             raise _timeout(timeout_s)
         try:
             proc = self._started()
@@ -112,9 +112,9 @@ class LLProbe:
 
 def _timeout(timeout_s: float) -> GrammarBackendError:
     return GrammarBackendError(
-        f"llguidance took more than the compile timeout ({timeout_s:g} s, compile_timeout_s) "
-        "to build this grammar; its build was stopped; use fewer or smaller schemas",
-        backend="llguidance")
+        f"llguidance could not build this grammar within the compile timeout "
+        f"(compile_timeout_s; {timeout_s:.3g} s were left); its build was stopped; use fewer or "
+        "smaller schemas", backend="llguidance")
 
 
 def _send(proc: subprocess.Popen[bytes], data: bytes) -> None:
