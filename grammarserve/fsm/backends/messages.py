@@ -1,4 +1,4 @@
-"""The backends' messages in our terms (issue 33 item 5): what was hit and where in the input.
+"""The backends' messages in our terms: what was hit and where in the input.
 
 A backend refuses or stops with its own internals (llguidance: ``Parser Error: Current row
 has 7999 items; max is 2000; consider making your grammar left-recursive...``, a Rust regex

@@ -163,7 +163,7 @@ class XGrammarBackend(GrammarBackend):
                 f"this server's limit is {limit}); llguidance compiles it", backend=self.name)
         grammar = self._grammar(spec)
         # NOTE: xgrammar's jump-forward follows a rule that can never be completed for ever,
-        # allocating as it goes (issue 20): its own grammar is checked, whatever the front end
+        # allocating as it goes: its own grammar is checked, whatever the front end
         # let through, so every state it can reach has a finite completion.
         bad = unproductive_rules(str(grammar))
         if bad:
