@@ -8,6 +8,8 @@ bounded; and the compile cache closes its threads."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -274,6 +276,37 @@ def test_close_stops_the_workers_and_fails_queued_compiles() -> None:
     assert len(_cache_threads()) == before
     later = cache.get_or_compile("later", _fake)  # on this thread now
     assert later.done() and isinstance(later.result(), CompiledGrammar)
+
+
+_EXIT_MID_COMPILE = r"""
+import sys, threading
+from pathlib import Path
+from grammarserve.fsm.cache import GrammarCache
+from grammarserve.fsm.matcher import CompiledGrammar
+
+marker, started = Path(sys.argv[1]), threading.Event()
+
+def compile_fn():
+    marker.write_text("running")  # as the crash journal's entry while a compile runs
+    started.set()
+    try:
+        threading.Event().wait(0.5)  # the compile's work
+        return CompiledGrammar(backend="fake", kind="regex", make_matcher=lambda: None,
+                               size_bytes=1, compile_s=0.0)
+    finally:
+        marker.unlink()
+
+GrammarCache(max_bytes=1000, timeout_s=30, threads=1).get_or_compile("k", compile_fn)
+assert started.wait(30)
+"""  # NOTE: the script ends while the compile runs
+
+
+def test_a_compile_running_at_a_normal_exit_finishes(tmp_path: Path) -> None:
+    marker = tmp_path / "running"
+    done = subprocess.run([sys.executable, "-c", _EXIT_MID_COMPILE, str(marker)],
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert not marker.exists()  # its entry closed: not taken for a crash at the next start
 
 
 # -- with the tokenizer ------------------------------------------------------------------------

@@ -5,11 +5,13 @@ again into the same failure."""
 
 from __future__ import annotations
 
+import atexit
 import copy
 import heapq
 import queue
 import threading
 import time
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
@@ -56,6 +58,24 @@ class _Job:
         self.future: Future[CompiledGrammar] = Future()
         self.worker: int | None = None  # id of the worker thread running it
         self.cancelled = False  # the cache closed before a worker took it
+
+
+def _close_at_interpreter_exit(cache: GrammarCache) -> None:
+    """Close ``cache`` (if still alive) when the interpreter starts to exit, so a compile
+    running then finishes (its crash-journal entry closed) instead of being frozen mid-way."""
+    me = weakref.ref(cache)
+
+    def close_if_alive() -> None:
+        alive = me()
+        if alive is not None:
+            alive.close()
+
+    # NOTE: threading's exit hooks run while daemon threads still run; atexit's run later
+    register = getattr(threading, "_register_atexit", atexit.register)
+    try:
+        register(close_if_alive)
+    except RuntimeError:  # the interpreter is already shutting down
+        pass
 
 
 def _settle(future: Future[CompiledGrammar], result: CompiledGrammar | None,
@@ -113,6 +133,7 @@ class GrammarCache:
         for _ in range(self._threads):
             self._spawn_worker()
         self._spawn(self._watchdog, "grammarserve-compile-watchdog")
+        _close_at_interpreter_exit(self)
 
     def _spawn_worker(self) -> None:
         self._spawn(self._worker, "grammarserve-compile")
