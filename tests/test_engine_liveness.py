@@ -125,7 +125,7 @@ def test_sending_never_blocks_the_caller(shared: EngineProcess) -> None:
 
 def test_an_output_that_cannot_be_delivered_does_not_stop_the_others(
         shared: EngineProcess, monkeypatch: pytest.MonkeyPatch) -> None:
-    from grammarserve.shared.streams import RequestStream
+    from grammarserve.engine.streams import RequestStream
 
     real_put = RequestStream.put
 

@@ -30,13 +30,11 @@ import os
 import queue
 import signal
 import threading
-import time
 from concurrent.futures import Future
 from multiprocessing.connection import wait
 from typing import Any, TypeVar
 
 from grammarserve.config import EngineConfig
-from grammarserve.engine.liveness import process_stopped
 from grammarserve.engine.process_child import engine_main
 from grammarserve.engine.process_messages import (
     Abort,
@@ -51,6 +49,7 @@ from grammarserve.engine.process_messages import (
     Stats,
     StatsFailed,
 )
+from grammarserve.engine.progress import STALL_TIMEOUT_S, STEP_TIMEOUT_S, ProgressWatch
 from grammarserve.engine.stats import EngineStats
 from grammarserve.engine.streams import AsyncRequestStream, RequestStream
 from grammarserve.errors import (
@@ -71,10 +70,6 @@ _S = TypeVar("_S", bound="RequestStream")
 #: Exit signals of a native crash (the journal blames the compiles then running on them).
 NATIVE_CRASH_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE,
                                   signal.SIGABRT})
-#: Default seconds without a heartbeat after which the engine counts as stuck.
-STALL_TIMEOUT_S = 20.0
-#: Default longest step (seconds) before the engine counts as stuck.
-STEP_TIMEOUT_S = 600.0
 _STOP = object()  # tells the sender thread to end
 
 
@@ -93,8 +88,7 @@ class EngineProcess:
                                  name="grammarserve-engine")
         self._proc.start()
         child.close()
-        self.stall_timeout_s = stall_timeout_s
-        self.step_timeout_s = step_timeout_s
+        self.progress = ProgressWatch(stall_timeout_s, step_timeout_s)
         self._lock = threading.Lock()  # streams, digests, stats waiters and the death
         self._streams: dict[str, RequestStream] = {}
         self._stats_waiters: list[Future[EngineStats]] = []  # answered in the order asked
@@ -107,9 +101,6 @@ class EngineProcess:
         self.crashed_by_request = False  # set at death: a native crash while compiling
         self.latest_stats: EngineStats | None = None  # the newest counters the engine sent
         self.reader_errors = 0  # messages the reader could not deliver (each logged)
-        self.steps = 0  # engine steps finished, as of the last heartbeat
-        self._in_step_s: float | None = None
-        self._heard = time.monotonic()  # when the engine last sent anything
         if not self._conn.poll(startup_timeout_s):
             self._proc.kill()
             raise EngineDeadError(f"the engine did not start within {startup_timeout_s:.0f}s")
@@ -123,7 +114,7 @@ class EngineProcess:
             self._proc.join(5)
             raise GrammarserveError(first.message)
         self.info: dict[str, Any] = first.info
-        self._heard = time.monotonic()
+        self.progress.on_message(first)
         self._outbox: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._sender = threading.Thread(target=self._send_loop, daemon=True,
                                         name="grammarserve-engine-sender")
@@ -163,12 +154,7 @@ class EngineProcess:
             return str(self._dead)
         if not self._reader.is_alive() or not self._sender.is_alive():
             return "the engine client's threads ended"
-        if process_stopped(self.pid):
-            return "the engine process is stopped (SIGSTOP)"
-        silent = time.monotonic() - self._heard
-        if silent > min(self.stall_timeout_s, 5.0):
-            return f"the engine process has sent nothing for {silent:.0f} s"
-        return None
+        return self.progress.trouble(self.pid)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
                     *, namespace: str = "") -> RequestStream:
@@ -287,13 +273,15 @@ class EngineProcess:
                 except (EOFError, OSError):
                     self._ended()
                     return
-                self._heard = time.monotonic()
+                self.progress.on_message(msg)
                 self._guarded(msg)
             elif sentinel in ready:
                 self._drain()
                 self._ended()
                 return
-            self._check_progress()
+            overdue = self.progress.overdue(self.pid)
+            if overdue is not None:
+                self._kill(overdue)
 
     def _guarded(self, msg: object) -> None:
         try:
@@ -312,7 +300,7 @@ class EngineProcess:
 
     def _deliver(self, msg: object) -> None:
         if isinstance(msg, Heartbeat):
-            self.steps, self._in_step_s = msg.steps, msg.in_step_s
+            pass  # noted by the progress watch
         elif isinstance(msg, Outputs):
             for out in msg.outputs:
                 stream = self._streams.get(out.request_id)
@@ -354,17 +342,6 @@ class EngineProcess:
             stream = self._streams.pop(request_id, None)
         if stream is not None:
             stream.put(err)
-
-    def _check_progress(self) -> None:
-        """Kill an engine that stopped making progress (the death path answers its callers)."""
-        silent = time.monotonic() - self._heard
-        if silent > self.stall_timeout_s:
-            how = ("is stopped (SIGSTOP)" if process_stopped(self.pid)
-                   else f"sent no heartbeat for {silent:.0f} s")
-            self._kill(f"the engine process {how}; it was killed")
-        elif self._in_step_s is not None and self._in_step_s + silent > self.step_timeout_s:
-            self._kill(f"one engine step ran longer than {self.step_timeout_s:g} s; the engine "
-                       "was killed")
 
     def _kill(self, reason: str) -> None:
         with self._lock:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from grammarserve.batch.lines import MAX_BYTES
 from grammarserve.config import EngineConfig
-from grammarserve.engine.process import STALL_TIMEOUT_S, STEP_TIMEOUT_S
+from grammarserve.engine.progress import STALL_TIMEOUT_S, STEP_TIMEOUT_S
 from grammarserve.errors import InvalidRequestError
 from grammarserve.openai.context import model_name
 from grammarserve.openai.depth import DEFAULT_MAX_JSON_DEPTH
