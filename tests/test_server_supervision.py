@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -17,14 +16,18 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from batch_http import CHAT, chat, start_batch, wait_batch
 from serverproc import ServerProcess, metrics, request
+from waiting import wait_until
 
-pytestmark = pytest.mark.model
+from grammarserve.server.config import RestartPolicy
+from grammarserve.server.supervisor import EngineSupervisor, RestartBudget
+
 
 LINES = 40
 #: Generous: a restart reloads the model on a machine busy with other work.
 RESTART_BOUND_S = 300
 
 
+@pytest.mark.model
 def test_killed_engine_is_restarted_and_the_batch_finishes_once(tmp_path: Path) -> None:
     srv = ServerProcess(tmp_path / "server.log", "--data-dir", str(tmp_path / "data"),
                         "--kv-cache-tokens", "16384", "--max-num-reqs", "8",
@@ -34,30 +37,32 @@ def test_killed_engine_is_restarted_and_the_batch_finishes_once(tmp_path: Path) 
         bid = start_batch(srv.url, LINES)
         wait_batch(srv.url, bid, lambda b: b["request_counts"]["completed"] >= 2)
         statuses: list[int] = []
-        stop = threading.Event()
+        stop, answered = threading.Event(), threading.Semaphore(0)
 
         def load(k: int) -> None:  # interactive traffic beside the batch, until told to stop
             i = 0
             while not stop.is_set():
                 statuses.append(request("POST", srv.url + CHAT, chat(1000 * k + i, 48))[0])
+                answered.release()
                 i += 1
 
         with ThreadPoolExecutor(3) as pool:
             for k in range(3):
                 pool.submit(load, k)
-            while len(statuses) < 3:
-                time.sleep(0.2)
+            for _ in range(3):
+                assert answered.acquire(timeout=RESTART_BOUND_S)
             old = srv.kill_engine()
             seen: set[tuple[int, str, int]] = set()
-            deadline = time.monotonic() + RESTART_BOUND_S
-            while time.monotonic() < deadline:
+
+            def down_then_back() -> bool:
                 status, body = request("GET", srv.url + "/health")
                 models = request("GET", srv.url + "/v1/models")[0]
                 seen.add((status, body.get("status", "") if isinstance(body, dict) else "",
                           models))
-                if status == 200 and any(x[0] == 503 for x in seen):  # down, then back
-                    break
-                time.sleep(0.25)
+                return status == 200 and any(x[0] == 503 for x in seen)
+
+            wait_until(down_then_back, RESTART_BOUND_S, "the engine down, then back",
+                       interval_s=0.25)
             stop.set()
         assert srv.proc is not None and srv.proc.poll() is None  # the server itself lived on
         assert (503, "restarting", 503) in seen and (200, "ok", 200) in seen, seen
@@ -75,6 +80,7 @@ def test_killed_engine_is_restarted_and_the_batch_finishes_once(tmp_path: Path) 
         srv.stop()
 
 
+@pytest.mark.model
 def test_server_exits_non_zero_when_its_restarts_are_spent(tmp_path: Path) -> None:
     srv = ServerProcess(tmp_path / "server.log", "--engine-max-restarts", "0")
     srv.start()
@@ -86,3 +92,19 @@ def test_server_exits_non_zero_when_its_restarts_are_spent(tmp_path: Path) -> No
         assert "giving up after 0 restarts" in (tmp_path / "server.log").read_text()
     finally:
         srv.stop()
+
+
+def test_deaths_blamed_on_requests_have_a_budget_of_their_own() -> None:
+    """A death blamed on a request never spends the restart budget, but its own: within it the
+    backoff doubles; past it each restart waits the longest backoff (the server lives on)."""
+    policy = RestartPolicy(max_restarts=1, window_s=100, backoff_s=1, max_backoff_s=30,
+                           max_request_crashes=3)
+    sup = EngineSupervisor(None, lambda: None, policy,  # type: ignore[arg-type]
+                           on_down=print, on_up=print, on_give_up=print)
+    assert [sup._request_delay() for _ in range(5)] == [1.0, 2.0, 4.0, 30.0, 30.0]
+    assert sup.request_deaths == 5 and sup.budget.recent == 0
+    clock = [0.0]
+    budget = RestartBudget(policy, lambda: clock[0], allowed=2)
+    assert budget.on_death() == 1.0 and budget.on_death() == 2.0 and budget.on_death() is None
+    clock[0] = 201.0  # the window has passed
+    assert budget.on_death() == 1.0
