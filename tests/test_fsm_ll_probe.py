@@ -4,6 +4,7 @@ engine; the child is replaced after it is killed."""
 
 from __future__ import annotations
 
+import gc
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,8 @@ import pytest
 from grammarserve.constraints import ConstraintKind
 from grammarserve.errors import GrammarError
 from grammarserve.fsm import GrammarCompiler
+from grammarserve.fsm.backends.ll_probe import LLProbe
+from grammarserve.fsm.backends.ll_tokenizer import hf_tokenizer_json
 from grammarserve.fsm.config import GrammarSpec, canonical_json
 from grammarserve.fsm.limits import GrammarLimits
 from grammarserve.fsm.structural_tag import TagChecks, normalize_structural_tag
@@ -93,3 +96,16 @@ def test_an_llguidance_build_over_its_memory_is_refused(tokenizer: Any) -> None:
         assert probe.pid is not None
         probe.close()
         compiler.cache.close()
+
+
+def test_a_refusal_comes_back_and_a_dropped_probe_takes_its_child(tokenizer: Any) -> None:
+    probe = LLProbe(lambda: {"tokenizer": hf_tokenizer_json(tokenizer), "n_vocab": len(tokenizer),
+                             "eos": [tokenizer.eos_token_id], "limits": {}}, 2**31)
+    assert probe.check('start: "a"\n', 30) is None
+    refusal = probe.check("start: /[/\n", 30)
+    assert refusal is not None and "invalid regex" in refusal
+    child = probe.pid
+    assert child is not None
+    del probe
+    gc.collect()
+    assert not Path(f"/proc/{child}").exists()

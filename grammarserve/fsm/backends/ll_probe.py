@@ -22,6 +22,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -88,6 +89,8 @@ class LLProbe:
         self._proc = subprocess.Popen(
             [sys.executable, "-I", ll_probe_child.__file__, str(self.memory_bytes)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        # NOTE: a probe dropped with its backend (a closed compiler) takes its child with it
+        weakref.finalize(self, _reap, self._proc)
         try:
             _send(self._proc, json.dumps(self._setup()).encode("utf-8"))
             _receive(self._proc, time.monotonic() + _START_S)
@@ -108,6 +111,12 @@ class LLProbe:
         for stream in (proc.stdin, proc.stdout):
             if stream is not None:
                 stream.close()
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
 
 
 def _timeout(timeout_s: float) -> GrammarBackendError:
