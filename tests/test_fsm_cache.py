@@ -12,6 +12,7 @@ import pytest
 from grammarserve.errors import GrammarError, GrammarTimeoutError
 from grammarserve.fsm import CompiledGrammar
 from grammarserve.fsm.cache import GrammarCache
+from grammarserve.fsm.deadlines import Deadline, current
 from grammarserve.fsm.limits import GrammarLimits
 
 
@@ -191,10 +192,65 @@ def test_growth_after_insertion_counts_at_the_next_full_resize(
     from grammarserve.fsm import cache as cache_module
 
     monkeypatch.setattr(cache_module, "_RESIZE_S", 0.0)  # every insert recomputes in full
-    size, calls = [100], []
+    size: list[int] = [100]
+    calls: list[int] = []
     cache = GrammarCache(max_bytes=1_000, timeout_s=5, threads=1)
     cache.get_or_compile("a", lambda: _growing(size, calls)).result()
     size[0] = 950  # e.g. lazily built masks, a background upgrade
     cache.get_or_compile("b", lambda: fake(100)).result()
     stats = cache.stats()
     assert stats.entries == 1 and stats.evictions == 1 and stats.bytes == 100
+
+
+def test_a_compile_every_waiter_left_never_starts() -> None:
+    cache = GrammarCache(max_bytes=10_000, timeout_s=30, threads=1)
+    gate, running = threading.Event(), threading.Event()
+    ran: list[int] = []
+
+    def slow() -> CompiledGrammar:
+        running.set()
+        gate.wait(10)
+        return fake()
+
+    cache.get_or_compile("slow", slow)
+    assert running.wait(10)
+    def never() -> CompiledGrammar:
+        ran.append(1)
+        return fake()
+
+    first = cache.get_or_compile("queued", never)
+    second = cache.get_or_compile("queued", never)
+    assert first is second
+    cache.abandon(first)
+    assert not first.done()  # one request still waits
+    cache.abandon(second)
+    with pytest.raises(GrammarError, match="abandoned"):
+        first.result(0)
+    gate.set()
+    again = cache.get_or_compile("queued", fake)  # a new request: a new compile, not refused
+    assert isinstance(again.result(10), CompiledGrammar) and ran == []
+    cache.close()
+
+
+def test_an_abandoned_running_compile_is_told_to_stop_and_not_remembered() -> None:
+    cache = GrammarCache(max_bytes=10_000, timeout_s=30, threads=1)
+    started, gate = threading.Event(), threading.Event()
+    seen: list[Deadline] = []
+
+    def stoppable() -> CompiledGrammar:
+        seen.append(current(60))  # what llguidance's probe reads
+        started.set()
+        gate.wait(10)
+        raise GrammarTimeoutError("stopped at its deadline")
+
+    future = cache.get_or_compile("k", stoppable)
+    assert started.wait(10) and seen[0].left() > 20
+    cache.abandon(future)
+    assert seen[0].left() == 0
+    with pytest.raises(GrammarError, match="abandoned"):
+        future.result(0)
+    other = cache.get_or_compile("other", fake)  # NOTE: a replacement worker serves it
+    assert isinstance(other.result(10), CompiledGrammar)
+    gate.set()
+    cache.close(timeout_s=10)
+    assert cache.stats().refused_entries == 0

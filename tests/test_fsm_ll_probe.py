@@ -5,6 +5,8 @@ engine; the child is replaced after it is killed."""
 from __future__ import annotations
 
 import gc
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -12,11 +14,12 @@ from typing import Any
 import pytest
 
 from grammarserve.constraints import ConstraintKind
-from grammarserve.errors import GrammarError
+from grammarserve.errors import GrammarError, GrammarTimeoutError
 from grammarserve.fsm import GrammarCompiler
 from grammarserve.fsm.backends.ll_probe import LLProbe
 from grammarserve.fsm.backends.ll_tokenizer import hf_tokenizer_json
 from grammarserve.fsm.config import GrammarSpec, canonical_json
+from grammarserve.fsm.deadlines import Deadline
 from grammarserve.fsm.limits import GrammarLimits
 from grammarserve.fsm.structural_tag import TagChecks, normalize_structural_tag
 
@@ -109,3 +112,34 @@ def test_a_refusal_comes_back_and_a_dropped_probe_takes_its_child(tokenizer: Any
     del probe
     gc.collect()
     assert not Path(f"/proc/{child}").exists()
+
+
+def test_a_build_nobody_waits_for_stops(tokenizer: Any) -> None:
+    with GrammarCompiler(tokenizer, background_upgrade=False, limits=UNBOUNDED,
+                         compile_timeout_s=60) as compiler:
+        compiler.warmup()
+        backend = compiler.policy.backend("llguidance")
+        probe = backend.probe  # type: ignore[attr-defined]
+        spec = _unbounded_tag_spec(compiler, 600).with_option("json_style", "compact")
+        text = backend.grammar_text(spec)  # type: ignore[attr-defined]
+        assert probe.check('start: "a"\n', 30) is None
+        child = probe.pid
+        due = Deadline(time.monotonic() + 60)
+        outcome: list[BaseException] = []
+
+        def build() -> None:
+            try:
+                probe.check(text, due)
+            except GrammarError as e:
+                outcome.append(e)
+
+        worker = threading.Thread(target=build)
+        worker.start()
+        due.at = float("-inf")  # NOTE: what GrammarCache.abandon does to a running compile
+        start = time.monotonic()
+        worker.join(30)
+        assert time.monotonic() - start < 5  # the build took several seconds on its own
+        assert len(outcome) == 1 and isinstance(outcome[0], GrammarTimeoutError)
+        assert probe.pid in (None, child)  # killed mid-build, or never asked
+        probe.close()
+        compiler.cache.close()

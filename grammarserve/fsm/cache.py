@@ -18,7 +18,7 @@ from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 
 from grammarserve.errors import GrammarError, GrammarTimeoutError
-from grammarserve.fsm.deadlines import compiling_until
+from grammarserve.fsm.deadlines import Deadline, compiling_until
 from grammarserve.fsm.disk_cache import DiskCacheStats
 from grammarserve.fsm.limits import GrammarLimits
 from grammarserve.fsm.lru import BoundedLRU
@@ -55,6 +55,9 @@ class _Job:
         self.key = key
         self.fn = fn
         self.deadline = deadline
+        self.due = Deadline(deadline)  # what the compile reads (moved to now if abandoned)
+        self.waiters = 1  # requests given its future and not gone
+        self.abandoned = False
         self.future: Future[CompiledGrammar] = Future()
         self.worker: int | None = None  # id of the worker thread running it
         self.cancelled = False  # the cache closed before a worker took it
@@ -173,6 +176,7 @@ class GrammarCache:
             job = self._inflight.get(key)
             if job is not None:
                 self._counts["shared"] += 1
+                job.waiters += 1
                 return job.future
             self._counts["misses"] += 1
             if self._closed:
@@ -222,14 +226,14 @@ class GrammarCache:
         start = time.perf_counter()
         final = False
         try:
-            with compiling_until(job.deadline):
+            with compiling_until(job.due):
                 result: CompiledGrammar | None = job.fn()
             exc: GrammarError | None = None
         except BaseException as e:  # noqa: BLE001 - delivered to the waiters
             result = None
             # NOTE: a refusal of the input is final; anything else (a backend failure, no
-            # memory) may be the moment's, so it is remembered for the TTL only.
-            final = isinstance(e, GrammarError)
+            # memory, a probe's timeout) may be the moment's: remembered for the TTL only.
+            final = isinstance(e, GrammarError) and not isinstance(e, GrammarTimeoutError)
             exc = e if isinstance(e, GrammarError) else GrammarError(
                 f"grammar compile failed: {type(e).__name__}: {e}")
         self._finish(job, result, exc, time.perf_counter() - start, final=final)
@@ -246,7 +250,7 @@ class GrammarCache:
                 self._insert(job.key, result)
             else:
                 self._counts["errors"] += 1
-                if exc is not None:
+                if exc is not None and not job.abandoned:  # NOTE: stopped, not refused
                     self._remember(job.key, exc, forever=final)
             if job.future.done():
                 return
@@ -310,6 +314,30 @@ class GrammarCache:
             self._refused.pop(key)
             return None
         return copy.copy(error).with_traceback(None)
+
+    def abandon(self, future: Future[CompiledGrammar]) -> None:
+        """One request given ``future`` by :meth:`get_or_compile` has left. When every request
+        waiting for an in-flight compile has left, the compile is dropped: one not started
+        never starts; a running one is told to stop (its deadline moves to now, which stops
+        llguidance's probe and kills its child) and its worker is replaced, as at a timeout;
+        its outcome is not remembered as a refusal. The future fails with ``GrammarError``.
+        Nothing happens for a future that is done or not in flight."""
+        with self._lock:
+            job = next((j for j in self._inflight.values() if j.future is future), None)
+            if job is None or future.done():
+                return
+            job.waiters -= 1
+            if job.waiters > 0:
+                return
+            job.abandoned = True
+            job.cancelled = job.worker is None
+            job.due.at = float("-inf")
+            del self._inflight[job.key]
+            if job.worker is not None and not self._closed:
+                self._written_off.add(job.worker)
+                self._spawn_worker()
+        _settle(future, None, GrammarError("the compile was abandoned: every request waiting "
+                                           "for it left"))
 
     def close(self, timeout_s: float = 2.0) -> None:
         """Stop the workers and the watchdog: compiles not started yet fail with

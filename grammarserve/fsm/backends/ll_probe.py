@@ -26,11 +26,14 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from grammarserve.errors import GrammarBackendError
+from grammarserve.errors import GrammarBackendError, GrammarTimeoutError
 from grammarserve.fsm.backends import ll_probe_child
+from grammarserve.fsm.deadlines import Deadline
 
 #: Longest wait for the child to start (it builds the tokenizer's trie, ~0.5 s).
 _START_S = 60.0
+#: How often a wait for the child reads its deadline again.
+_SLICE_S = 0.1
 
 
 class LLProbe:
@@ -45,21 +48,23 @@ class LLProbe:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
 
-    def check(self, grammar: str, timeout_s: float) -> str | None:
+    def check(self, grammar: str, deadline: Deadline | float) -> str | None:
         """llguidance's refusal of ``grammar`` (None: it builds, with its first mask).
-        Raises ``GrammarBackendError`` when the build took longer than ``timeout_s`` (the
-        child is killed; 0: at once, without a build) or more memory than the bound."""
-        deadline = time.monotonic() + timeout_s
-        if timeout_s <= 0 or not self._lock.acquire(timeout=timeout_s):
-            raise _timeout(timeout_s)
+        Raises ``GrammarTimeoutError`` past ``deadline`` (a :class:`Deadline`, re-read while
+        the child builds, or seconds from now): the child is killed (none is asked past it),
+        and ``GrammarBackendError`` when the build took more memory than the bound."""
+        due = deadline if isinstance(deadline, Deadline) else Deadline(
+            time.monotonic() + deadline)
+        if due.left() <= 0 or not self._lock.acquire(timeout=due.left()):
+            raise _timeout()
         try:
             proc = self._started()
             try:
                 _send(proc, grammar.encode("utf-8"))
-                answer = _receive(proc, deadline)
+                answer = _receive(proc, due)
             except TimeoutError:
                 self._kill()
-                raise _timeout(timeout_s) from None
+                raise _timeout() from None
             except (OSError, EOFError):
                 self._kill()
                 raise GrammarBackendError(
@@ -93,7 +98,7 @@ class LLProbe:
         weakref.finalize(self, _reap, self._proc)
         try:
             _send(self._proc, json.dumps(self._setup()).encode("utf-8"))
-            _receive(self._proc, time.monotonic() + _START_S)
+            _receive(self._proc, Deadline(time.monotonic() + _START_S))
         except (TimeoutError, OSError, EOFError):
             self._kill()
             raise GrammarBackendError(
@@ -119,11 +124,10 @@ def _reap(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
-def _timeout(timeout_s: float) -> GrammarBackendError:
-    return GrammarBackendError(
-        f"llguidance could not build this grammar within the compile timeout "
-        f"(compile_timeout_s; {timeout_s:.3g} s were left); its build was stopped; use fewer or "
-        "smaller schemas", backend="llguidance")
+def _timeout() -> GrammarTimeoutError:
+    return GrammarTimeoutError("llguidance could not build this grammar within the compile "
+                               "timeout (compile_timeout_s), or every request waiting for it "
+                               "left; its build was stopped; use fewer or smaller schemas")
 
 
 def _send(proc: subprocess.Popen[bytes], data: bytes) -> None:
@@ -132,7 +136,7 @@ def _send(proc: subprocess.Popen[bytes], data: bytes) -> None:
     proc.stdin.flush()
 
 
-def _receive(proc: subprocess.Popen[bytes], deadline: float) -> dict[str, Any]:
+def _receive(proc: subprocess.Popen[bytes], deadline: Deadline) -> dict[str, Any]:
     """The child's next message; ``TimeoutError`` past ``deadline``, ``EOFError`` if it
     ended (an allocation over its bound aborts it)."""
     assert proc.stdout is not None
@@ -143,12 +147,15 @@ def _receive(proc: subprocess.Popen[bytes], deadline: float) -> dict[str, Any]:
     return answer
 
 
-def _read_exact(fd: int, size: int, deadline: float) -> bytes:
+def _read_exact(fd: int, size: int, deadline: Deadline) -> bytes:
     chunks: list[bytes] = []
     while size > 0:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
+        left = deadline.left()
+        if left <= 0:
             raise TimeoutError
+        # NOTE: the deadline may move (an abandoned compile), so it is read again each slice
+        if not select.select([fd], [], [], min(left, _SLICE_S))[0]:
+            continue
         chunk = os.read(fd, size)
         if not chunk:
             raise EOFError

@@ -20,7 +20,7 @@ from grammarserve.fsm.backends.ll_probe import LLProbe
 from grammarserve.fsm.backends.ll_tokenizer import from_hf_tokenizer, hf_tokenizer_json
 from grammarserve.fsm.backends.messages import translate
 from grammarserve.fsm.config import GrammarConfig, GrammarSpec
-from grammarserve.fsm.deadlines import time_left
+from grammarserve.fsm.deadlines import current
 from grammarserve.fsm.freetext import FreeTextMasks, TextState
 from grammarserve.fsm.matcher import CompiledGrammar, Matcher, SharedMasks
 from grammarserve.fsm.runs import MAX_DIGITS, LexTracker, RunBudget, RunTracker, digit_budget
@@ -257,7 +257,7 @@ class LLGuidanceBackend(GrammarBackend):
                 f"this server's limit of {most:,} (max_backend_grammar_bytes); use fewer or smaller "
                 "schemas", backend=self.name)
         if len(grammar) > self.config.limits.probe_bytes:
-            problem = self.probe.check(grammar, time_left(self.config.compile_timeout_s))
+            problem = self.probe.check(grammar, current(self.config.compile_timeout_s))
             if problem is not None:
                 raise _refusal(spec, problem)
         proto = llguidance.LLMatcher(self._tok, grammar, log_level=0, limits=self._limits)
