@@ -154,8 +154,9 @@ class Engine:
         if req is not None and not req.finished:
             req.finish_reason = "abort"
             self._counters["aborted_requests"] += 1
-            if req in self._compiling:
+            if req in self._compiling:  # a compile no request waits for any more is dropped
                 self._compiling.remove(req)
+                self.grammar.abandon(req)
             self.scheduler.finish(req)
             self._done_early.append(req)
 

@@ -112,6 +112,11 @@ class GrammarRunner:
             req.grammar_future = self.compiler.compile_async(kind, *args, **kwargs)
         self.counters.constrained_requests += 1
 
+    def abandon(self, req: Req) -> None:
+        """``req`` left mid-compile: a compile no request waits for is dropped."""
+        if req.grammar_future is not None:
+            self.compiler.cache.abandon(req.grammar_future)
+
     @staticmethod
     def compiling(reqs: list[Req]) -> bool:
         """Whether a compile of one of ``reqs`` is still running."""

@@ -180,11 +180,11 @@ class GrammarCompiler:
     def close(self) -> None:
         """Stop the background work (queued upgrades, disk writes, style compiles and value-check
         plans are cancelled; running ones finish on their own). The compiler still compiles,
-        on the caller's and the compile threads only, and never upgrades again. Called by the
-        engine at shutdown, by ``with GrammarCompiler(...)``, and at the latest when the
-        interpreter starts to exit."""
+        on the caller's thread only, and never upgrades again. Called by the engine at
+        shutdown, by ``with GrammarCompiler(...)``, and at the latest at interpreter exit."""
         self.policy.close()
         self._check_pool.close()
+        self.cache.close()
 
     def __enter__(self) -> Self:
         return self

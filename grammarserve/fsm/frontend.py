@@ -99,7 +99,8 @@ class SpecBuilder:
         if isinstance(pattern, str):
             check_text_depth(pattern, self.config.limits.max_depth, what="the regex",
                              path="$.regex")
-        return GrammarSpec(ConstraintKind.REGEX, text_grammars.check_regex(pattern))
+        checked = text_grammars.check_regex(pattern, self.config.limits)
+        return GrammarSpec(ConstraintKind.REGEX, checked)
 
     def _grammar_spec(self, text: str, *, syntax: GrammarSyntax | str = GrammarSyntax.LARK
                       ) -> GrammarSpec:
@@ -112,8 +113,9 @@ class SpecBuilder:
         if isinstance(text, str):
             check_text_depth(text, self.config.limits.max_depth, what="the grammar",
                              path="$.grammar", quotes='"')
-        text = (text_grammars.check_lark(text) if kind is GrammarSyntax.LARK
-                else text_grammars.check_ebnf(text))
+        limits = self.config.limits
+        text = (text_grammars.check_lark(text, limits) if kind is GrammarSyntax.LARK
+                else text_grammars.check_ebnf(text, limits))
         check_grammar_productive(text, kind)
         return GrammarSpec(kind, text)
 
@@ -124,7 +126,7 @@ class SpecBuilder:
     def _tools_spec(self, tools: list[dict[str, Any]], mode: Any = "required", *,
                     parallel: bool = True, call_format: str = "hermes") -> GrammarSpec:
         spec = normalize_tools(tools, mode, parallel=parallel, check_schema=self._check_schema,
-                               fmt=call_format)
+                               fmt=call_format, limits=self.config.limits)
         source = canonical_json(spec)
         return GrammarSpec(ConstraintKind.TOOL_CALLS, source, self._json_options(source))
 
@@ -134,7 +136,8 @@ class SpecBuilder:
                            grammar=lambda text, path: _at(
                                path, functools.partial(self._grammar_spec,
                                                        syntax=GrammarSyntax.EBNF), text))
-        tree = normalize_structural_tag(tag, checks, self.config.limits.max_depth)
+        tree = normalize_structural_tag(tag, checks, self.config.limits.max_depth,
+                                        self.config.limits)
         source = canonical_json(tree)
         return GrammarSpec(ConstraintKind.STRUCTURAL_TAG, source, self._json_options(source))
 

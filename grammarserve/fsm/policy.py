@@ -42,7 +42,7 @@ from concurrent.futures import Future
 import torch
 
 from grammarserve.constraints import ConstraintKind, GrammarSyntax
-from grammarserve.errors import GrammarError
+from grammarserve.errors import GrammarError, GrammarTimeoutError
 from grammarserve.fsm.backends import create_backend
 from grammarserve.fsm.backends.base import GrammarBackend
 from grammarserve.fsm.config import AUTO_STYLES, GrammarConfig, GrammarSpec, SpecKind
@@ -185,6 +185,8 @@ class BackendPolicy:
                 continue
             try:
                 grammar = self.backend(name).compile(spec)
+            except GrammarTimeoutError:  # its deadline is the request's, not this backend's
+                raise
             except GrammarError as e:
                 errors.append((name, e))
                 continue

@@ -33,16 +33,7 @@ def unproductive_rules(printed: str) -> list[str]:
         found = _RULE.match(line.strip())
         if found:
             rules[found.group(1)] = _alternatives(found.group(2))
-    productive: set[str] = set()
-    changed = True
-    while changed:
-        changed = False
-        for name, alts in rules.items():
-            if name not in productive and any(
-                    all(not needed or ref in productive or ref not in rules
-                        for ref, needed in alt) for alt in alts):
-                productive.add(name)
-                changed = True
+    productive = _productive(rules)
     order, seen, stack = [], {"root"}, ["root"]
     while stack:
         name = stack.pop()
@@ -55,6 +46,32 @@ def unproductive_rules(printed: str) -> list[str]:
                     seen.add(ref)
                     stack.append(ref)
     return [n for n in order if n not in productive]
+
+
+def _productive(rules: dict[str, list[list[tuple[str, bool]]]]) -> set[str]:
+    """The rules that derive some finite text: a worklist over the alternatives, each waiting
+    on the count of its required references not yet known productive (linear in the grammar;
+    a fixed point over all rules was quadratic on long rule chains)."""
+    missing: dict[tuple[str, int], int] = {}
+    waiting: dict[str, list[tuple[str, int]]] = {}
+    productive: set[str] = set()
+    todo: list[str] = []
+    for name, alts in rules.items():
+        for k, alt in enumerate(alts):
+            needed = {ref for ref, required in alt if required and ref in rules}
+            missing[(name, k)] = len(needed)
+            for ref in needed:
+                waiting.setdefault(ref, []).append((name, k))
+            if not needed and name not in productive:
+                productive.add(name)
+                todo.append(name)
+    while todo:
+        for name, k in waiting.get(todo.pop(), ()):
+            missing[(name, k)] -= 1
+            if missing[(name, k)] == 0 and name not in productive:
+                productive.add(name)
+                todo.append(name)
+    return productive
 
 
 def _alternatives(body: str) -> list[list[tuple[str, bool]]]:
