@@ -3,7 +3,8 @@ engine process while it compiles a grammar, while it decodes and during a long p
 
 For each (signal, phase) and each repetition the script puts the engine in that phase, signals
 its pid, and records for every in-flight request its status and the seconds from the signal to
-its answer (a client waits ``--answer-timeout-s``; past that the request counts as unanswered),
+its answer (a client waits ``--answer-timeout-s``; past that the request counts as unanswered;
+beside the phase's request a bystander, a plain 200-token request sent just before, is in flight),
 then the seconds until the engine is back (a new engine pid and ``/health`` 200), then whether
 requests are served again:
 
@@ -215,7 +216,8 @@ class Rep:
 
 def _put_in_phase(base: str, phase: str, tag: str, pid: int, journal: Path,
                   timeout_s: float) -> tuple[Outcome, dict[str, Any], bool]:
-    """Send the phase's request and wait until the engine is in that phase; the request's
+    """Send the phase's request and wait until the engine is in that phase (the bystander,
+    a plain request of 200 tokens sent just before, decodes meanwhile); the request's
     outcome, its body (resent afterwards) and whether the phase was reached."""
     if phase == "compile":
         body = _chat("Describe a semgrep rule in JSON.", 16, _slow_schema(tag))
@@ -239,10 +241,14 @@ def one_rep(base: str, port: int, journal: Path, sig: str, phase: str, tag: str,
     """Signal the engine in ``phase``; measure answers, recovery and what is served after."""
     pid = _wait(lambda: engine_pid(port), 120, 0.2)
     assert pid is not None, "no engine process"
+    bystander = _start(base, _chat(f"Count to a hundred ({tag}).", 200, ignore_eos=True),
+                       answer_timeout_s)
     out, body, reached = _put_in_phase(base, phase, tag, pid, journal, answer_timeout_s)
     os.kill(pid, SIGNALS[sig])
     at = time.monotonic()
-    out.finished.wait(answer_timeout_s + 5)
+    in_flight = [o for o in (out, bystander) if not o.finished.is_set()]
+    for o in in_flight:
+        o.finished.wait(max(0.0, at + answer_timeout_s + 5 - time.monotonic()))
     manual = False
     if sig == "STOP" and _state(pid) == "T":  # still stopped: nobody noticed the stall
         os.kill(pid, signal.SIGKILL)
@@ -253,7 +259,7 @@ def one_rep(base: str, port: int, journal: Path, sig: str, phase: str, tag: str,
     again = request("POST", base + CHAT, body, timeout=resend_timeout_s)
     innocent = request("POST", base + CHAT, _chat("Invent a person.", 24, INNOCENT),
                        timeout=resend_timeout_s)
-    return Rep([out], at, back_s, manual, (again[0], json.dumps(again[1])[:300]),
+    return Rep(in_flight, at, back_s, manual, (again[0], json.dumps(again[1])[:300]),
                (innocent[0], json.dumps(innocent[1])[:300]), reached)
 
 
