@@ -7,12 +7,12 @@ import json
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import line_count, wait_until
 
 ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data")
@@ -89,15 +89,15 @@ def _map_workers() -> list[int]:
 
 def _kill_one_when(path: Path, lines: int, killed: list[int]) -> None:
     """SIGKILL one actor once ``path`` holds ``lines`` records (mid-run)."""
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_bytes().count(b"\n") >= lines:
-            pids = _map_workers()
-            if pids:
-                os.kill(pids[0], signal.SIGKILL)
-                killed.append(pids[0])
-                return
-        time.sleep(0.2)
+    def ready() -> list[int]:
+        return _map_workers() if line_count(path) >= lines else []
+
+    try:
+        pids = wait_until(ready, 900, f"{lines} output lines and a map worker", interval_s=0.2)
+    except AssertionError:
+        return  # the test asserts that an actor was killed
+    os.kill(pids[0], signal.SIGKILL)
+    killed.append(pids[0])
 
 
 def _content(rec: dict[str, Any]) -> str:

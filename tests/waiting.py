@@ -24,11 +24,12 @@ T = TypeVar("T")
 
 
 def wait_until(predicate: Callable[[], T], timeout_s: float, what: str,
-               interval_s: float = 0.1) -> T:
+               interval_s: float = 0.1, detail: Callable[[], object] | None = None) -> T:
     """The first truthy value of ``predicate()``, checked every ``interval_s``.
 
     Raises ``AssertionError("timed out after Ns waiting for <what> ...")`` once ``timeout_s``
-    has passed without one; an exception raised by ``predicate`` propagates at once.
+    has passed without one, with ``detail()`` appended when given (what was last seen); an
+    exception raised by ``predicate`` propagates at once.
     """
     deadline = time.monotonic() + timeout_s
     pause = threading.Event()
@@ -38,8 +39,9 @@ def wait_until(predicate: Callable[[], T], timeout_s: float, what: str,
             return value
         left = deadline - time.monotonic()
         if left <= 0:
-            raise AssertionError(
-                f"timed out after {timeout_s:g}s waiting for {what} (last value: {value!r})")
+            seen = f"; {detail()}" if detail is not None else ""
+            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what} "
+                                 f"(last value: {value!r}{seen})")
         pause.wait(min(interval_s, left))
 
 
