@@ -9,7 +9,9 @@ The process ends when told to (``Shutdown``) or when the parent's end of the pip
 
 from __future__ import annotations
 
+import faulthandler
 import logging
+import signal
 import threading
 import time
 from multiprocessing.connection import Connection
@@ -37,6 +39,8 @@ from grammarserve.engine.process_messages import (
 from grammarserve.errors import ErrorKind, GrammarserveError, InvalidRequestError
 
 log = logging.getLogger(__name__)
+
+_CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT)
 
 
 class _Pipe:
@@ -73,6 +77,7 @@ def engine_main(config: EngineConfig, conn: Connection) -> None:
             e, GrammarserveError) else str(e)))
         return
     engine.warm_up()
+    _plain_crashes()
     frozen = freeze_startup_heap()
     pipe.send(Ready({"kv_capacity": engine.runner.pool.capacity,
                      "kv_bytes_per_token": engine.kv_bytes_per_token,
@@ -91,6 +96,16 @@ def engine_main(config: EngineConfig, conn: Connection) -> None:
     finally:
         pipe.closed.set()
         engine.close()
+
+
+def _plain_crashes() -> None:
+    """A native crash ends the process at once, after Python's traceback of every thread
+    (``faulthandler``, async-signal-safe). A library's own crash handler (tvm_ffi's, which
+    xgrammar loads, symbolizes a backtrace) runs while the other threads go on, and in a
+    crash inside a torch kernel it hung until the stall timeout killed the process."""
+    for sig in _CRASH_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    faulthandler.enable(all_threads=True)
 
 
 def _serve(engine: Engine, pipe: _Pipe) -> None:
