@@ -359,8 +359,10 @@ def main() -> None:
             code = srv.stop()
         report["server_exit_code"] = code
         report["model"] = model or "default"
-        report["engine_deaths_logged"] = log.read_text(errors="replace").count(
-            "the engine process died")
+        text = log.read_text(errors="replace")
+        report["engine_deaths_logged"] = text.count("the engine process died")
+        report["server_log_errors"] = [line[:300] for line in text.splitlines()
+                                       if line.startswith(("ERROR", "CRITICAL"))][:20]
         print(json.dumps({**stamp(), **report}), flush=True)
 
 
