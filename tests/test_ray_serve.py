@@ -8,12 +8,12 @@ import os
 import signal
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import wait_until
 
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
@@ -56,12 +56,20 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                                 replicas=2, health_period_s=2.0)
         serve.run(build_app(config), name=APP_NAME, route_prefix="/")
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 600  # generous: a loaded 2-core machine
-        while time.monotonic() < deadline:
-            r = httpx.get(f"{url}/health", timeout=30)
-            if r.status_code == 200 and r.json().get("replicas_ready") == 2:
-                break
-            time.sleep(1)
+        last: list[str] = [""]
+
+        def both_ready() -> bool:
+            try:
+                r = httpx.get(f"{url}/health", timeout=30)
+            except httpx.TransportError as e:  # the proxy may drop a connection as it starts
+                last[0] = repr(e)
+                return False
+            last[0] = f"{r.status_code} {r.text[:300]}"
+            return r.status_code == 200 and r.json().get("replicas_ready") == 2
+
+        # generous: a loaded 2-core machine
+        wait_until(both_ready, 600, "both replicas ready", interval_s=1,
+                   detail=lambda: f"/health said {last[0]}")
         yield url
     finally:
         serve.shutdown()
@@ -135,14 +143,14 @@ def test_requests_sharing_a_prompt_land_on_one_replica(base_url: str, client: An
             model="default", temperature=0, max_tokens=4,
             messages=[{"role": "system", "content": system},
                       {"role": "user", "content": f"Question {i}: are you open today?"}])
-    deadline = time.monotonic() + 60  # a replica counts a request when its stream closes
-    while time.monotonic() < deadline:
+    def counted() -> dict[str, float] | None:
         after = _served(base_url)
         gained = {r: after[r] - before.get(r, 0) for r in after}
-        if sum(gained.values()) >= 4:
-            break
-        time.sleep(0.5)
-    assert len(after) == 2
+        return gained if sum(gained.values()) >= 4 else None
+
+    # a replica counts a request when its stream closes
+    gained = wait_until(counted, 60, "the four requests counted", interval_s=0.5)
+    assert len(gained) == 2
     assert sorted(gained.values()) == [0, 4]
 
 
@@ -185,10 +193,7 @@ def _replica_counts(replicas: Any) -> dict[str, dict[str, Any]]:
 
 
 def _wait_for(what: str, done: Callable[[], bool], timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
+    wait_until(done, timeout, what, interval_s=0.2)
 
 
 def _chat(base_url: str, system: str, stream: bool) -> tuple[int, str]:
