@@ -151,6 +151,18 @@ class RayEngine:
             raise EngineDeadError("no engine replica answered")
         return stats
 
+    async def recent_stats(self, wait_s: float = 0.5) -> EngineStats | None:
+        """The replicas' summed counters (each replica answers from its engine's newest
+        published ones), or None when none answers within a few seconds."""
+        try:
+            return await self.stats_async(timeout=max(wait_s, 5.0))
+        except (GrammarserveError, TimeoutError):
+            return None
+
+    def trouble(self) -> str | None:
+        """Never from here: Ray replaces dead replicas, and ``health`` counts the live ones."""
+        return None
+
     def shutdown(self) -> None:
         for task in list(self._tasks.values()):
             task.cancel()
