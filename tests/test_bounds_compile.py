@@ -56,7 +56,7 @@ def watch():  # the bound, asserted while it runs: a regression fails in seconds
         if seen[0] > max_growth_mb:
             print(json.dumps({"over_bound_mb": seen[0]}), flush=True)
             os._exit(3)
-        time.sleep(0.05)
+        time.sleep(0.05)  # the watchdog's sampling period, not a wait for an event
 
 threading.Thread(target=watch, daemon=True).start()
 results = []

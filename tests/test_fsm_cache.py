@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import pytest
+from waiting import wait_until
 
 from grammarserve.errors import GrammarError, GrammarTimeoutError
 from grammarserve.fsm import CompiledGrammar
@@ -36,7 +37,9 @@ def test_concurrent_identical_compiles_share_one() -> None:
         cache.get_or_compile("k", compile_fn).result())) for _ in range(2)]
     for t in threads:
         t.start()
-    time.sleep(0.1)
+    # the second caller has joined the first's compile, which is still running
+    wait_until(lambda: len(calls) == 1 and cache.stats().shared == 1, 10,
+               "the second caller sharing the running compile")
     gate.set()
     for t in threads:
         t.join()

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from server_helpers import http_get, http_post, running_server
+from waiting import wait_until
 
 from grammarserve.cache_secret import ENV, load_secret
 from grammarserve.cli import build_parser
@@ -209,7 +210,7 @@ def test_the_folder_stays_within_its_bound(tmp_path: Path) -> None:
     disk = DiskCache(tmp_path, 5000)
     for i in range(12):
         assert disk.put("spec", f"key{i}", bytes([65 + i]) * 1000)
-        time.sleep(0.01)  # NOTE: distinct mtimes: the eviction order
+        time.sleep(0.01)  # NOTE: distinct mtimes are the eviction order under test, not a wait
     sizes = sum(p.stat().st_size for p in _entries(tmp_path))
     assert sizes <= 5000
     s = disk.stats()
@@ -272,10 +273,7 @@ def test_off_writes_nothing(tokenizer: Any, tmp_path: Path,
 
 def _wait_for_metric(url: str, name: str, why: str, timeout_s: float = 300) -> None:
     """Until counter ``name`` is at least 1 (the background upgrade is done), else fail."""
-    deadline = time.monotonic() + timeout_s
-    while _metric(url, name) < 1:
-        assert time.monotonic() < deadline, why
-        time.sleep(0.2)
+    wait_until(lambda: _metric(url, name) >= 1, timeout_s, why, interval_s=0.2)
 
 
 def _metric(url: str, name: str) -> float:
