@@ -9,16 +9,12 @@ on the engine: messages go out through a sender thread's queue.
 Every engine death is seen, and every caller waiting on the engine is answered
 (:class:`EngineDeadError`, a 503) when it happens:
 
-- the process ends (its sentinel, i.e. ``waitpid``, not only EOF on the pipe);
-- it stops making progress: no heartbeat for ``stall_timeout_s`` (stopped by ``SIGSTOP``,
-  wedged holding the GIL), or one step running longer than ``step_timeout_s``; the client
-  kills it (``SIGKILL``) and reports it as a death;
-- the reader thread fails in a way its per-message guard did not catch (the engine is killed:
-  nobody would deliver its outputs any more).
-
-A native crash (``SIGSEGV``, ``SIGBUS``, ``SIGILL``, ``SIGFPE``, ``SIGABRT``) while a constraint
-compiled (``EngineConfig.grammar_crash_journal``, ``fsm/crash_journal.py``) is that
-constraint's: its requests get a 400 and the death is :attr:`EngineProcess.crashed_by_request`.
+the process ends (its sentinel: ``waitpid``, not only EOF on the pipe); it stops making
+progress (:mod:`.progress`: it is killed and that counts as its death); or the reader thread
+fails past its per-message guard (the engine is killed: nobody would deliver its outputs).
+A native crash (:data:`NATIVE_CRASH_SIGNALS`) while a constraint compiled (the crash journal,
+``fsm/crash_journal.py``) is that constraint's: its requests get a 400 and the death is
+:attr:`EngineProcess.crashed_by_request`.
 """
 
 from __future__ import annotations
