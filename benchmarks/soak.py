@@ -45,7 +45,7 @@ from serverproc import ROOT, ServerProcess, metrics, request
 from soak_adversarial import CRASH_CLASS, adversarial_cases, body, corpus_cases
 from soak_check import Verdict, check
 from soak_corpus import CHAT, COMPLETIONS, PERSON, Case, cases, chat
-from soak_metrics import Sampler, rss_summary, scrapes_report, start_scraper
+from soak_metrics import Sampler, memory_report, scrapes_report, start_scraper
 
 _RESTARTS = "grammarserve_engine_restarts_total"
 _BATCH_LINES = 4
@@ -170,8 +170,7 @@ def soak(base: str, *, minutes: float = 0.0, rounds: int = 0, workers: int = 4,
         "engine_restarts": (last.get(_RESTARTS, float("nan")) - first.get(_RESTARTS, 0.0)
                             if last else None),
         "server_answering": bool(last), "batch": batch_report,
-        "rss_mb": {"api": rss_summary(sampler.series, 1, warm_s),
-                   "engine": rss_summary(sampler.series, 2, warm_s)},
+        "rss_mb": memory_report(sampler.series, warm_s),
         "rss_series_mb": sampler.series, "scrapes": scrapes, "head": _head(),
     }
 
@@ -297,7 +296,7 @@ def validated_soak(base: str, *, minutes: float, in_flight: int = 16, seed: int 
         "unverifiable": tally["unverifiable"], "stream_errors": tally["stream_errors"],
         "float_disagreements": tally["float_disagreements"],
         "unexpected": dict(sorted(unexpected.items())), "batch": batch_report,
-        "rss_mb": {"api": rss_summary(sampler.series, 1, 0.0), "engine": rss_summary(sampler.series, 2, 0.0)},
+        "rss_mb": memory_report(sampler.series, 0.0),
         "rss_series_mb": sampler.series, "scrapes": scrapes, "failures": seen,
     }
 
@@ -332,6 +331,8 @@ def main() -> None:
                         "then cached)")
     p.add_argument("--server-args", default="--kv-cache-tokens 16384 --max-num-reqs 16",
                    help="extra arguments of the server this script starts")
+    p.add_argument("--server-log", type=Path, default=None,
+                   help="keep a copy of the server's log (engine warnings included) here")
     args = p.parse_args()
 
     def run(url: str) -> dict[str, Any]:
@@ -360,9 +361,13 @@ def main() -> None:
         report["server_exit_code"] = code
         report["model"] = model or "default"
         text = log.read_text(errors="replace")
+        if args.server_log is not None:
+            args.server_log.write_text(text)
         report["engine_deaths_logged"] = text.count("the engine process died")
         report["server_log_errors"] = [line[:300] for line in text.splitlines()
                                        if line.startswith(("ERROR", "CRITICAL"))][:20]
+        report["memory_jumps_logged"] = [line[:400] for line in text.splitlines()
+                                         if "engine memory grew" in line][:20]
         print(json.dumps({**stamp(), **report}), flush=True)
 
 

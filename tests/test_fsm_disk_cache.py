@@ -24,6 +24,7 @@ from grammarserve.cli_engine import engine_config as _config
 from grammarserve.config import EngineConfig, grammar_disk_cache_dir
 from grammarserve.disk_store import entry_mac
 from grammarserve.fsm import GrammarCompiler
+from grammarserve.fsm.backends.xgrammar_backend import MAX_SERIALIZED_BYTES
 from grammarserve.fsm.config import GrammarConfig
 from grammarserve.fsm.conformance import walk
 from grammarserve.fsm.disk_cache import DiskCache, spec_from_json, spec_to_json
@@ -312,3 +313,22 @@ def test_a_restarted_server_serves_the_schema_from_disk(tmp_path: Path) -> None:
         assert _metric(url, "grammarserve_grammar_disk_hits") == 1
         assert _metric(url, "grammarserve_grammar_disk_writes") == 0
         assert _metric(url, "grammarserve_grammar_disk_corrupt") == 0
+
+
+@pytest.mark.model
+def test_a_grammar_too_large_to_serialize_cheaply_is_not_written(tokenizer: Any,
+                                                                 tmp_path: Path) -> None:
+    """xgrammar's JSON of an object with many optional properties grows faster than the
+    grammar (600 of them: 2.4 MiB in memory, 118 MiB of JSON, ~1.8 GiB of peak memory while
+    writing); over ``MAX_SERIALIZED_BYTES`` only the spec is written, and the grammar still
+    serves."""
+    schema = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(600)}}
+    compiler = _compiler(tokenizer, tmp_path)
+    grammar = _upgraded(compiler, schema)
+    assert grammar.backend == "xgrammar"
+    assert grammar.size_bytes > MAX_SERIALIZED_BYTES
+    disk = compiler.cache_stats().disk
+    assert disk is not None and disk.writes == 1  # the spec
+    ids = tokenizer.encode('{"p5": "x", "p599": "y"}', add_special_tokens=False)
+    assert walk(grammar.matcher(), ids, compiler.stop_token_ids[0],
+                compiler.allocate_bitmask(1))[0]

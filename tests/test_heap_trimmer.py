@@ -1,4 +1,5 @@
-"""HeapTrimmer: malloc_trim at most once per interval (simulated clock); freeze_startup_heap
+"""HeapTrimmer: malloc_trim at most once per interval (simulated clock); heap_usage (glibc's
+mallinfo2, in the engine's stats); freeze_startup_heap
 (in a child process: it changes the collector of the whole process)."""
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ import sys
 
 import pytest
 
-from grammarserve.engine.heap import HeapTrimmer
+from grammarserve.engine.heap import HeapTrimmer, heap_usage
+from grammarserve.engine.stats import heap_fields
 
 
 def test_trims_at_most_once_per_interval() -> None:
@@ -60,3 +62,17 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_heap_usage_reads_glibc_and_feeds_the_stats() -> None:
+    usage = heap_usage()
+    if usage is None:
+        pytest.skip("the C library has no mallinfo2 (not glibc >= 2.33)")
+    assert usage.in_use > 1 << 20  # this interpreter holds more than 1 MB of C heap
+    assert usage.free_held >= 0
+    blob = bytearray(64 << 20)  # an mmapped block: counted as in use while it lives
+    assert heap_usage().in_use >= usage.in_use + (64 << 20) - (1 << 20)
+    del blob
+    assert heap_fields(usage) == {"heap_in_use_bytes": usage.in_use,
+                                  "heap_free_held_bytes": usage.free_held}
+    assert heap_fields(None) == {}

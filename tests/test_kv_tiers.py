@@ -80,7 +80,7 @@ def test_blocks_round_trip_the_pool(store: torch.dtype) -> None:
     layout = BlockLayout.of(pool, store, block_tokens=8)
     slots = torch.arange(17, 33)
     blocks = gather(pool, slots, layout)
-    assert blocks.shape == (2, *layout.shape)
+    assert [b.shape for b in blocks] == [layout.shape] * 2
     again = [decode(encode(b), layout) for b in blocks]
     assert all(b is not None for b in again)
     target = torch.arange(101, 113)  # 12 slots: the first block from position 4 on
@@ -274,3 +274,14 @@ def test_restores_under_contention_serve_admissions(smollm) -> None:  # type: ig
     s = tiered.engine.stats()
     assert s.kv_host_hit_tokens > 0
     assert s.kv_host_hit_tokens <= s.cached_prompt_tokens
+
+
+def test_gathered_blocks_own_their_storage() -> None:
+    """A tier keeps blocks one by one: a kept block must not pin the rest of its gather."""
+    pool = _pool()
+    layout = BlockLayout.of(pool, None, block_tokens=8)
+    blocks = gather(pool, torch.arange(1, 33), layout)
+    assert len(blocks) == 4
+    assert all(b.is_contiguous() and b.untyped_storage().nbytes() == layout.nbytes
+               for b in blocks)
+    assert len({b.untyped_storage().data_ptr() for b in blocks}) == 4

@@ -17,6 +17,7 @@ from grammarserve.engine.detokenizer import IncrementalDetokenizer
 from grammarserve.engine.device import setup_cuda
 from grammarserve.engine.dry import DryPenalty
 from grammarserve.engine.grammar import GrammarRunner
+from grammarserve.engine.heap import heap_usage
 from grammarserve.engine.kv_tiers.build import build_tiers
 from grammarserve.engine.memory import (
     check_weights_fit,
@@ -36,6 +37,7 @@ from grammarserve.engine.stats import (
     EngineStats,
     disk_fields,
     failure_fields,
+    heap_fields,
     plan_fields,
     tier_fields,
 )
@@ -393,7 +395,8 @@ class Engine:
             loop_guard_cuts=g.loop_guard_cuts,
             mask_fill_s=g.mask_fill_s, mask_wait_s=g.mask_wait_s,
             grammar_cache_hits=cache.hits + cache.shared, grammar_cache_misses=cache.misses,
-            grammar_compile_s=cache.compile_s_total, **disk_fields(cache.disk),
+            grammar_compile_s=cache.compile_s_total, grammar_cache_bytes=cache.bytes,
+            **disk_fields(cache.disk), **heap_fields(heap_usage()),
             **tier_fields(self.tiers.stats() if self.tiers else None),
             spec_drafted_tokens=self.spec.counters.drafted_tokens,
             spec_accepted_tokens=self.spec.counters.accepted_tokens,

@@ -13,7 +13,9 @@ Requests, grammar matchers and their masks allocate and free many small native a
 objects; glibc keeps freed chunks in its arenas, so the engine's resident memory only grows under
 steady traffic (a 10-minute soak: +113 MB, of which ``malloc_trim`` returned most in an in-process
 check: 2282 -> 2204 MB after ~500 requests). :class:`HeapTrimmer` calls ``malloc_trim(0)`` at most
-once per interval; elsewhere than glibc it does nothing.
+once per interval; elsewhere than glibc it does nothing. :func:`heap_usage` reads glibc's
+``mallinfo2``: what the program holds and what the allocator keeps free without returning it
+(a free share that grows under steady traffic is fragmentation, not a leak).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import ctypes.util
 import gc
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 
 def freeze_startup_heap() -> int:
@@ -31,6 +34,40 @@ def freeze_startup_heap() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+def _libc() -> ctypes.CDLL | None:
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return None
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+
+@dataclass(frozen=True)
+class HeapUsage:
+    """The C heap of this process (bytes): held by the program (heap chunks and mmapped
+    blocks), and free inside the allocator's arenas (resident until trimmed or reused)."""
+
+    in_use: int
+    free_held: int
+
+
+def heap_usage() -> HeapUsage | None:
+    """glibc's ``mallinfo2`` now (all arenas); None where it is missing (musl, macOS, glibc
+    before 2.33). Costs a walk of every arena's bins: call it at most about once a second."""
+    libc = _libc()
+    fn = getattr(libc, "mallinfo2", None) if libc is not None else None
+    if fn is None:
+        return None
+    fn.restype = _MallInfo2
+    info = fn()
+    return HeapUsage(in_use=int(info.uordblks + info.hblkhd), free_held=int(info.fordblks))
 
 
 class HeapTrimmer:
@@ -43,12 +80,8 @@ class HeapTrimmer:
         self._clock = clock
         self._last = clock()
         self.trims = 0
-        self._trim: Callable[[int], int] | None = None
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            self._trim = libc.malloc_trim
-        except (OSError, AttributeError):  # not glibc
-            self._trim = None
+        libc = _libc()
+        self._trim: Callable[[int], int] | None = getattr(libc, "malloc_trim", None)
 
     def maybe_trim(self) -> bool:
         """Trim if the interval has passed; True when it did."""

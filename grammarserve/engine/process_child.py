@@ -4,6 +4,9 @@ work (:mod:`grammarserve.engine.process_messages` names the protocol).
 Two threads write the pipe, under one lock: the main thread (outputs, answers, published
 counters) and the heartbeat thread, which runs whatever the main thread is doing (a long
 prefill step included), so the parent can tell a busy engine from a stopped or wedged one.
+The heartbeat also watches the process's resident memory: a growth of
+:data:`MEMORY_JUMP_BYTES` or more between two beats is logged with the engine's load then
+(what was running, compiling and cached), so a memory spike names its moment in the log.
 The process ends when told to (``Shutdown``) or when the parent's end of the pipe closes.
 """
 
@@ -40,6 +43,9 @@ from grammarserve.errors import ErrorKind, GrammarserveError, InvalidRequestErro
 
 log = logging.getLogger(__name__)
 
+#: A growth of resident memory between two heartbeats that is logged with the engine's load.
+MEMORY_JUMP_BYTES = 512 << 20
+
 _CRASH_SIGNALS = (signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGABRT)
 
 
@@ -57,7 +63,8 @@ class _Pipe:
         with self._lock:
             self.conn.send(msg)
 
-    def heartbeat_forever(self) -> None:
+    def heartbeat_forever(self, engine: Engine) -> None:
+        rss = process_rss_bytes()
         while not self.closed.wait(HEARTBEAT_S):
             started = self.step_started
             try:
@@ -65,6 +72,27 @@ class _Pipe:
                                     else time.monotonic() - started))
             except (OSError, ValueError):  # the parent is gone: the main thread ends too
                 self.closed.set()
+            rss = _watch_memory(engine, rss, started)
+
+
+def _watch_memory(engine: Engine, last: int, step_started: float | None) -> int:
+    """Log a jump of resident memory since ``last`` with the engine's load; the RSS now."""
+    now = process_rss_bytes()
+    if now - last < MEMORY_JUMP_BYTES:
+        return now
+    try:  # NOTE: read beside the stepping thread; a torn read only spoils this log line
+        s = engine.stats()
+        load = (f"running {s.running_requests}, waiting {s.waiting_requests}, KV free "
+                f"{s.kv_free} of {s.kv_capacity}, host tier {s.kv_host_tier_bytes >> 20} MiB, "
+                f"grammars {s.grammar_cache_bytes >> 20} MiB, heap free "
+                f"{s.heap_free_held_bytes >> 20} MiB")
+    except Exception as e:  # noqa: BLE001 - diagnostics only
+        load = f"load unknown ({type(e).__name__})"
+    step = "idle" if step_started is None else \
+        f"step running for {time.monotonic() - step_started:.1f} s"
+    log.warning("engine memory grew %d MiB in %.0f s to %d MiB (%s; %s)",
+                (now - last) >> 20, HEARTBEAT_S, now >> 20, step, load)
+    return now
 
 
 def engine_main(config: EngineConfig, conn: Connection) -> None:
@@ -87,7 +115,7 @@ def engine_main(config: EngineConfig, conn: Connection) -> None:
                      "vocab_size": engine.vocab_size,
                      "stop_token_ids": sorted(engine.eos_ids),
                      "max_model_len": engine.max_model_len, "gc_frozen_objects": frozen}))
-    threading.Thread(target=pipe.heartbeat_forever, daemon=True,
+    threading.Thread(target=pipe.heartbeat_forever, args=(engine,), daemon=True,
                      name="grammarserve-heartbeat").start()
     try:
         _serve(engine, pipe)
@@ -113,8 +141,8 @@ def _serve(engine: Engine, pipe: _Pipe) -> None:
     published = 0.0
     while True:
         heap.maybe_trim()
-        if not engine.has_unfinished():
-            pipe.conn.poll(None)  # idle: sleep until a message arrives
+        if not engine.has_unfinished():  # idle: sleep until a message or the next trim
+            pipe.conn.poll(heap.interval_s)
         while pipe.conn.poll(0):
             if not _handle(engine, pipe, pipe.conn.recv()):
                 return

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from grammarserve.engine.heap import HeapUsage
 from grammarserve.engine.kv_tiers.tiers import TierStats
 from grammarserve.engine.memory_plan import MemoryPlan
 from grammarserve.fsm.disk_cache import DiskCacheStats
@@ -47,6 +48,7 @@ class EngineStats:
     grammar_disk_corrupt: int = 0  # entries found bad (removed; read as misses)
     grammar_disk_evictions: int = 0
     grammar_disk_bytes: int = 0  # size of the disk cache's folder (last measured)
+    grammar_cache_bytes: int = 0  # compiled grammars held in memory (bounded by the LRU)
     # Failures the grammar layer survived (logged, rate-limited; fsm/failures.py):
     grammar_upgrade_failures: int = 0  # background upgrades / per-style compiles that failed
     grammar_disk_write_failures: int = 0  # grammars not written to the disk cache
@@ -73,6 +75,9 @@ class EngineStats:
     kv_pool_bytes: int = 0
     kv_mirror_tokens: int = 0  # the decode mirror's budget (it fills as decodes need)
     kv_host_tier_limit_bytes: int = 0  # the host tier's bound (kv_host_tier_bytes: held now)
+    # The engine process's C heap (glibc mallinfo2; 0 where unknown):
+    heap_in_use_bytes: int = 0
+    heap_free_held_bytes: int = 0  # freed but kept by the allocator (fragmentation)
 
 
 def disk_fields(disk: DiskCacheStats | None) -> dict[str, Any]:
@@ -117,3 +122,11 @@ def plan_fields(plan: MemoryPlan) -> dict[str, Any]:
             "memory_activation_bytes": plan.activation_bytes, "kv_pool_bytes": plan.kv_bytes,
             "kv_mirror_tokens": plan.mirror_tokens,
             "kv_host_tier_limit_bytes": plan.host_tier_bytes}
+
+
+def heap_fields(heap: HeapUsage | None) -> dict[str, Any]:
+    """The ``heap_*`` fields of :class:`EngineStats` (none where the C library has no
+    ``mallinfo2``)."""
+    if heap is None:
+        return {}
+    return {"heap_in_use_bytes": heap.in_use, "heap_free_held_bytes": heap.free_held}

@@ -29,7 +29,8 @@ PREFIX = "grammarserve"
 _GAUGES = {"running_requests", "waiting_requests", "kv_capacity", "kv_free", "kv_cached",
            "running_cap", "grammar_disk_bytes", "kv_host_tier_bytes", "kv_disk_tier_bytes",
            "memory_weights_bytes", "memory_available_bytes", "memory_activation_bytes",
-           "kv_pool_bytes", "kv_mirror_tokens", "kv_host_tier_limit_bytes"}
+           "kv_pool_bytes", "kv_mirror_tokens", "kv_host_tier_limit_bytes",
+           "grammar_cache_bytes", "heap_in_use_bytes", "heap_free_held_bytes"}
 _HELP = {
     "prompt_tokens": "Prompt tokens of finished requests",
     "cached_prompt_tokens": "Prompt tokens served from the radix prefix cache",
@@ -47,6 +48,10 @@ _HELP = {
     "kv_mirror_tokens": "Decode mirror budget in tokens (filled as decodes need; 0: off)",
     "kv_host_tier_limit_bytes": "Bound of the host-memory KV tier (the memory plan's share)",
     "kv_free": "Free KV slots",
+    "grammar_cache_bytes": "Bytes of compiled grammars the engine holds in memory (LRU-bounded)",
+    "heap_in_use_bytes": "Bytes of the engine process's C heap in use (glibc mallinfo2)",
+    "heap_free_held_bytes": ("Bytes freed in the engine process's C heap that the allocator "
+                             "keeps (fragmentation; returned by the periodic trim)"),
     "kv_cached": "KV slots owned by the radix cache",
     "jump_forward_tokens": "Output tokens fed by jump-forward (no decode step of their own)",
     "check_retries": ("Value checks (keywords no grammar holds, checked when the value closes) "

@@ -102,21 +102,26 @@ def chain_keys(tokens: list[int], namespace: str, fingerprint: str, block_tokens
     return keys
 
 
-def gather(pool: KVPool, slots: torch.Tensor, layout: BlockLayout) -> torch.Tensor:
-    """The K/V of ``slots`` (a multiple of ``block_tokens`` long) as blocks
-    ``[n_blocks, 2, layers, block_tokens, kv_heads, head_dim]`` in the storage dtype (a copy,
-    on the host; pinned when the pool is on a GPU)."""
+def gather(pool: KVPool, slots: torch.Tensor, layout: BlockLayout) -> list[torch.Tensor]:
+    """The K/V of ``slots`` (a multiple of ``block_tokens`` long) as blocks, each
+    ``[2, layers, block_tokens, kv_heads, head_dim]`` in the storage dtype, each a copy with
+    its own storage on the host (pinned when the pool is on a GPU).
+
+    Own storage, not views of one gathered tensor: a tier keeps and evicts blocks one by one,
+    and a view keeps its whole base alive; views let a host tier that counted 146 MiB hold
+    9 GiB of bases (a one-minute adversarial soak on the embedded model, ``soak.py``)."""
     kv = torch.stack([torch.stack([pool.k[i].index_select(0, slots) for i in range(len(pool.k))]),
                       torch.stack([pool.v[i].index_select(0, slots) for i in range(len(pool.v))])])
     n = slots.numel() // layout.block_tokens
     kv = kv.to(layout.store_dtype).reshape(2, layout.num_layers, n, layout.block_tokens,
                                            layout.num_kv_heads, layout.head_dim)
-    kv = kv.permute(2, 0, 1, 3, 4, 5)
     if kv.device.type == "cpu":
-        return kv.contiguous()
-    # NOTE: pinned, so promotion copies back to the GPU without a sync
-    out = torch.empty(kv.shape, dtype=kv.dtype, pin_memory=True)
-    out.copy_(kv)
+        return [kv[:, :, i].clone(memory_format=torch.contiguous_format) for i in range(n)]
+    out = []
+    for i in range(n):  # NOTE: pinned, so promotion copies back to the GPU without a sync
+        block = torch.empty(kv[:, :, i].shape, dtype=kv.dtype, pin_memory=True)
+        block.copy_(kv[:, :, i])
+        out.append(block)
     return out
 
 

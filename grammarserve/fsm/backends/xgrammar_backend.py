@@ -26,6 +26,13 @@ from grammarserve.fsm.text_finite import unproductive_rules
 from grammarserve.fsm.vocab import VocabInfo
 
 #: xgrammar separators (item, key) of the fixed JSON styles.
+#: Compiled grammars larger than this in memory are not written to the disk cache: xgrammar's
+#: JSON of a grammar grows faster than the grammar (an object of 600 optional properties:
+#: 2.4 MiB in memory, 118 MiB of JSON, 1.8 GiB of peak memory while writing it; of 2,000, the
+#: soak's ``props_2000_optional``: 17 MiB in memory, and the engine grew ~800 MiB/s until it
+#: was killed). The largest schema of ``schemas/`` takes 0.8 MiB in memory and 0.9 MiB as JSON.
+MAX_SERIALIZED_BYTES = 1 << 20
+
 _SEPARATORS = {"compact": (",", ":"), "spaced": (", ", ": ")}
 
 
@@ -209,7 +216,9 @@ class XGrammarBackend(GrammarBackend):
                                 compile_s=time.perf_counter() - start)
 
     def serialize(self, grammar: CompiledGrammar) -> str | None:
-        if not isinstance(grammar, XGrammarCompiled):
+        """None for a grammar over :data:`MAX_SERIALIZED_BYTES` in memory (see there)."""
+        if not isinstance(grammar, XGrammarCompiled) or \
+                int(grammar.native.memory_size_bytes) > MAX_SERIALIZED_BYTES:
             return None
         return str(grammar.native.serialize_json())
 
