@@ -64,7 +64,14 @@ def test_memory_is_about_flat_after_warm_up(report: dict[str, Any]) -> None:
 
 def test_metrics_scrapes_are_answered_during_the_soak(report: dict[str, Any]) -> None:
     """A Prometheus-style scraper (GET /metrics every 0.5 s, 3 s client timeout) is answered
-    every time while the corpus runs, and its samples hold both processes' resident memory."""
+    every time while the corpus runs, and its samples hold both processes' resident memory
+    and the engine's bounded caches (soak_metrics.COLUMNS)."""
     scrapes = report["scrapes"]
     assert scrapes["scrapes"] >= 3 and scrapes["failed"] == 0, scrapes
-    assert all(api > 0 and engine > 0 for _, api, engine in report["rss_series_mb"])
+    series = report["rss_series_mb"]
+    assert series and all(len(row) == 7 for row in series)
+    assert all(api > 0 and engine > 0 for _, api, engine, *_ in series)
+    # engine_net is the RSS less the host tier and the compiled grammars
+    assert all(abs(net - (engine - tier - grammars)) < 0.5
+               for _, _, engine, tier, grammars, _, net in series)
+    assert any(grammars > 0 for *_, grammars, _, _ in series)
