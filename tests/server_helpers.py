@@ -50,11 +50,13 @@ def http_post(url: str, body: Any, raw: bytes | None = None) -> tuple[int, Any]:
 
 
 @contextmanager
-def running_server(log: Path, *args: str) -> Iterator[dict[str, Any]]:
+def running_server(log: Path, *args: str,
+                   start_timeout_s: float = 300.0) -> Iterator[dict[str, Any]]:
     """The server on the embedded model with ``args`` added to its command line.
 
     Yields ``{"url", "health", "log"}``: ``health`` holds the statuses ``/health`` answered
-    while the server was starting (the last one is 200). The server is stopped on exit.
+    while the server was starting (the last one is 200). The server is stopped on exit. A
+    server that exits while starting fails at once; ``start_timeout_s`` only bounds a hang.
     """
     port = free_port()
     with open(log, "wb") as out:
@@ -66,8 +68,8 @@ def running_server(log: Path, *args: str) -> Iterator[dict[str, Any]]:
     statuses: list[int] = []
     try:
         try:
-            wait_http_ok(url + "/health", 300, "the server to become healthy", proc=proc,
-                         statuses=statuses)
+            wait_http_ok(url + "/health", start_timeout_s, "the server to become healthy",
+                         proc=proc, statuses=statuses)
         except AssertionError as e:
             pytest.fail(f"{e}\n{log.read_text()}")
         yield {"url": url, "health": statuses, "log": log}

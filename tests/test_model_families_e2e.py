@@ -104,9 +104,11 @@ def server(family: Family, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     path = model_shapes.make_gguf(family.shape, model_shapes.default_dir())
     log = tmp_path_factory.mktemp(family.shape) / "server.log"
     # NOTE: a later --model and --num-threads override running_server's own. Compact JSON:
-    # random weights would fill flexible JSON whitespace up to the token budget.
+    # random weights would fill flexible JSON whitespace up to the token budget. A first start
+    # converts the GGUF (a 152k vocabulary: ~45 s on a quiet machine; 270 s and more beside two
+    # busy loops), so only a hang is bounded.
     with running_server(log, "--model", str(path), "--num-threads", "2", "--json-style",
-                        "compact", *family.server_args) as s:
+                        "compact", *family.server_args, start_timeout_s=1200) as s:
         yield s
 
 
