@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
 import time
 from collections.abc import Callable
@@ -36,7 +37,9 @@ def freeze_startup_heap() -> int:
     return gc.get_freeze_count()
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL | None:
+    """The C library, opened once (``heap_usage`` runs with every stats snapshot)."""
     try:
         return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     except OSError:
