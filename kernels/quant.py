@@ -1,4 +1,5 @@
-"""Skinny matmuls over GGUF Q4_1 / Q8_0 weight blocks on AVX2 CPUs, and their torch reference.
+"""Skinny matmuls over GGUF Q4_1 / Q8_0 (and Q4_K, repacked) weight blocks on AVX2 CPUs, and
+their torch reference.
 
 The C++ kernel (``quant_cpu.cpp``) is compiled with the system C++ compiler on first use into a
 per-source-hash cache folder and loaded through ctypes; where that is impossible (no compiler, no
@@ -17,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from grammarserve_kernels.cpu_build import build_error, open_cached
 
 _SOURCE = Path(__file__).with_name("quant_cpu.cpp")
@@ -49,10 +49,22 @@ class QuantWeight:
         return sum(t.numel() * t.element_size() for t in (self.qs, self.d, self.m))
 
 
+#: GGUF types repacked losslessly into a kernel layout -> (bytes per 256 elements, layout).
+_REPACKED = {"Q4_K": (144, "Q4_1")}
+#: Every GGUF type :func:`pack_gguf_blocks` takes.
+PACKED_TYPES = (*_BLOCK, *_REPACKED)
+
+
 def pack_gguf_blocks(kind: str, raw: np.ndarray) -> QuantWeight:
-    """Repack GGUF block bytes ``[N, K/32 * block_bytes]`` (uint8) of type ``kind``."""
+    """Repack GGUF block bytes ``[N, K/32 * block_bytes]`` (uint8) of type ``kind``.
+
+    Q4_K (256-element super-blocks) becomes the Q4_1 layout: its 8 sub-blocks' 6-bit scale and
+    min times the super-block's ``d`` / ``dmin`` are exact in fp32, so :func:`dequantize` gives
+    ``gguf.quants.dequantize``'s values bit for bit (6 bits a weight in place of 4.5)."""
+    if kind in _REPACKED:
+        return _pack_q4_k(raw)
     if kind not in _BLOCK:
-        raise ValueError(f"unsupported quant type {kind!r} (supported: {', '.join(_BLOCK)})")
+        raise ValueError(f"unsupported quant type {kind!r} (supported: {', '.join(PACKED_TYPES)})")
     size, head = _BLOCK[kind]
     if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] % size:
         raise ValueError(f"{kind} blocks must be uint8 [N, nb*{size}], got {raw.dtype} {raw.shape}")
@@ -64,6 +76,31 @@ def pack_gguf_blocks(kind: str, raw: np.ndarray) -> QuantWeight:
         return QuantWeight(kind, torch.from_numpy(quants.copy()), d, m)
     return QuantWeight(kind, torch.from_numpy(quants.copy().view(np.int8)), d,
                        torch.empty(0, dtype=torch.float32))
+
+
+def _pack_q4_k(raw: np.ndarray) -> QuantWeight:
+    size = _REPACKED["Q4_K"][0]
+    if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] % size:
+        raise ValueError(f"Q4_K blocks must be uint8 [N, nb*{size}], got {raw.dtype} {raw.shape}")
+    n = raw.shape[0]
+    blocks = np.ascontiguousarray(raw).reshape(n, -1, size)
+    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)      # [N, nb, 1]
+    dmin = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
+    sc, mn = _q4_k_scales(blocks[..., 4:16])                              # [N, nb, 8] each
+    qs = blocks[..., 16:].reshape(n, -1, 4, 32)                           # 2 sub-blocks a row
+    q = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(n, -1, 8, 32)      # [N, nb, 8, 32]
+    nibbles = q[..., :16] | (q[..., 16:] << 4)                            # Q4_1: j | (j+16) << 4
+    return QuantWeight("Q4_1", torch.from_numpy(nibbles.reshape(n, -1)),
+                       torch.from_numpy((d * sc).reshape(n, -1)),
+                       torch.from_numpy((-(dmin * mn)).reshape(n, -1)))
+
+
+def _q4_k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The 8 sub-blocks' 6-bit scales and mins (fp32) from Q4_K's 12 packed bytes."""
+    s = packed.astype(np.uint8)
+    sc = np.concatenate([s[..., 0:4] & 63, (s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4)], -1)
+    mn = np.concatenate([s[..., 4:8] & 63, (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4)], -1)
+    return sc.astype(np.float32), mn.astype(np.float32)
 
 
 def dequantize(w: QuantWeight) -> torch.Tensor:

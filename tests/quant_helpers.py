@@ -1,4 +1,4 @@
-"""Random GGUF Q4_1 / Q8_0 weight blocks for the quantized-kernel tests."""
+"""Random GGUF Q4_1 / Q8_0 / Q4_K weight blocks for the quantized-kernel tests."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import numpy as np
 def random_blocks(kind: str, n: int, k: int, seed: int = 0) -> np.ndarray:
     """Random GGUF block bytes ``[n, k/32 * size]`` with finite fp16 scales."""
     rng = np.random.default_rng(seed)
+    if kind == "Q4_K":
+        return _random_q4_k(rng, n, k // 256)
     nb = k // 32
     if kind == "Q4_1":
         head = np.stack([rng.uniform(0.001, 0.05, (n, nb)), rng.uniform(-0.4, 0.0, (n, nb))], -1)
@@ -17,3 +19,16 @@ def random_blocks(kind: str, n: int, k: int, seed: int = 0) -> np.ndarray:
         quants = rng.integers(-128, 128, (n, nb, 32), dtype=np.int8).view(np.uint8)
     scales = head.astype(np.float16).view(np.uint8).reshape(n, nb, -1)
     return np.concatenate([scales, quants], axis=2).reshape(n, -1)
+
+
+def _random_q4_k(rng: np.random.Generator, n: int, nb: int) -> np.ndarray:
+    """Q4_K super-blocks (144 bytes: fp16 d and dmin, 12 bytes of 6-bit scales and mins, 128
+    of nibbles): random bytes, with the edge values in the first row (d = 0; every scale and
+    min at 63, the largest 6-bit value)."""
+    heads = np.stack([rng.uniform(1e-4, 2e-3, (n, nb)), rng.uniform(1e-4, 2e-3, (n, nb))], -1)
+    heads[0, 0, 0] = 0.0
+    packed = rng.integers(0, 256, (n, nb, 12), dtype=np.uint8)
+    packed[0, -1] = 0xFF  # 63 everywhere
+    quants = rng.integers(0, 256, (n, nb, 128), dtype=np.uint8)
+    d = heads.astype(np.float16).view(np.uint8).reshape(n, nb, 4)
+    return np.concatenate([d, packed, quants], axis=2).reshape(n, -1)

@@ -257,3 +257,27 @@ def test_an_abandoned_running_compile_is_told_to_stop_and_not_remembered() -> No
     gate.set()
     cache.close(timeout_s=10)
     assert cache.stats().refused_entries == 0
+
+
+@pytest.mark.model
+def test_building_the_backends_is_not_timed_as_a_compile(tokenizer: Any,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compiler's first compile builds its backends (~1 s of tokenizer tables; much longer on
+    a loaded machine) on the caller's thread, before the compile timeout starts: only the
+    schema's own compile can be refused as too slow."""
+    from grammarserve.fsm import GrammarCompiler, policy
+
+    built_on: list[threading.Thread] = []
+    real = policy.create_backend
+
+    def recording(*args: Any) -> Any:
+        built_on.append(threading.current_thread())
+        return real(*args)
+
+    monkeypatch.setattr(policy, "create_backend", recording)
+    with GrammarCompiler(tokenizer, background_upgrade=False) as compiler:
+        compiler.compile_json_schema({"type": "object", "properties": {"x": {"type": "integer"}}})
+        assert built_on and all(t is threading.current_thread() for t in built_on), built_on
+        other = compiler.with_backend("xgrammar")
+        other.compile_regex("[ab]+")
+        assert built_on[-1] is threading.current_thread()

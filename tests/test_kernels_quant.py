@@ -1,6 +1,6 @@
-"""The AVX2 kernel over GGUF Q4_1 / Q8_0 blocks: packing equals gguf's dequantize, products equal
-the torch reference, the model's linears carry blocks equal to their fp32 weights, and a machine
-that cannot build the kernel falls back with a reason."""
+"""The AVX2 kernel over GGUF Q4_1 / Q8_0 (and repacked Q4_K) blocks: packing equals gguf's
+dequantize, products equal the torch reference, the model's linears carry blocks equal to their
+fp32 weights, and a machine that cannot build the kernel falls back with a reason."""
 
 from __future__ import annotations
 
@@ -30,13 +30,14 @@ can_build = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and bo
 needs_kernel = pytest.mark.skipif(not can_build, reason="needs an AVX2 CPU and a C++ compiler")
 
 
-@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
-def test_pack_and_dequantize_equal_gguf(kind: str) -> None:
-    raw = random_blocks(kind, 24, 96)
+@pytest.mark.parametrize("kind,k", [("Q4_1", 96), ("Q8_0", 96), ("Q4_K", 512)])
+def test_pack_and_dequantize_equal_gguf(kind: str, k: int) -> None:
+    raw = random_blocks(kind, 24, k)
     w = pack_gguf_blocks(kind, raw)
-    ref = gguf_dequantize(raw, GGMLQuantizationType[kind]).astype(np.float32).reshape(24, 96)
-    assert w.shape == (24, 96)
-    assert torch.equal(dequantize(w), torch.from_numpy(ref))
+    ref = gguf_dequantize(raw, GGMLQuantizationType[kind]).astype(np.float32).reshape(24, k)
+    assert w.shape == (24, k)
+    # bit for bit (Q4_K's repacked scale and min are exact products in fp32)
+    assert torch.equal(dequantize(w).view(torch.int32), torch.from_numpy(ref).view(torch.int32))
 
 
 def test_pack_rejects_bad_blocks() -> None:
@@ -44,12 +45,16 @@ def test_pack_rejects_bad_blocks() -> None:
         pack_gguf_blocks("Q5_K", np.zeros((2, 20), np.uint8))
     with pytest.raises(ValueError, match=r"uint8 \[N, nb\*20\]"):
         pack_gguf_blocks("Q4_1", np.zeros((2, 21), np.uint8))
+    with pytest.raises(ValueError, match=r"uint8 \[N, nb\*144\]"):
+        pack_gguf_blocks("Q4_K", np.zeros((2, 145), np.uint8))
 
 
 @needs_kernel
-@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q4_K"])
 @pytest.mark.parametrize("k", [32, 576, 1536])  # 1536: the 4-row tiles (8 rows exceed L1)
 def test_kernel_matches_reference(kind: str, k: int) -> None:
+    if kind == "Q4_K":
+        k = -(-k // 256) * 256  # whole super-blocks
     w = pack_gguf_blocks(kind, random_blocks(kind, 72, k, seed=k))
     gen = torch.Generator().manual_seed(k)
     for rows in [1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17]:

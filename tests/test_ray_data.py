@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from ray_helpers import local_ray
 from waiting import line_count, wait_until
 
 ray = pytest.importorskip("ray")
@@ -51,12 +52,8 @@ def _lines() -> list[str]:
 
 @pytest.fixture(scope="module")
 def ray_local() -> Iterator[None]:
-    ray.init(num_cpus=2, object_store_memory=200 * 2**20, include_dashboard=False,
-             log_to_driver=False)
-    try:
+    with local_ray():
         yield
-    finally:
-        ray.shutdown()
 
 
 def _local_reference(src: Path, tmp: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:

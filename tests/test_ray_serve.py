@@ -22,6 +22,7 @@ openai = pytest.importorskip("openai")
 pytestmark = pytest.mark.model
 
 from prometheus_client.parser import text_string_to_metric_families
+from ray_helpers import local_ray
 
 from grammarserve.cluster.serve import APP_NAME, RayServeConfig, build_app
 from grammarserve.config import EngineConfig
@@ -44,8 +45,11 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    ray.init(num_cpus=2, object_store_memory=200 * 2**20, include_dashboard=False,
-             log_to_driver=False)
+    with local_ray():
+        yield from _serve(tmp_path_factory)
+
+
+def _serve(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     try:
         port = _free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -73,7 +77,6 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
     finally:
         serve.shutdown()
-        ray.shutdown()
 
 
 @pytest.fixture

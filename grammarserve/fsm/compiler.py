@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
@@ -134,6 +135,7 @@ class GrammarCompiler:
         self._check_pool = BackgroundPool(compile_threads, "grammarserve-checks")
         self.journal = CrashJournal(crash_journal) if crash_journal is not None else None
         self._crashed = self.journal.crashed() if self.journal is not None else frozenset()
+        self._warm = threading.Event()
 
     # -- facts the engine needs ------------------------------------------------------------
     @property
@@ -156,13 +158,14 @@ class GrammarCompiler:
 
     def warmup(self) -> None:
         """Build every backend ``auto`` may use now (about 1 s: tokenizer tables, the
-        whitespace-bound tables), instead of during the first compile that needs it. Call it
-        at engine start-up."""
+        whitespace-bound tables). The engine calls it at start-up; otherwise the first compile
+        does, on its caller's thread, so the compile timeout bounds compiles only."""
         names = {n for kind in AUTO_ORDER for n in self.policy.order(kind)}
         for name in sorted(names):
             self.policy.backend(name).warmup(self.config.max_whitespace)
         if self.disk is not None:
             code_versions()  # NOTE: every disk key has them (~6 ms: the source digest)
+        self._warm.set()
 
     def clear_caches(self) -> None:
         """Forget the compiled grammars and the validated front-end results, so that the next
@@ -272,6 +275,8 @@ class GrammarCompiler:
     def compile_spec_async(self, spec: GrammarSpec) -> Future[CompiledGrammar]:
         """Compile a spec made by :meth:`spec` of a compiler with the same options (in this
         process or another), without the front end."""
+        if not self._warm.is_set():
+            self.warmup()
         key = spec.key(self.vocab.fingerprint, self.config.backend)
         if self.journal is None:
             return self.cache.get_or_compile(key, lambda: self._compile(spec))
@@ -378,20 +383,18 @@ class GrammarCompiler:
         # NOTE: the depth checks come first, so no recursive walker should overflow; this is
         # the net under them (e.g. a library's parser deeper than its own limit).
         try:
-            return self._spec(kind, *args, **kwargs)
+            return self.front.spec(kind, *args, **kwargs)
         except RecursionError:
             raise GrammarError(f"the {kind.replace('_', ' ')} is nested too deeply to be "
                                f"read (this server's limit is {self.config.limits.max_depth} "
                                "levels)", path="$") from None
-
-    def _spec(self, kind: str, *args: Any, **kwargs: Any) -> GrammarSpec:
-        return self.front.spec(kind, *args, **kwargs)
 
     def with_backend(self, backend: BackendName) -> GrammarCompiler:
         """A compiler sharing this tokenizer but using ``backend`` (for benchmarks/tests)."""
         other = copy.copy(self)
         other.config = replace(self.config, backend=backend)
         other.policy = BackendPolicy(self.vocab, other.config, self.disk)
+        other._warm = threading.Event()
         other.front = SpecBuilder(other.config)
         c = other.config
         other.cache = GrammarCache(max_bytes=c.cache_bytes, timeout_s=c.compile_timeout_s,

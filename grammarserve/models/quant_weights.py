@@ -1,12 +1,13 @@
-"""Give a CPU model's linears the GGUF's own Q4_1 / Q8_0 blocks for skinny (decode) batches.
+"""Give a CPU model's linears the GGUF's own quantized blocks for skinny (decode) batches.
 
 A model loaded from a GGUF holds fp32 weights dequantized from its blocks. Those stay (prefill and
-other large batches use them with BLAS), and each linear whose GGUF tensors are all Q4_1 or all
-Q8_0 also gets a :class:`~grammarserve_kernels.quant.QuantWeight` of the same values, fused like
-the fp32 weight (q/k/v and gate/up concatenated, llama's Q/K row permutation undone). Decode steps
-are bound by the weight bytes they stream, and the blocks are 4-6x smaller. With int8 activations
-(the default) each linear also holds the same blocks interleaved by 16 rows for the integer
-kernel (``kernels/quant_q8_cpu.cpp``).
+other large batches use them with BLAS), and each linear whose GGUF tensors all pack into one
+kernel layout (Q4_1, or Q4_K repacked losslessly into it; Q8_0) also gets a
+:class:`~grammarserve_kernels.quant.QuantWeight` of the same values, fused like the fp32 weight
+(q/k/v and gate/up concatenated, llama's Q/K row permutation undone). Decode steps are bound by
+the weight bytes they stream, and the blocks are 4-6x smaller. With int8 activations (the
+default) each linear also holds the same blocks interleaved by 16 rows for the integer kernel
+(``kernels/quant_q8_cpu.cpp``). Other types (Q5_K, Q6_K, F16, ...) keep the fp32 path only.
 """
 
 from __future__ import annotations
@@ -19,7 +20,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from grammarserve_kernels.quant import QuantWeight, pack_gguf_blocks, quant_kernel_available
+from grammarserve_kernels.quant import (
+    PACKED_TYPES,
+    QuantWeight,
+    pack_gguf_blocks,
+    quant_kernel_available,
+)
 from grammarserve_kernels.quant_q8 import cpu_isa, pack_x16
 
 from grammarserve.models.decode_stack import bind_decode_stack
@@ -27,8 +33,7 @@ from grammarserve.models.gguf_convert import read_gguf, unpermute_rows
 from grammarserve.models.linear import Linear
 from grammarserve.models.llama import LlamaModel
 
-_KINDS = ("Q4_1", "Q8_0")
-_CACHE_FILE = Path("blocks") / "gguf-blocks-v1.safetensors"  # not globbed with the weights
+_CACHE_FILE = Path("blocks") / "gguf-blocks-v2.safetensors"  # not globbed with the weights
 _FUSED = {  # our linear (per layer) -> the GGUF tensors whose rows it concatenates
     "self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"),
     "self_attn.o_proj": ("attn_output",),
@@ -105,19 +110,25 @@ def _pack_from_gguf(gguf_path: Path, num_layers: int) -> dict[str, QuantWeight]:
                 kind, raw = found
                 if arch in ("llama", "mistral") and part in ("attn_q", "attn_k"):
                     raw = unpermute_rows(raw, n_head if part == "attn_q" else n_kv)
-                blocks.append((kind, raw))
+                blocks.append(pack_gguf_blocks(kind, raw))
             else:
-                if len({kind for kind, _ in blocks}) == 1:
-                    packed[f"layers.{i}.{module_name}"] = pack_gguf_blocks(
-                        blocks[0][0], np.concatenate([raw for _, raw in blocks]))
+                if len({q.kind for q in blocks}) == 1:  # Q4_K and Q4_1 parts share a layout
+                    packed[f"layers.{i}.{module_name}"] = _concat_rows(blocks)
     found = _raw_blocks(tensors.get("output.weight", tensors.get("token_embd.weight")))
     if found is not None:
         packed["lm_head"] = pack_gguf_blocks(*found)
     return packed
 
 
+def _concat_rows(parts: list[QuantWeight]) -> QuantWeight:
+    if len(parts) == 1:
+        return parts[0]
+    return QuantWeight(parts[0].kind, *(torch.cat([getattr(q, f) for q in parts])
+                                        for f in ("qs", "d", "m")))
+
+
 def _raw_blocks(t: Any) -> tuple[str, np.ndarray] | None:
-    if t is None or t.tensor_type.name not in _KINDS:
+    if t is None or t.tensor_type.name not in PACKED_TYPES:
         return None
     return t.tensor_type.name, np.asarray(t.data)
 
