@@ -1,5 +1,6 @@
 """Skinny matmuls over GGUF Q4_1 / Q8_0 (and Q4_K, repacked) weight blocks on AVX2 CPUs, and
-their torch reference.
+their torch reference; the GGUF block repacking every quantized kernel starts from (Q6_K too,
+which only the int8-activation kernel of ``quant_q8.py`` multiplies).
 
 The C++ kernel (``quant_cpu.cpp``) is compiled with the system C++ compiler on first use into a
 per-source-hash cache folder and loaded through ctypes; where that is impossible (no compiler, no
@@ -30,8 +31,10 @@ _BLOCK = {"Q4_1": (20, 4), "Q8_0": (34, 2)}
 class QuantWeight:
     """One ``[N, K]`` weight in kernel layout (see ``quant_cpu.cpp``).
 
-    ``qs`` is uint8 ``[N, K/2]`` (Q4_1) or int8 ``[N, K]`` (Q8_0); ``d`` and ``m`` are fp32
-    ``[N, K/32]`` (``m`` is empty for Q8_0).
+    ``qs`` is uint8 ``[N, K/2]`` (Q4_1), int8 ``[N, K]`` (Q8_0) or uint8 ``[N, K]`` (Q6_K: the
+    6-bit values 0..63, natural order); ``d`` and ``m`` are fp32 ``[N, K/32]`` (``m`` is empty
+    for Q8_0). Q6_K: ``d`` is ``[N, K/16]`` (one scale per 16 values), ``m`` empty, and a value
+    stands for ``d * (q - 32)``.
     """
 
     kind: str
@@ -42,7 +45,7 @@ class QuantWeight:
     @property
     def shape(self) -> tuple[int, int]:
         """``(N, K)`` of the dense weight."""
-        return self.d.shape[0], self.d.shape[1] * 32
+        return self.d.shape[0], self.d.shape[1] * (16 if self.kind == "Q6_K" else 32)
 
     def nbytes(self) -> int:
         """Bytes the kernel streams per product."""
@@ -51,8 +54,12 @@ class QuantWeight:
 
 #: GGUF types repacked losslessly into a kernel layout -> (bytes per 256 elements, layout).
 _REPACKED = {"Q4_K": (144, "Q4_1")}
+_Q6_K_BYTES = 210  # per 256 values: ql[128], qh[64], int8 scales[16], fp16 d
 #: Every GGUF type :func:`pack_gguf_blocks` takes.
-PACKED_TYPES = (*_BLOCK, *_REPACKED)
+PACKED_TYPES = (*_BLOCK, *_REPACKED, "Q6_K")
+#: The :class:`QuantWeight` kinds :func:`quant_matmul` (fp32 activations) multiplies; the others
+#: (Q6_K) have only the int8-activation kernel.
+FP32_KERNEL_KINDS = tuple(_BLOCK)
 
 
 def pack_gguf_blocks(kind: str, raw: np.ndarray) -> QuantWeight:
@@ -60,9 +67,13 @@ def pack_gguf_blocks(kind: str, raw: np.ndarray) -> QuantWeight:
 
     Q4_K (256-element super-blocks) becomes the Q4_1 layout: its 8 sub-blocks' 6-bit scale and
     min times the super-block's ``d`` / ``dmin`` are exact in fp32, so :func:`dequantize` gives
-    ``gguf.quants.dequantize``'s values bit for bit (6 bits a weight in place of 4.5)."""
+    ``gguf.quants.dequantize``'s values bit for bit (6 bits a weight in place of 4.5).
+    Q6_K keeps its own kind: one byte per 6-bit value and ``d * scale`` per 16 values, both
+    exact (an fp16 times an int8 has at most 18 significant bits; fp32 holds 24)."""
     if kind in _REPACKED:
         return _pack_q4_k(raw)
+    if kind == "Q6_K":
+        return _pack_q6_k(raw)
     if kind not in _BLOCK:
         raise ValueError(f"unsupported quant type {kind!r} (supported: {', '.join(PACKED_TYPES)})")
     size, head = _BLOCK[kind]
@@ -95,6 +106,26 @@ def _pack_q4_k(raw: np.ndarray) -> QuantWeight:
                        torch.from_numpy((-(dmin * mn)).reshape(n, -1)))
 
 
+def _pack_q6_k(raw: np.ndarray) -> QuantWeight:
+    size = _Q6_K_BYTES
+    if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] % size:
+        raise ValueError(f"Q6_K blocks must be uint8 [N, nb*{size}], got {raw.dtype} {raw.shape}")
+    n = raw.shape[0]
+    blocks = np.ascontiguousarray(raw).reshape(n, -1, size)
+    # value 128h + 32j + l: low 4 bits from ql[64h + 32(j%2) + l] (high nibble for j >= 2),
+    # high 2 bits from bits 2j..2j+1 of qh[32h + l] (gguf.quants.Q6_K)
+    ql = blocks[..., :128].reshape(n, -1, 2, 1, 2, 32)                  # [N, nb, h, ., j%2, l]
+    lo = np.concatenate([ql & 0x0F, ql >> 4], axis=3).reshape(n, -1, 2, 4, 32)
+    qh = blocks[..., 128:192].reshape(n, -1, 2, 1, 32)
+    hi = (qh >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)) & 0x03   # [N, nb, h, j, l]
+    q = (lo | (hi << 4)).reshape(n, -1)
+    scales = blocks[..., 192:208].view(np.int8).astype(np.float32)     # [N, nb, 16]
+    d = blocks[..., 208:210].copy().view(np.float16).astype(np.float32)  # [N, nb, 1]
+    return QuantWeight("Q6_K", torch.from_numpy(q.copy()),
+                       torch.from_numpy((d * scales).reshape(n, -1)),
+                       torch.empty(0, dtype=torch.float32))
+
+
 def _q4_k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The 8 sub-blocks' 6-bit scales and mins (fp32) from Q4_K's 12 packed bytes."""
     s = packed.astype(np.uint8)
@@ -110,6 +141,9 @@ def dequantize(w: QuantWeight) -> torch.Tensor:
         q = w.qs.view(n, k // 32, 16)
         q = torch.cat([q & 0x0F, q >> 4], dim=2).float()  # byte j: element j (low), j+16 (high)
         return (w.d[..., None] * q + w.m[..., None]).reshape(n, k)
+    if w.kind == "Q6_K":
+        q = w.qs.view(n, k // 16, 16).float() - 32.0  # exact, as is the product
+        return (w.d[..., None] * q).reshape(n, k)
     return (w.d[..., None] * w.qs.view(n, k // 32, 32).float()).reshape(n, k)
 
 
@@ -119,7 +153,11 @@ def quant_matmul_ref(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
 
 
 def quant_matmul(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
-    """``x [R, K] @ w.T`` with the AVX2 kernel; ``x`` is fp32 on CPU. Needs the kernel."""
+    """``x [R, K] @ w.T`` with the AVX2 kernel; ``x`` is fp32 on CPU. Needs the kernel, and ``w``
+    of a kind it has (:data:`FP32_KERNEL_KINDS`)."""
+    if w.kind not in FP32_KERNEL_KINDS:
+        raise ValueError(f"the fp32-activation kernel has no {w.kind} path (it multiplies "
+                         f"{', '.join(FP32_KERNEL_KINDS)}); use quant_q8.quant_matmul_q8")
     lib = _load()
     if lib is None:
         raise RuntimeError(f"the quantized CPU kernel is unavailable: {build_error(_SOURCE)}")

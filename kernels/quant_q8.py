@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-
 from grammarserve_kernels.cpu_build import build_error, open_cached
 from grammarserve_kernels.quant import QuantWeight, dequantize
 
@@ -42,8 +41,10 @@ _FLAGS = {isa: _COMMON + flags for isa, flags in _ISA_FLAGS.items()}
 @dataclass(frozen=True)
 class PackedWeight:
     """A :class:`QuantWeight` in the x16 layout of ``quant_q8_cpu.cpp``: ``qs`` uint8
-    ``[tiles, blocks, groups, 64]`` (groups: 4 for Q4_1, 8 for Q8_0), ``d`` and ``m`` fp32
-    ``[tiles, blocks, 16]`` (``m`` empty for Q8_0); rows past ``n`` are zero padding."""
+    ``[tiles, blocks, groups, 64]`` (groups: 4 for Q4_1, 8 for Q8_0 and Q6_K), ``d`` and ``m``
+    fp32 ``[tiles, blocks, 16]`` (``m`` empty for Q8_0 and Q6_K; Q6_K's ``d`` is
+    ``[tiles, blocks, 2, 16]``: the scales of elements 0-15 and 16-31 of each block); rows past
+    ``n`` are zero padding."""
 
     kind: str
     n: int
@@ -77,7 +78,10 @@ def pack_x16(w: QuantWeight, isa: str | None = None, levels: int = 2) -> PackedW
     groups = 4 if w.kind == "Q4_1" else 8
     qs = tiled(w.qs.view(torch.uint8).reshape(n, nb, groups, 4))  # [T, 16, nb, G, 4]
     qs = qs.permute(0, 2, 3, 1, 4).reshape(tiles, nb, groups, TILE * 4).contiguous()
-    d = tiled(w.d).permute(0, 2, 1).contiguous()
+    if w.kind == "Q6_K":  # [T, 16, nb * 2] -> [T, nb, 2, 16]
+        d = tiled(w.d).view(tiles, TILE, nb, 2).permute(0, 2, 3, 1).contiguous()
+    else:
+        d = tiled(w.d).permute(0, 2, 1).contiguous()
     m = tiled(w.m).permute(0, 2, 1).contiguous() if w.kind == "Q4_1" else w.m
     return PackedWeight(w.kind, n, k, qs, d, m, isa, levels)
 
@@ -193,8 +197,8 @@ def quant_matmul_q8_ref(x: torch.Tensor, w: QuantWeight, levels: int = 2) -> tor
     out = torch.zeros(r, n, dtype=torch.float64)
     for q, dx in parts:
         qx = q.double().view(r, k // 32, 32)
-        if w.kind == "Q4_1":
-            dense = dequantize(w).double()  # d * q + m per element, as the GGUF defines it
+        if w.kind in ("Q4_1", "Q6_K"):
+            dense = dequantize(w).double()  # d * q + m, d * (q - 32): exact, as the GGUF has it
             out += (qx * dx.double()[..., None]).view(r, k) @ dense.t()
         else:
             dots = torch.einsum("rbj,nbj->rnb", qx, w.qs.double().view(n, k // 32, 32))

@@ -1,4 +1,4 @@
-"""Random GGUF Q4_1 / Q8_0 / Q4_K weight blocks for the quantized-kernel tests."""
+"""Random GGUF Q4_1 / Q8_0 / Q4_K / Q6_K weight blocks for the quantized-kernel tests."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ def random_blocks(kind: str, n: int, k: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
     if kind == "Q4_K":
         return _random_q4_k(rng, n, k // 256)
+    if kind == "Q6_K":
+        return _random_q6_k(rng, n, k // 256)
     nb = k // 32
     if kind == "Q4_1":
         head = np.stack([rng.uniform(0.001, 0.05, (n, nb)), rng.uniform(-0.4, 0.0, (n, nb))], -1)
@@ -32,3 +34,20 @@ def _random_q4_k(rng: np.random.Generator, n: int, nb: int) -> np.ndarray:
     quants = rng.integers(0, 256, (n, nb, 128), dtype=np.uint8)
     d = heads.astype(np.float16).view(np.uint8).reshape(n, nb, 4)
     return np.concatenate([d, packed, quants], axis=2).reshape(n, -1)
+
+
+def _random_q6_k(rng: np.random.Generator, n: int, nb: int) -> np.ndarray:
+    """Q6_K super-blocks (210 bytes: 128 of low nibbles, 64 of high 2-bit pairs, 16 int8 scales,
+    fp16 d): random bytes, with the edge values in the first row (d = 0 in its first block; the
+    scales -128 and 127; the 6-bit values all 0 in one block and all 63 in another)."""
+    low = rng.integers(0, 256, (n, nb, 128), dtype=np.uint8)
+    high = rng.integers(0, 256, (n, nb, 64), dtype=np.uint8)
+    scales = rng.integers(-128, 128, (n, nb, 16), dtype=np.int8)
+    d = rng.uniform(1e-6, 1e-2, (n, nb, 1))
+    d[0, 0] = 0.0
+    scales[0, -1, ::2], scales[0, -1, 1::2] = -128, 127
+    if nb > 1:
+        low[0, 1], high[0, 1] = 0, 0  # q = 0 everywhere
+    low[0, -1], high[0, -1] = 0xFF, 0xFF  # q = 63 everywhere
+    head = np.concatenate([scales.view(np.uint8), d.astype(np.float16).view(np.uint8)], axis=2)
+    return np.concatenate([low, high, head], axis=2).reshape(n, -1)

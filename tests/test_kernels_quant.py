@@ -1,5 +1,5 @@
-"""The AVX2 kernel over GGUF Q4_1 / Q8_0 (and repacked Q4_K) blocks: packing equals gguf's
-dequantize, products equal the torch reference, the model's linears carry blocks equal to their
+"""The AVX2 kernel over GGUF Q4_1 / Q8_0 (and repacked Q4_K) blocks: packing (Q6_K too) equals
+gguf's dequantize, products equal the torch reference, the model's linears carry blocks equal to their
 fp32 weights, and a machine that cannot build the kernel falls back with a reason."""
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from gguf import GGMLQuantizationType
 from gguf.quants import dequantize as gguf_dequantize
 from grammarserve_kernels import quant
 from grammarserve_kernels.quant import (
+    FP32_KERNEL_KINDS,
+    PACKED_TYPES,
     QuantWeight,
     dequantize,
     pack_gguf_blocks,
@@ -30,14 +32,36 @@ can_build = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and bo
 needs_kernel = pytest.mark.skipif(not can_build, reason="needs an AVX2 CPU and a C++ compiler")
 
 
-@pytest.mark.parametrize("kind,k", [("Q4_1", 96), ("Q8_0", 96), ("Q4_K", 512)])
+@pytest.mark.parametrize("kind,k", [("Q4_1", 96), ("Q8_0", 96), ("Q4_K", 512), ("Q6_K", 256),
+                                    ("Q6_K", 4096)])
 def test_pack_and_dequantize_equal_gguf(kind: str, k: int) -> None:
     raw = random_blocks(kind, 24, k)
     w = pack_gguf_blocks(kind, raw)
     ref = gguf_dequantize(raw, GGMLQuantizationType[kind]).astype(np.float32).reshape(24, k)
     assert w.shape == (24, k)
-    # bit for bit (Q4_K's repacked scale and min are exact products in fp32)
+    # bit for bit (Q4_K's repacked scale and min, Q6_K's scale per 16: exact products in fp32)
     assert torch.equal(dequantize(w).view(torch.int32), torch.from_numpy(ref).view(torch.int32))
+
+
+def test_q6_k_keeps_its_6_bit_values_and_scales() -> None:
+    """The edge blocks of ``random_blocks`` (d = 0, scales -128 and 127, every value 0 or 63)
+    come through as such, in natural element order."""
+    raw = random_blocks("Q6_K", 3, 768)
+    w = pack_gguf_blocks("Q6_K", raw)
+    assert w.kind == "Q6_K" and w.qs.dtype == torch.uint8 and w.qs.shape == (3, 768)
+    assert w.d.shape == (3, 48) and w.m.numel() == 0 and w.shape == (3, 768)
+    assert not w.d[0, :16].any()  # d = 0
+    assert not w.qs[0, 256:512].any() and bool((w.qs[0, 512:] == 63).all())
+    d = float(np.frombuffer(raw[0, 3 * 210 - 2:3 * 210].tobytes(), np.float16)[0])
+    assert w.d[0, 32:].tolist() == [d * -128, d * 127] * 8
+    assert int(w.qs.max()) == 63 and w.nbytes() == 3 * 768 + 3 * 48 * 4
+
+
+def test_the_fp32_kernel_refuses_kinds_it_lacks() -> None:
+    assert "Q6_K" in PACKED_TYPES and "Q6_K" not in FP32_KERNEL_KINDS
+    w = pack_gguf_blocks("Q6_K", random_blocks("Q6_K", 4, 256))
+    with pytest.raises(ValueError, match="no Q6_K path"):
+        quant_matmul(torch.randn(1, 256), w)
 
 
 def test_pack_rejects_bad_blocks() -> None:
@@ -47,6 +71,8 @@ def test_pack_rejects_bad_blocks() -> None:
         pack_gguf_blocks("Q4_1", np.zeros((2, 21), np.uint8))
     with pytest.raises(ValueError, match=r"uint8 \[N, nb\*144\]"):
         pack_gguf_blocks("Q4_K", np.zeros((2, 145), np.uint8))
+    with pytest.raises(ValueError, match=r"uint8 \[N, nb\*210\]"):
+        pack_gguf_blocks("Q6_K", np.zeros((2, 211), np.uint8))
 
 
 @needs_kernel

@@ -12,14 +12,16 @@ A linear may also carry its GGUF weight blocks (``quant``, set by
 :func:`grammarserve.models.quant_weights.attach_gguf_blocks`); batches of at most
 :data:`QUANT_ROWS` rows then run the AVX2 kernel on them instead of the fp32 weight; with
 ``quant_x16`` (int8 activations, the default) batches of at most :data:`Q8_ROWS` rows run the
-integer kernel instead.
+integer kernel instead. Kinds the fp32-activation kernel lacks (Q6_K: see
+:data:`~grammarserve_kernels.quant.FP32_KERNEL_KINDS`) never take that path: without
+``quant_x16`` they use the fp32 weight.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from grammarserve_kernels.quant import QuantWeight, quant_matmul
+from grammarserve_kernels.quant import FP32_KERNEL_KINDS, QuantWeight, quant_matmul
 from grammarserve_kernels.quant_q8 import PackedWeight, quant_matmul_q8
 from torch import nn
 
@@ -48,7 +50,8 @@ class Linear(nn.Linear):
         if self.quant_x16 is not None and x.dim() == 2 and m <= Q8_ROWS and x.device.type == "cpu":
             y = quant_matmul_q8(x, self.quant_x16)
             return y if self.bias is None else y + self.bias
-        if self.quant is not None and x.dim() == 2 and m <= QUANT_ROWS and x.device.type == "cpu":
+        if (self.quant is not None and self.quant.kind in FP32_KERNEL_KINDS and x.dim() == 2
+                and m <= QUANT_ROWS and x.device.type == "cpu"):
             y = quant_matmul(x, self.quant)
             return y if self.bias is None else y + self.bias
         if x.dim() == 2 and m <= SKINNY_ROWS and x.device.type == "cpu":
