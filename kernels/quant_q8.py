@@ -35,6 +35,9 @@ _ISA_FLAGS = {
     "avx512vnni": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512vnni"],
 }
 TILE = 16  # weight rows per tile of the x16 layout
+#: The kinds :func:`quant_matmul_q8` multiplies, in the order of :func:`gemm_addresses` (each
+#: kind's index there is its code in ``decode_stack_cpu.cpp``).
+KINDS = ("Q8_0", "Q4_1", "Q6_K")
 _FLAGS = {isa: _COMMON + flags for isa, flags in _ISA_FLAGS.items()}
 
 
@@ -64,6 +67,8 @@ class PackedWeight:
 def pack_x16(w: QuantWeight, isa: str | None = None, levels: int = 2) -> PackedWeight:
     """Interleave ``w``'s rows by tiles of 16 for :func:`quant_matmul_q8` on ``isa`` (default:
     :func:`cpu_isa`; the kernel must be available) with ``levels`` activation levels."""
+    if w.kind not in KINDS:
+        raise ValueError(f"the int8 kernel has no {w.kind} path (it multiplies {', '.join(KINDS)})")
     isa = isa or cpu_isa()
     if isa is None:
         raise RuntimeError(f"the int8 CPU kernel is unavailable: {kernel_error()}")
@@ -149,20 +154,24 @@ def quant_matmul_q8(x: torch.Tensor, w: PackedWeight, isa: str | None = None,
     if w.kind == "Q4_1":
         lib.gs_q4_1_gemm_q8(x.data_ptr(), x.shape[0], k, w.qs.data_ptr(), w.d.data_ptr(),
                             w.m.data_ptr(), n, y.data_ptr(), torch.get_num_threads(), levels)
+    elif w.kind == "Q6_K":
+        lib.gs_q6_k_gemm_q8(x.data_ptr(), x.shape[0], k, w.qs.data_ptr(), w.d.data_ptr(), n,
+                            y.data_ptr(), torch.get_num_threads(), levels)
     else:
         lib.gs_q8_0_gemm_q8(x.data_ptr(), x.shape[0], k, w.qs.data_ptr(), w.d.data_ptr(), n,
                             y.data_ptr(), torch.get_num_threads(), levels)
     return y
 
 
-def gemm_addresses(isa: str) -> tuple[int, int]:
-    """Addresses of the ``isa`` build's Q8_0 and Q4_1 GEMM entry points (for kernels that call
-    them from C++, e.g. ``decode_stack_cpu.cpp``)."""
+def gemm_addresses(isa: str) -> tuple[int, int, int]:
+    """Addresses of the ``isa`` build's GEMM entry points, one per kind of :data:`KINDS` (for
+    kernels that call them from C++, e.g. ``decode_stack_cpu.cpp``)."""
     lib = _open(isa)
     if lib is None:
         raise RuntimeError(f"the int8 CPU kernel is unavailable: {build_error(_SOURCE, isa)}")
     return (ctypes.cast(lib.gs_q8_0_gemm_q8, ctypes.c_void_p).value or 0,
-            ctypes.cast(lib.gs_q4_1_gemm_q8, ctypes.c_void_p).value or 0)
+            ctypes.cast(lib.gs_q4_1_gemm_q8, ctypes.c_void_p).value or 0,
+            ctypes.cast(lib.gs_q6_k_gemm_q8, ctypes.c_void_p).value or 0)
 
 
 def quantize_activations_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -222,4 +231,6 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.gs_q4_1_gemm_q8.restype = None
     lib.gs_q8_0_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, i32, i32]
     lib.gs_q8_0_gemm_q8.restype = None
+    lib.gs_q6_k_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, i32, i32]
+    lib.gs_q6_k_gemm_q8.restype = None
     lib.gs_cpu_level.restype = ctypes.c_int

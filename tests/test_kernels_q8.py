@@ -1,4 +1,4 @@
-"""The int8-activation kernel over GGUF Q4_1 / Q8_0 blocks (``kernels/quant_q8_cpu.cpp``): every
+"""The int8-activation kernel over GGUF Q4_1 / Q8_0 / Q6_K blocks (``kernels/quant_q8_cpu.cpp``): every
 instruction-set build this CPU runs equals the float64 reference of the same quantized product,
 the two-level mode stays within 1e-4 of the exact product, dispatch can be capped, and the model's
 linears use it for decode-sized batches only."""
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from grammarserve_kernels import quant_q8
-from grammarserve_kernels.quant import pack_gguf_blocks, quant_matmul_ref
+from grammarserve_kernels.quant import QuantWeight, dequantize, pack_gguf_blocks
 from grammarserve_kernels.quant_q8 import (
     ISAS,
     cpu_isa,
@@ -53,13 +53,36 @@ def test_kernel_matches_reference(isa: str, kind: str, k: int) -> None:
 
 
 @needs_kernel
-@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("k", [256, 512, 4096])
+def test_q6_k_kernel_matches_reference(isa: str, k: int) -> None:
+    """Q6_K (a scale per 16 values, q - 32 as an offset term on the sums per 16), with the edge
+    blocks of ``random_blocks`` (d = 0, scales -128 and 127, values 0 and 63)."""
+    require_isa(isa)
+    gen = torch.Generator().manual_seed(k)
+    for n in (5, 37):  # a partial tile; two tiles and a partial one
+        w = pack_gguf_blocks("Q6_K", random_blocks("Q6_K", n, k, seed=k + n))
+        packed = pack_x16(w, isa)
+        assert packed.qs.shape == (-(-n // 16), k // 32, 8, 64)
+        assert packed.d.shape == (-(-n // 16), k // 32, 2, 16)
+        for rows in (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 17, 64, 65):
+            x = torch.randn(rows, k, generator=gen)
+            for levels in (1, 2):
+                got = quant_matmul_q8(x, packed, levels=levels)
+                assert got.shape == (rows, n) and got.is_contiguous()
+                torch.testing.assert_close(got, quant_matmul_q8_ref(x, w, levels),
+                                           rtol=1e-5, atol=1e-5 * k ** 0.5)
+
+
+@needs_kernel
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q6_K"])
 def test_levels_bound_the_error_against_the_exact_product(kind: str) -> None:
     """Also: two threads give the one-thread result exactly (each output has one owner)."""
-    w = pack_gguf_blocks(kind, random_blocks(kind, 64, 576, seed=3))
+    k = 512 if kind == "Q6_K" else 576  # Q6_K: whole blocks of 256
+    w = pack_gguf_blocks(kind, random_blocks(kind, 64, k, seed=3))
     packed = pack_x16(w)
-    x = torch.randn(8, 576, generator=torch.Generator().manual_seed(3)) * 3
-    exact = quant_matmul_ref(x, w)
+    x = torch.randn(8, k, generator=torch.Generator().manual_seed(3)) * 3
+    exact = x @ dequantize(w).t()
     for levels, bound in ((1, 2e-2), (2, 1e-4)):
         got = quant_matmul_q8(x, packed, levels=levels)
         err = (got - exact).norm() / exact.norm()
@@ -73,14 +96,15 @@ def test_levels_bound_the_error_against_the_exact_product(kind: str) -> None:
 
 
 @needs_kernel
-@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0", "Q6_K"])
 def test_a_rows_result_does_not_depend_on_its_batch(kind: str) -> None:
     """A speculative draft's positions ride in batches of any size (1..8 rows share one pass
     over a weight tile): each row must come out bit for bit as it does alone, or greedy
     decoding with drafts would differ from plain decoding."""
-    w = pack_gguf_blocks(kind, random_blocks(kind, 40, 576, seed=5))
+    k = 512 if kind == "Q6_K" else 576
+    w = pack_gguf_blocks(kind, random_blocks(kind, 40, k, seed=5))
     packed = pack_x16(w)
-    x = torch.randn(23, 576, generator=torch.Generator().manual_seed(5))
+    x = torch.randn(23, k, generator=torch.Generator().manual_seed(5))
     alone = torch.cat([quant_matmul_q8(x[i:i + 1], packed, levels=2) for i in range(23)])
     for rows in range(2, 24):
         assert torch.equal(quant_matmul_q8(x[:rows], packed, levels=2), alone[:rows]), rows
@@ -113,6 +137,10 @@ def test_kernel_rejects_wrong_inputs() -> None:
         quant_matmul_q8(torch.randn(2, 32), packed)
     with pytest.raises(ValueError, match="levels must be 1 or 2"):
         quant_matmul_q8(torch.randn(2, 64), packed, levels=3)
+    q4_k = QuantWeight("Q4_K", torch.zeros(8, 32, dtype=torch.uint8), torch.ones(8, 1),
+                       torch.zeros(8, 1))  # kinds reach the kernel repacked: Q4_K as Q4_1
+    with pytest.raises(ValueError, match="no Q4_K path"):
+        pack_x16(q4_k)
 
 
 @needs_kernel
@@ -128,6 +156,23 @@ def test_linear_uses_the_int8_kernel_for_decode_batches_only() -> None:
                                    rtol=1e-5, atol=1e-4)
     x = torch.randn(Q8_ROWS + 1, 64)
     torch.testing.assert_close(lin(x).contiguous(), x @ lin.weight.t() + lin.bias,
+                               rtol=1e-5, atol=1e-4)
+
+
+@needs_kernel
+def test_q6_k_linears_use_the_int8_kernel_or_the_fp32_weight() -> None:
+    """The fp32-activation kernel has no Q6_K path: without int8 blocks (``activations="fp32"``)
+    a Q6_K linear multiplies its fp32 weight, at any batch size."""
+    w = pack_gguf_blocks("Q6_K", random_blocks("Q6_K", 40, 256))
+    lin = Linear(256, 40, bias=True)
+    lin.quant = w
+    with torch.no_grad():
+        lin.weight.normal_()  # not the blocks' values: tells which path ran
+    x = torch.randn(3, 256)
+    torch.testing.assert_close(lin(x).contiguous(), x @ lin.weight.t() + lin.bias,
+                               rtol=1e-5, atol=1e-4)
+    lin.quant_x16 = pack_x16(w, levels=2)
+    torch.testing.assert_close(lin(x), quant_matmul_q8_ref(x, w, 2) + lin.bias,
                                rtol=1e-5, atol=1e-4)
 
 
