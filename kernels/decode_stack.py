@@ -27,7 +27,13 @@ from grammarserve_kernels.decode_attn import (
     decode_attention_ref,
 )
 from grammarserve_kernels.quant import QuantWeight
-from grammarserve_kernels.quant_q8 import _COMMON, PackedWeight, gemm_addresses, quant_matmul_q8_ref
+from grammarserve_kernels.quant_q8 import (
+    _COMMON,
+    KINDS,
+    PackedWeight,
+    gemm_addresses,
+    quant_matmul_q8_ref,
+)
 
 _SOURCE = Path(__file__).with_name("decode_stack_cpu.cpp")
 _i64, _ptr, _i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int32
@@ -97,7 +103,7 @@ class StackKV:
 
 class _Linear(ctypes.Structure):
     _fields_ = [("qs", _ptr), ("d", _ptr), ("m", _ptr), ("bias", _ptr), ("n", _i64), ("k", _i64),
-                ("q4", _i32), ("levels", _i32)]
+                ("kind", _i32), ("levels", _i32)]
 
 
 class _Head(ctypes.Structure):  # GsHead of decode_stack_cpu.cpp
@@ -112,7 +118,7 @@ class _Layer(ctypes.Structure):
 
 _STEP_INTS = ("tokens", "hidden", "heads", "kv_heads", "head_dim", "inter", "layers", "S", "P")
 _STEP_PTRS = ("cos", "sin", "slots", "qb", "qpos", "qlen", "pool_k", "pool_v", "mirror_k",
-              "mirror_v", "kt", "vs", "gemm_q8_0", "gemm_q4_1", "attn", "seconds")
+              "mirror_v", "kt", "vs", "gemm_q8_0", "gemm_q4_1", "gemm_q6_k", "attn", "seconds")
 PARTS = ("matmul", "attention", "kv_write", "rest")  # what DecodeStack.seconds accumulates
 
 
@@ -257,7 +263,7 @@ def _linear(lin: StackLinear) -> _Linear:
     w = lin.packed
     return _Linear(w.qs.data_ptr(), w.d.data_ptr(), w.m.data_ptr() if w.m.numel() else None,
                    lin.bias.data_ptr() if lin.bias is not None else None, w.n, w.k,
-                   int(w.kind == "Q4_1"), w.levels)
+                   KINDS.index(w.kind), w.levels)
 
 
 def _addresses(tensors: list[torch.Tensor]) -> _Table:

@@ -27,6 +27,8 @@ typedef void (*GemmQ8_0)(const float*, int64_t, int64_t, const int8_t*, const fl
                          float*, int, int);
 typedef void (*GemmQ4_1)(const float*, int64_t, int64_t, const uint8_t*, const float*,
                          const float*, int64_t, float*, int, int);
+typedef void (*GemmQ6_K)(const float*, int64_t, int64_t, const uint8_t*, const float*, int64_t,
+                         float*, int, int);
 typedef int (*AttnFn)(const float*, const float*, const float*, int64_t, const float*,
                       const float*, int64_t, const int64_t*, const int64_t*, int64_t, int64_t,
                       int64_t, int64_t, float*, int);
@@ -37,7 +39,7 @@ struct GsLinear {  // a PackedWeight (quant_q8.py) and an optional bias [n]
   const float* m;
   const float* bias;
   int64_t n, k;
-  int32_t q4, levels;
+  int32_t kind, levels;  // kind: 0 Q8_0, 1 Q4_1, 2 Q6_K (quant_q8.py: KINDS)
 };
 
 struct GsHead {  // the final RMSNorm and the LM head, applied to the logit rows after the layers
@@ -72,6 +74,7 @@ struct GsStep {
   const float* const* vs;  // [layers] -> [KVH, P, D]
   GemmQ8_0 gemm_q8_0;
   GemmQ4_1 gemm_q4_1;
+  GemmQ6_K gemm_q6_k;
   AttnFn attn;
   double* seconds;  // optional [4]: time added in matmuls, attention, K/V writes, the rest
 };
@@ -80,11 +83,18 @@ struct GsStep {
 namespace {
 
 void linear(const GsStep& st, const GsLinear& w, const float* x, int64_t R, float* y) {
-  if (w.q4) {
-    st.gemm_q4_1(x, R, w.k, static_cast<const uint8_t*>(w.qs), w.d, w.m, w.n, y, st.threads,
-                 w.levels);
-  } else {
-    st.gemm_q8_0(x, R, w.k, static_cast<const int8_t*>(w.qs), w.d, w.n, y, st.threads, w.levels);
+  switch (w.kind) {
+    case 1:
+      st.gemm_q4_1(x, R, w.k, static_cast<const uint8_t*>(w.qs), w.d, w.m, w.n, y, st.threads,
+                   w.levels);
+      break;
+    case 2:
+      st.gemm_q6_k(x, R, w.k, static_cast<const uint8_t*>(w.qs), w.d, w.n, y, st.threads,
+                   w.levels);
+      break;
+    default:
+      st.gemm_q8_0(x, R, w.k, static_cast<const int8_t*>(w.qs), w.d, w.n, y, st.threads,
+                   w.levels);
   }
   if (w.bias)
     for (int64_t r = 0; r < R; ++r)
@@ -167,7 +177,10 @@ void silu_mul(const GsStep& st, const float* gu, float* act) {
     int64_t i = 0;
     for (; i + 8 <= I; i += 8) {
       const __m256 gv = _mm256_loadu_ps(g + i);
-      const __m256 den = _mm256_add_ps(_mm256_set1_ps(1.f), gs::exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv)));
+      // NOTE: exp8 has no overflow guard (past ~88.7 its exponent bits wrap, e.g. to -0): the
+      // argument is capped at 88, whose exp (1.6e38) still makes silu(g) = g / (1 + e^-g) ~ 0.
+      const __m256 neg = _mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), gv), _mm256_set1_ps(88.f));
+      const __m256 den = _mm256_add_ps(_mm256_set1_ps(1.f), gs::exp8(neg));
       _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_div_ps(gv, den), _mm256_loadu_ps(g + I + i)));
     }
     for (; i < I; ++i) a[i] = g[i] / (1.f + std::exp(-g[i])) * g[I + i];

@@ -43,7 +43,7 @@ def _random_q6_k(rng: np.random.Generator, n: int, nb: int) -> np.ndarray:
     low = rng.integers(0, 256, (n, nb, 128), dtype=np.uint8)
     high = rng.integers(0, 256, (n, nb, 64), dtype=np.uint8)
     scales = rng.integers(-128, 128, (n, nb, 16), dtype=np.int8)
-    d = rng.uniform(1e-6, 1e-2, (n, nb, 1))
+    d = rng.uniform(1e-6, 1e-3, (n, nb, 1))  # |w| up to 4, as Q8_0's 6 (fp16 subnormals too)
     d[0, 0] = 0.0
     scales[0, -1, ::2], scales[0, -1, 1::2] = -128, 127
     if nb > 1:

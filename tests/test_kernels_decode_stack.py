@@ -1,5 +1,5 @@
 """The one-call decoder stack for decode steps (``kernels/decode_stack_cpu.cpp``) against its torch
-reference on random weights: both weight kinds, a shared prefix or none, several tokens of one
+reference on random weights: every weight kind (Q6_K beside Q4_1 / Q8_0 in one layer), a shared prefix or none, several tokens of one
 row (jump-forward spans), a qkv bias; the pool and mirror entries it writes; every build."""
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ can_build = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and bo
 pytestmark = pytest.mark.skipif(not can_build, reason="needs an AVX2 CPU and a C++ compiler")
 
 DIMS = StackDims(hidden=128, heads=4, kv_heads=2, head_dim=64, inter=96, eps=1e-5)
+DIMS_256 = StackDims(hidden=256, heads=4, kv_heads=2, head_dim=64, inter=256, eps=1e-5)  # Q6_K
 
 
 def _linear(kind: str, n: int, k: int, seed: int, isa: str, bias: bool = False) -> StackLinear:
@@ -36,20 +37,23 @@ def _linear(kind: str, n: int, k: int, seed: int, isa: str, bias: bool = False) 
     return StackLinear(quant, pack_x16(quant, isa=isa), b)
 
 
-def _layers(kind: str, isa: str, n: int = 2, bias: bool = False) -> list[StackLayer]:
-    d, gen = DIMS, torch.Generator().manual_seed(7)
+def _layers(kind: str, isa: str, n: int = 2, bias: bool = False,
+            dims: StackDims = DIMS) -> list[StackLayer]:
+    """``kind``: one for every projection, or four comma-separated (qkv, o, gate_up, down)."""
+    d, gen = dims, torch.Generator().manual_seed(7)
     width = (d.heads + 2 * d.kv_heads) * d.head_dim
+    kinds = kind.split(",") if "," in kind else [kind] * 4
     return [StackLayer(1 + 0.1 * torch.randn(d.hidden, generator=gen),
                        1 + 0.1 * torch.randn(d.hidden, generator=gen),
-                       _linear(kind, width, d.hidden, 10 * i + 1, isa, bias),
-                       _linear(kind, d.hidden, d.heads * d.head_dim, 10 * i + 2, isa),
-                       _linear(kind, 2 * d.inter, d.hidden, 10 * i + 3, isa),
-                       _linear(kind, d.hidden, d.inter, 10 * i + 4, isa)) for i in range(n)]
+                       _linear(kinds[0], width, d.hidden, 10 * i + 1, isa, bias),
+                       _linear(kinds[1], d.hidden, d.heads * d.head_dim, 10 * i + 2, isa),
+                       _linear(kinds[2], 2 * d.inter, d.hidden, 10 * i + 3, isa),
+                       _linear(kinds[3], d.hidden, d.inter, 10 * i + 4, isa)) for i in range(n)]
 
 
 def _kv(layers: int, qb: list[int], qpos: list[int], prefix: int, rows: int = 3,
-        cap: int = 32) -> StackKV:
-    d, gen = DIMS, torch.Generator().manual_seed(3)
+        cap: int = 32, dims: StackDims = DIMS) -> StackKV:
+    d, gen = dims, torch.Generator().manual_seed(3)
     rand = lambda *shape: torch.randn(*shape, generator=gen)
     slots = torch.randperm(40, generator=gen)[:len(qb)] + 1
     return StackKV([rand(41, d.kv_heads, d.head_dim) for _ in range(layers)],
@@ -71,10 +75,14 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> None:
     torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3 * float(want.abs().max()))
 
 
-CASES = [  # kind, mirror row and position of each token, shared prefix length, qkv bias
+CASES = [  # kind(s), mirror row and position of each token, shared prefix length, qkv bias
     ("Q8_0", [0], [5], 0, False),
     ("Q4_1", [0, 1, 2], [3, 9, 0], 70, False),
     ("Q8_0", [0, 0, 0, 1], [4, 5, 6, 2], 33, True),  # a span of three tokens in row 0
+    ("Q6_K", [0, 1], [7, 2], 20, True),  # hidden and inter 256: Q6_K's rows are whole 256s
+    # Q6_K o and down beside other kinds; its Q8_0 gate values fall far below -88, where
+    # exp(-gate) overflows fp32 (SiLU must still give ~0)
+    ("Q4_1,Q6_K,Q8_0,Q6_K", [0, 0, 1], [1, 2, 4], 0, False),
 ]
 
 
@@ -83,27 +91,28 @@ CASES = [  # kind, mirror row and position of each token, shared prefix length, 
 def test_decode_stack_matches_reference(isa: str, case: tuple) -> None:
     require_isa(isa)
     kind, qb, qpos, prefix, bias = case
-    layers = _layers(kind, isa, bias=bias)
+    dims = DIMS_256 if "Q6_K" in kind else DIMS
+    layers = _layers(kind, isa, bias=bias, dims=dims)
     gen = torch.Generator().manual_seed(11)
     t = len(qb)
-    h = torch.randn(t, DIMS.hidden, generator=gen)
+    h = torch.randn(t, dims.hidden, generator=gen)
     pos = torch.tensor(qpos, dtype=torch.float32)[:, None] + prefix
-    freqs = pos * (1.0 / 10000 ** (torch.arange(0, DIMS.head_dim, 2) / DIMS.head_dim))
+    freqs = pos * (1.0 / 10000 ** (torch.arange(0, dims.head_dim, 2) / dims.head_dim))
     emb = torch.cat([freqs, freqs], -1)
     cos, sin = emb.cos().contiguous(), emb.sin().contiguous()
-    kv = _kv(len(layers), qb, qpos, prefix)
+    kv = _kv(len(layers), qb, qpos, prefix, dims=dims)
     kv_ref = _clone(kv)
-    want = decode_stack_ref(DIMS, layers, h.clone(), cos, sin, kv_ref)
-    head = StackHead(1 + 0.1 * torch.randn(DIMS.hidden, generator=gen),
-                     _linear(kind, 200, DIMS.hidden, 99, isa))
+    want = decode_stack_ref(dims, layers, h.clone(), cos, sin, kv_ref)
+    head = StackHead(1 + 0.1 * torch.randn(dims.hidden, generator=gen),
+                     _linear(kind.split(",")[-1], 200, dims.hidden, 99, isa))
     rows = torch.tensor([i for i in range(t) if i == t - 1 or qb[i] != qb[i + 1]])  # last of each
     got = h.clone()
-    logits = DecodeStack(DIMS, layers, head).run(got, cos, sin, kv, rows)
+    logits = DecodeStack(dims, layers, head).run(got, cos, sin, kv, rows)
     # int8 activations: a rounding flip of one quantized value moves a product by ~1e-4 of the
     # row's scale, so the bound is relative to the largest value
     _close(got, want)
     assert logits is not None and logits.shape == (len(rows), 200)
-    _close(logits, decode_stack_head_ref(DIMS, head, want, rows))
+    _close(logits, decode_stack_head_ref(dims, head, want, rows))
     for name in ("pool_k", "pool_v", "mirror_k", "mirror_v"):
         for a, b in zip(getattr(kv, name), getattr(kv_ref, name)):
             _close(a, b)
