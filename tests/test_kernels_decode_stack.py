@@ -1,6 +1,7 @@
 """The one-call decoder stack for decode steps (``kernels/decode_stack_cpu.cpp``) against its torch
-reference on random weights: every weight kind (Q6_K beside Q4_1 / Q8_0 in one layer), a shared prefix or none, several tokens of one
-row (jump-forward spans), a qkv bias; the pool and mirror entries it writes; every build."""
+reference on random weights: every weight kind (Q6_K beside Q4_1 / Q8_0 in one layer), a shared
+prefix or none, several tokens of one row (jump-forward spans), a qkv bias; the pool and mirror
+entries it writes; every build."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
-"""The int8-activation kernel over GGUF Q4_1 / Q8_0 / Q6_K blocks (``kernels/quant_q8_cpu.cpp``): every
-instruction-set build this CPU runs equals the float64 reference of the same quantized product,
-the two-level mode stays within 1e-4 of the exact product, dispatch can be capped, and the model's
-linears use it for decode-sized batches only."""
+"""The int8-activation kernel over GGUF Q4_1 / Q8_0 / Q6_K blocks (``kernels/quant_q8_cpu.cpp``):
+every instruction-set build this CPU runs equals the float64 reference of the same quantized
+product, the two-level mode stays within 1e-4 of the exact product, dispatch can be capped, and
+the model's linears use it for decode-sized batches only (Q6_K linears never use the fp32-activation
+kernel, which has no Q6_K path)."""
 
 from __future__ import annotations
 

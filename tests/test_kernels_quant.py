@@ -1,6 +1,6 @@
 """The AVX2 kernel over GGUF Q4_1 / Q8_0 (and repacked Q4_K) blocks: packing (Q6_K too) equals
-gguf's dequantize, products equal the torch reference, the model's linears carry blocks equal to their
-fp32 weights, and a machine that cannot build the kernel falls back with a reason."""
+gguf's dequantize, products equal the torch reference, the model's linears carry blocks equal to
+their fp32 weights, and a machine that cannot build the kernel falls back with a reason."""
 
 from __future__ import annotations
 
