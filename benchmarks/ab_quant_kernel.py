@@ -36,20 +36,28 @@ def _open(src: Path, tag: str) -> Any:
         raise SystemExit(f"the int8 kernel is unavailable here: {q.kernel_error()}")
     lib = build_and_open(src, q._COMMON + q._ISA_FLAGS[isa], tag=tag)
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    lib.gs_q4_1_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, i32, i32]
-    lib.gs_q8_0_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, i32, i32]
+    # sources since the row segments take the output's row stride (ldy) after y
+    lib.ldy = "int64_t ldy" in src.read_text()
+    stride = [i64] if lib.ldy else []
+    lib.gs_q4_1_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, *stride, i32, i32]
+    lib.gs_q8_0_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, *stride, i32, i32]
+    lib.gs_q6_k_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, *stride, i32, i32]
     return lib
 
 
 def _run(lib: Any, packed: list[Any], xs: list[torch.Tensor], ys: list[torch.Tensor],
          threads: int, levels: int) -> None:
     for w, x, y in zip(packed, xs, ys):
+        out = (y.data_ptr(), w.n) if lib.ldy else (y.data_ptr(),)
         if w.kind == "Q4_1":
             lib.gs_q4_1_gemm_q8(x.data_ptr(), x.shape[0], w.k, w.qs.data_ptr(), w.d.data_ptr(),
-                                w.m.data_ptr(), w.n, y.data_ptr(), threads, levels)
+                                w.m.data_ptr(), w.n, *out, threads, levels)
+        elif w.kind == "Q6_K":
+            lib.gs_q6_k_gemm_q8(x.data_ptr(), x.shape[0], w.k, w.qs.data_ptr(), w.d.data_ptr(),
+                                w.n, *out, threads, levels)
         else:
             lib.gs_q8_0_gemm_q8(x.data_ptr(), x.shape[0], w.k, w.qs.data_ptr(), w.d.data_ptr(),
-                                w.n, y.data_ptr(), threads, levels)
+                                w.n, *out, threads, levels)
 
 
 def main() -> None:
@@ -73,7 +81,7 @@ def main() -> None:
         src_a.write_text(base)
         libs = {"A": _open(src_a, "abA"), "B": _open(ROOT / SOURCE, "abB")}
     model = load_model("default").model
-    packed = [pack_x16(m.quant) for m in model.modules() if isinstance(m, Linear)]
+    packed = [pack_x16(q) for m in model.modules() if isinstance(m, Linear) for q in m.quant_rows]
     out: dict[str, Any] = {"bench": "ab_quant_kernel", "base": args.base, "isa": cpu_isa(),
                            "threads": args.threads, "levels": args.levels,
                            "linears": len(packed), "rows": {}}

@@ -32,7 +32,7 @@ from grammarserve_kernels.quant_q8 import (
     KINDS,
     PackedWeight,
     gemm_addresses,
-    quant_matmul_q8_ref,
+    quant_matmul_q8_rows_ref,
 )
 
 _SOURCE = Path(__file__).with_name("decode_stack_cpu.cpp")
@@ -42,12 +42,27 @@ _Table = ctypes.Array[ctypes.c_void_p]  # per-layer addresses
 
 @dataclass(frozen=True)
 class StackLinear:
-    """One projection: its GGUF blocks (``quant``, for the reference), the same in the kernel's
-    x16 layout (``packed``) and an optional bias."""
+    """One projection: its GGUF blocks as row segments in row order (``quant``, for the
+    reference; e.g. a fused qkv of Q4_1 q/k rows and Q6_K v rows), the same segments in the
+    kernel's x16 layout (``packed``) and an optional bias."""
 
-    quant: QuantWeight
-    packed: PackedWeight
+    quant: tuple[QuantWeight, ...]
+    packed: tuple[PackedWeight, ...]
     bias: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if not self.packed or len(self.quant) != len(self.packed):
+            raise ValueError("a projection needs one packed segment per block segment")
+        if any(p.shape != q.shape for p, q in zip(self.packed, self.quant)) or len(
+                {p.k for p in self.packed}) != 1:
+            raise ValueError("the segments must match their blocks and share K")
+        if len({(p.isa, p.levels) for p in self.packed}) != 1:
+            raise ValueError("a projection's segments must share their build and levels")
+
+    @property
+    def n(self) -> int:
+        """Output rows (the segments' sum)."""
+        return sum(p.n for p in self.packed)
 
 
 @dataclass(frozen=True)
@@ -101,9 +116,13 @@ class StackKV:
     key: tuple[object, ...] | None = None
 
 
-class _Linear(ctypes.Structure):
-    _fields_ = [("qs", _ptr), ("d", _ptr), ("m", _ptr), ("bias", _ptr), ("n", _i64), ("k", _i64),
-                ("kind", _i32), ("levels", _i32)]
+class _Segment(ctypes.Structure):  # GsSegment of decode_stack_cpu.cpp
+    _fields_ = [("qs", _ptr), ("d", _ptr), ("m", _ptr), ("n", _i64), ("kind", _i32),
+                ("levels", _i32)]
+
+
+class _Linear(ctypes.Structure):  # GsLinear
+    _fields_ = [("segs", _ptr), ("n_segs", _i64), ("bias", _ptr), ("n", _i64), ("k", _i64)]
 
 
 class _Head(ctypes.Structure):  # GsHead of decode_stack_cpu.cpp
@@ -148,19 +167,20 @@ class DecodeStack:
         if head is not None and head.lm_head.bias is not None:
             raise ValueError("the LM head of the decode stack takes no bias")
         self.head = head
-        isas = {lin.packed.isa for layer in layers for lin in _linears(layer)}
+        isas = {lin.packed[0].isa for layer in layers for lin in _linears(layer)}
         if head is not None:
-            isas.add(head.lm_head.packed.isa)
+            isas.add(head.lm_head.packed[0].isa)
         if len(isas) != 1:
             raise ValueError(f"every projection must be packed for one build, got {sorted(isas)}")
         self._cached_tables: tuple[tuple[object, ...], list[_Table]] | None = None
         self._seconds = (ctypes.c_double * len(PARTS))()
         self._gemms = gemm_addresses(isas.pop())
         self._attn = attention_address(isa)
-        self._head_linear = _linear(head.lm_head) if head is not None else None
+        self._segments: list[ctypes.Array[_Segment]] = []  # what the _Linear's point to
+        self._head_linear = self._linear(head.lm_head) if head is not None else None
         self._layers = (_Layer * len(layers))(*[_Layer(
             layer.norm1.data_ptr(), layer.norm2.data_ptr(),
-            *[_linear(lin) for lin in _linears(layer)]) for layer in layers])
+            *[self._linear(lin) for lin in _linears(layer)]) for layer in layers])
 
     def run(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: StackKV,
             logit_rows: torch.Tensor | None = None) -> torch.Tensor | None:
@@ -187,7 +207,7 @@ class DecodeStack:
         head: _Head | None = None
         if logit_rows is not None and self.head is not None:
             rows = logit_rows.to(torch.int64).contiguous()
-            logits = torch.empty(rows.numel(), self.head.lm_head.packed.n, dtype=torch.float32)
+            logits = torch.empty(rows.numel(), self.head.lm_head.n, dtype=torch.float32)
             head = _Head(self.head.norm.data_ptr(), self._head_linear, rows.data_ptr(),
                          rows.numel(), logits.data_ptr())
         rc = self._lib.gs_decode_stack(ctypes.byref(step), self._layers, h.data_ptr(),
@@ -203,6 +223,15 @@ class DecodeStack:
         """Time spent in the kernel so far, by part (:data:`PARTS`; ``rest``: norms, rotary,
         SiLU, residual adds), for profiles and the roofline benchmark."""
         return dict(zip(PARTS, self._seconds))
+
+    def _linear(self, lin: StackLinear) -> _Linear:
+        segs = (_Segment * len(lin.packed))(*[_Segment(
+            w.qs.data_ptr(), w.d.data_ptr(), w.m.data_ptr() if w.m.numel() else None, w.n,
+            KINDS.index(w.kind), w.levels) for w in lin.packed])
+        self._segments.append(segs)
+        return _Linear(ctypes.addressof(segs), len(lin.packed),
+                       lin.bias.data_ptr() if lin.bias is not None else None, lin.n,
+                       lin.packed[0].k)
 
     def _tables(self, kv: StackKV, kt: list[torch.Tensor],
                 vs: list[torch.Tensor]) -> list[_Table]:
@@ -251,19 +280,12 @@ def decode_stack_ref(dims: StackDims, layers: list[StackLayer], h: torch.Tensor,
 
 
 def _ref_linear(x: torch.Tensor, lin: StackLinear) -> torch.Tensor:
-    y = quant_matmul_q8_ref(x, lin.quant, lin.packed.levels)
+    y = quant_matmul_q8_rows_ref(x, lin.quant, lin.packed[0].levels)
     return y if lin.bias is None else y + lin.bias
 
 
 def _linears(layer: StackLayer) -> list[StackLinear]:
     return [layer.qkv, layer.o, layer.gate_up, layer.down]
-
-
-def _linear(lin: StackLinear) -> _Linear:
-    w = lin.packed
-    return _Linear(w.qs.data_ptr(), w.d.data_ptr(), w.m.data_ptr() if w.m.numel() else None,
-                   lin.bias.data_ptr() if lin.bias is not None else None, w.n, w.k,
-                   KINDS.index(w.kind), w.levels)
 
 
 def _addresses(tensors: list[torch.Tensor]) -> _Table:

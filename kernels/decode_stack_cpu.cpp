@@ -23,23 +23,30 @@
 #include "avx_math.h"
 
 extern "C" {
+// The GEMMs of quant_q8_cpu.cpp: y + its first column, and the row stride ldy of the output.
 typedef void (*GemmQ8_0)(const float*, int64_t, int64_t, const int8_t*, const float*, int64_t,
-                         float*, int, int);
+                         float*, int64_t, int, int);
 typedef void (*GemmQ4_1)(const float*, int64_t, int64_t, const uint8_t*, const float*,
-                         const float*, int64_t, float*, int, int);
+                         const float*, int64_t, float*, int64_t, int, int);
 typedef void (*GemmQ6_K)(const float*, int64_t, int64_t, const uint8_t*, const float*, int64_t,
-                         float*, int, int);
+                         float*, int64_t, int, int);
 typedef int (*AttnFn)(const float*, const float*, const float*, int64_t, const float*,
                       const float*, int64_t, const int64_t*, const int64_t*, int64_t, int64_t,
                       int64_t, int64_t, float*, int);
 
-struct GsLinear {  // a PackedWeight (quant_q8.py) and an optional bias [n]
+struct GsSegment {  // a PackedWeight (quant_q8.py): n consecutive output rows of a linear
   const void* qs;
   const float* d;
   const float* m;
+  int64_t n;
+  int32_t kind, levels;  // kind: 0 Q8_0, 1 Q4_1, 2 Q6_K (quant_q8.py: KINDS)
+};
+
+struct GsLinear {  // row segments in row order (n: their sum) and an optional bias [n]
+  const GsSegment* segs;
+  int64_t n_segs;
   const float* bias;
   int64_t n, k;
-  int32_t kind, levels;  // kind: 0 Q8_0, 1 Q4_1, 2 Q6_K (quant_q8.py: KINDS)
 };
 
 struct GsHead {  // the final RMSNorm and the LM head, applied to the logit rows after the layers
@@ -82,19 +89,25 @@ struct GsStep {
 
 namespace {
 
+// y [R, w.n]: each segment's GEMM writes its columns in place.
 void linear(const GsStep& st, const GsLinear& w, const float* x, int64_t R, float* y) {
-  switch (w.kind) {
-    case 1:
-      st.gemm_q4_1(x, R, w.k, static_cast<const uint8_t*>(w.qs), w.d, w.m, w.n, y, st.threads,
-                   w.levels);
-      break;
-    case 2:
-      st.gemm_q6_k(x, R, w.k, static_cast<const uint8_t*>(w.qs), w.d, w.n, y, st.threads,
-                   w.levels);
-      break;
-    default:
-      st.gemm_q8_0(x, R, w.k, static_cast<const int8_t*>(w.qs), w.d, w.n, y, st.threads,
-                   w.levels);
+  int64_t col = 0;
+  for (int64_t i = 0; i < w.n_segs; ++i) {
+    const GsSegment& s = w.segs[i];
+    switch (s.kind) {
+      case 1:
+        st.gemm_q4_1(x, R, w.k, static_cast<const uint8_t*>(s.qs), s.d, s.m, s.n, y + col, w.n,
+                     st.threads, s.levels);
+        break;
+      case 2:
+        st.gemm_q6_k(x, R, w.k, static_cast<const uint8_t*>(s.qs), s.d, s.n, y + col, w.n,
+                     st.threads, s.levels);
+        break;
+      default:
+        st.gemm_q8_0(x, R, w.k, static_cast<const int8_t*>(s.qs), s.d, s.n, y + col, w.n,
+                     st.threads, s.levels);
+    }
+    col += s.n;
   }
   if (w.bias)
     for (int64_t r = 0; r < R; ++r)

@@ -138,29 +138,55 @@ def quant_matmul_q8(x: torch.Tensor, w: PackedWeight, isa: str | None = None,
 
     ``levels=1``: one int8 level (llama.cpp's Q8 activations, ~0.5% relative error per product);
     ``levels=2``: the int8 value plus its int8 residual (~0.002%), about 1.5x the work."""
-    levels = levels or w.levels
-    if levels not in (1, 2):
-        raise ValueError(f"levels must be 1 or 2, got {levels}")
-    isa = isa or w.isa
+    return quant_matmul_q8_rows(x, (w,), isa, levels)
+
+
+def quant_matmul_q8_rows(x: torch.Tensor, parts: tuple[PackedWeight, ...], isa: str | None = None,
+                         levels: int | None = None) -> torch.Tensor:
+    """``x [R, K] @ W.T`` where ``W``'s output rows are ``parts`` in order (row segments, each of
+    its own kind, e.g. a fused qkv of Q4_1 q/k and Q6_K v): each segment's GEMM writes its columns
+    of the one ``[R, sum(n)]`` output in place (no concatenation). ``isa`` and ``levels`` as in
+    :func:`quant_matmul_q8` (defaults: each segment's own). A segment's columns equal
+    :func:`quant_matmul_q8` of it alone, bit for bit."""
+    if not parts:
+        raise ValueError("a weight needs at least one row segment")
+    k = parts[0].k
+    if any(w.k != k for w in parts):
+        raise ValueError(f"row segments must share K, got {[w.k for w in parts]}")
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != k or x.device.type != "cpu":
+        raise ValueError(f"x must be fp32 [R, {k}] on CPU, got {x.dtype} {tuple(x.shape)}")
+    for w in parts:
+        if (levels or w.levels) not in (1, 2):
+            raise ValueError(f"levels must be 1 or 2, got {levels or w.levels}")
+    x = x.contiguous()
+    n_total = sum(w.n for w in parts)
+    y = torch.empty(x.shape[0], n_total, dtype=torch.float32)
+    col = 0
+    for w in parts:
+        _gemm_into(x, w, y, col, isa or w.isa, levels or w.levels)
+        col += w.n
+    return y
+
+
+def _gemm_into(x: torch.Tensor, w: PackedWeight, y: torch.Tensor, col: int, isa: str,
+               levels: int) -> None:
+    """``x @ w.T`` into columns ``col .. col + w.n`` of the contiguous ``y [R, N]``."""
     lib = _open(isa) if isa else None
     if lib is None:
         raise RuntimeError("the int8 CPU kernel is unavailable: "
                            f"{build_error(_SOURCE, isa or 'avx2')}")
-    n, k = w.n, w.k
-    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != k or x.device.type != "cpu":
-        raise ValueError(f"x must be fp32 [R, {k}] on CPU, got {x.dtype} {tuple(x.shape)}")
-    x = x.contiguous()
-    y = torch.empty(x.shape[0], n, dtype=torch.float32)
+    r, k, n, ldy = x.shape[0], w.k, w.n, y.shape[1]
+    out = y.data_ptr() + 4 * col  # fp32
+    threads = torch.get_num_threads()
     if w.kind == "Q4_1":
-        lib.gs_q4_1_gemm_q8(x.data_ptr(), x.shape[0], k, w.qs.data_ptr(), w.d.data_ptr(),
-                            w.m.data_ptr(), n, y.data_ptr(), torch.get_num_threads(), levels)
+        lib.gs_q4_1_gemm_q8(x.data_ptr(), r, k, w.qs.data_ptr(), w.d.data_ptr(), w.m.data_ptr(),
+                            n, out, ldy, threads, levels)
     elif w.kind == "Q6_K":
-        lib.gs_q6_k_gemm_q8(x.data_ptr(), x.shape[0], k, w.qs.data_ptr(), w.d.data_ptr(), n,
-                            y.data_ptr(), torch.get_num_threads(), levels)
+        lib.gs_q6_k_gemm_q8(x.data_ptr(), r, k, w.qs.data_ptr(), w.d.data_ptr(), n, out, ldy,
+                            threads, levels)
     else:
-        lib.gs_q8_0_gemm_q8(x.data_ptr(), x.shape[0], k, w.qs.data_ptr(), w.d.data_ptr(), n,
-                            y.data_ptr(), torch.get_num_threads(), levels)
-    return y
+        lib.gs_q8_0_gemm_q8(x.data_ptr(), r, k, w.qs.data_ptr(), w.d.data_ptr(), n, out, ldy,
+                            threads, levels)
 
 
 def gemm_addresses(isa: str) -> tuple[int, int, int]:
@@ -215,6 +241,12 @@ def quant_matmul_q8_ref(x: torch.Tensor, w: QuantWeight, levels: int = 2) -> tor
     return out.float()
 
 
+def quant_matmul_q8_rows_ref(x: torch.Tensor, parts: tuple[QuantWeight, ...],
+                             levels: int = 2) -> torch.Tensor:
+    """Reference for :func:`quant_matmul_q8_rows`: the segments' references side by side."""
+    return torch.cat([quant_matmul_q8_ref(x, w, levels) for w in parts], 1)
+
+
 def _open(isa: str) -> ctypes.CDLL | None:
     return open_cached(_SOURCE, _FLAGS[isa], isa, declare=_declare, refuse=_disabled)
 
@@ -227,10 +259,10 @@ def _disabled() -> str | None:
 
 def _declare(lib: ctypes.CDLL) -> None:
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
-    lib.gs_q4_1_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, i32, i32]
+    lib.gs_q4_1_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, i64, i32, i32]
     lib.gs_q4_1_gemm_q8.restype = None
-    lib.gs_q8_0_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, i32, i32]
+    lib.gs_q8_0_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, i64, i32, i32]
     lib.gs_q8_0_gemm_q8.restype = None
-    lib.gs_q6_k_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, i32, i32]
+    lib.gs_q6_k_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, i64, i32, i32]
     lib.gs_q6_k_gemm_q8.restype = None
     lib.gs_cpu_level.restype = ctypes.c_int

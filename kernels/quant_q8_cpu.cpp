@@ -58,7 +58,7 @@ inline VecI block_dot(const VecI* u, const VecI* w, const int8_t* xb, VecI init)
 // Rows r0..r0+RT-1 against the kLanes weight rows of (tile, half). G = groups per block.
 template <int RT, bool kQ4, bool kTwo>
 inline void tile_rows(const Q8Rows& a, int64_t K, int64_t r0, const uint8_t* qt, const float* dt,
-                      const float* mt, int half, float* y, int64_t N, int64_t n0, int nvalid) {
+                      const float* mt, int half, float* y, int64_t ldy, int64_t n0, int nvalid) {
   constexpr int G = kQ4 ? 4 : 8;
   const int64_t nb = K / 32;
   VecF acc[RT];
@@ -107,7 +107,7 @@ inline void tile_rows(const Q8Rows& a, int64_t K, int64_t r0, const uint8_t* qt,
       if (kQ4 || kVnni) acc[r] = fma(mw, bcast_f(a.sx[rb]), acc[r]);
     }
   }
-  for (int r = 0; r < RT; ++r) store_f(y + (r0 + r) * N + n0, acc[r], nvalid);
+  for (int r = 0; r < RT; ++r) store_f(y + (r0 + r) * ldy + n0, acc[r], nvalid);
 }
 
 // Q6_K: 16 activations `xh` with the kLanes weight rows' 6-bit values of groups u[0..3], added
@@ -124,7 +124,7 @@ inline VecI half_dot_q6(const VecI* u, const int8_t* xh, VecI init) {
 // next one's products, so only its 4 groups of weights are live.
 template <int RT, bool kTwo>
 inline void tile_rows_q6(const Q8Rows& a, int64_t K, int64_t r0, const uint8_t* qt,
-                         const float* dt, int half, float* y, int64_t N, int64_t n0, int nvalid) {
+                         const float* dt, int half, float* y, int64_t ldy, int64_t n0, int nvalid) {
   const int64_t nb = K / 32;
   VecF acc[RT];
   for (int r = 0; r < RT; ++r) acc[r] = fzero();
@@ -159,19 +159,19 @@ inline void tile_rows_q6(const Q8Rows& a, int64_t K, int64_t r0, const uint8_t* 
       }
     }
   }
-  for (int r = 0; r < RT; ++r) store_f(y + (r0 + r) * N + n0, acc[r], nvalid);
+  for (int r = 0; r < RT; ++r) store_f(y + (r0 + r) * ldy + n0, acc[r], nvalid);
 }
 
 template <int RT, int kK, bool kTwo>
 inline void rows_pass(const Q8Rows& a, int64_t K, int64_t r0, const uint8_t* qt, const float* dt,
-                      const float* mt, int half, float* y, int64_t N, int64_t n0, int nvalid) {
-  if constexpr (kK == kQ6_K) tile_rows_q6<RT, kTwo>(a, K, r0, qt, dt, half, y, N, n0, nvalid);
-  else tile_rows<RT, kK == kQ4_1, kTwo>(a, K, r0, qt, dt, mt, half, y, N, n0, nvalid);
+                      const float* mt, int half, float* y, int64_t ldy, int64_t n0, int nvalid) {
+  if constexpr (kK == kQ6_K) tile_rows_q6<RT, kTwo>(a, K, r0, qt, dt, half, y, ldy, n0, nvalid);
+  else tile_rows<RT, kK == kQ4_1, kTwo>(a, K, r0, qt, dt, mt, half, y, ldy, n0, nvalid);
 }
 
 template <int kK, bool kTwo>
 void gemm(const float* x, int64_t R, int64_t K, const uint8_t* qs, const float* d,
-          const float* m, int64_t N, float* y, int threads) {
+          const float* m, int64_t N, float* y, int64_t ldy, int threads) {
   constexpr bool kQ4 = kK == kQ4_1;
   constexpr int kScales = kK == kQ6_K ? 2 : 1;  // scale vectors per tile and block
   const int64_t nb = K / 32, tiles = (N + kTile - 1) / kTile;
@@ -203,17 +203,17 @@ void gemm(const float* x, int64_t R, int64_t K, const uint8_t* qs, const float* 
         if (n0 >= N) break;
         const int nv = static_cast<int>(N - n0 < kLanes ? N - n0 : kLanes);
         int64_t r = c0;
-        for (; r + 8 <= c1; r += 8) rows_pass<8, kK, kTwo>(a, K, r, qt, dt, mt, h, y, N, n0, nv);
+        for (; r + 8 <= c1; r += 8) rows_pass<8, kK, kTwo>(a, K, r, qt, dt, mt, h, y, ldy, n0, nv);
         // The rest in one pass: a pass per leftover row would run its VPDPBUSD chain alone
         // (latency-bound), so a 7-row draft cost more than an 8-row one.
         switch (c1 - r) {
-          case 7: rows_pass<7, kK, kTwo>(a, K, r, qt, dt, mt, h, y, N, n0, nv); break;
-          case 6: rows_pass<6, kK, kTwo>(a, K, r, qt, dt, mt, h, y, N, n0, nv); break;
-          case 5: rows_pass<5, kK, kTwo>(a, K, r, qt, dt, mt, h, y, N, n0, nv); break;
-          case 4: rows_pass<4, kK, kTwo>(a, K, r, qt, dt, mt, h, y, N, n0, nv); break;
-          case 3: rows_pass<3, kK, kTwo>(a, K, r, qt, dt, mt, h, y, N, n0, nv); break;
-          case 2: rows_pass<2, kK, kTwo>(a, K, r, qt, dt, mt, h, y, N, n0, nv); break;
-          case 1: rows_pass<1, kK, kTwo>(a, K, r, qt, dt, mt, h, y, N, n0, nv); break;
+          case 7: rows_pass<7, kK, kTwo>(a, K, r, qt, dt, mt, h, y, ldy, n0, nv); break;
+          case 6: rows_pass<6, kK, kTwo>(a, K, r, qt, dt, mt, h, y, ldy, n0, nv); break;
+          case 5: rows_pass<5, kK, kTwo>(a, K, r, qt, dt, mt, h, y, ldy, n0, nv); break;
+          case 4: rows_pass<4, kK, kTwo>(a, K, r, qt, dt, mt, h, y, ldy, n0, nv); break;
+          case 3: rows_pass<3, kK, kTwo>(a, K, r, qt, dt, mt, h, y, ldy, n0, nv); break;
+          case 2: rows_pass<2, kK, kTwo>(a, K, r, qt, dt, mt, h, y, ldy, n0, nv); break;
+          case 1: rows_pass<1, kK, kTwo>(a, K, r, qt, dt, mt, h, y, ldy, n0, nv); break;
           default: break;
         }
       }
@@ -245,26 +245,28 @@ int gs_cpu_level() {
   return (c & (1u << 11)) ? 3 : 2;  // AVX512_VNNI
 }
 
-// x [R, K] fp32 row-major, y [R, N] fp32 row-major; K a multiple of 32; weights in x16 layout;
-// `levels` 1 (int8 activations) or 2 (int8 plus the int8 residual).
+// x [R, K] fp32 row-major; y: R rows of N fp32 at a stride of ldy >= N floats (a column range
+// of a wider output: the caller passes y + its first column; columns past N are not written);
+// K a multiple of 32; weights in x16 layout; `levels` 1 (int8 activations) or 2 (int8 plus the
+// int8 residual).
 void gs_q4_1_gemm_q8(const float* x, int64_t R, int64_t K, const uint8_t* qs, const float* d,
-                     const float* m, int64_t N, float* y, int threads, int levels) {
-  if (levels == 2) return gemm<kQ4_1, true>(x, R, K, qs, d, m, N, y, threads);
-  gemm<kQ4_1, false>(x, R, K, qs, d, m, N, y, threads);
+                     const float* m, int64_t N, float* y, int64_t ldy, int threads, int levels) {
+  if (levels == 2) return gemm<kQ4_1, true>(x, R, K, qs, d, m, N, y, ldy, threads);
+  gemm<kQ4_1, false>(x, R, K, qs, d, m, N, y, ldy, threads);
 }
 
 void gs_q8_0_gemm_q8(const float* x, int64_t R, int64_t K, const int8_t* qs, const float* d,
-                     int64_t N, float* y, int threads, int levels) {
+                     int64_t N, float* y, int64_t ldy, int threads, int levels) {
   const auto* q = reinterpret_cast<const uint8_t*>(qs);
-  if (levels == 2) return gemm<kQ8_0, true>(x, R, K, q, d, nullptr, N, y, threads);
-  gemm<kQ8_0, false>(x, R, K, q, d, nullptr, N, y, threads);
+  if (levels == 2) return gemm<kQ8_0, true>(x, R, K, q, d, nullptr, N, y, ldy, threads);
+  gemm<kQ8_0, false>(x, R, K, q, d, nullptr, N, y, ldy, threads);
 }
 
 // Q6_K: qs the 6-bit values (0..63) in x16 layout, d [tiles, K/32, 2, 16].
 void gs_q6_k_gemm_q8(const float* x, int64_t R, int64_t K, const uint8_t* qs, const float* d,
-                     int64_t N, float* y, int threads, int levels) {
-  if (levels == 2) return gemm<kQ6_K, true>(x, R, K, qs, d, nullptr, N, y, threads);
-  gemm<kQ6_K, false>(x, R, K, qs, d, nullptr, N, y, threads);
+                     int64_t N, float* y, int64_t ldy, int threads, int levels) {
+  if (levels == 2) return gemm<kQ6_K, true>(x, R, K, qs, d, nullptr, N, y, ldy, threads);
+  gemm<kQ6_K, false>(x, R, K, qs, d, nullptr, N, y, ldy, threads);
 }
 
 }  // extern "C"

@@ -1,7 +1,7 @@
 """The one-call decoder stack for decode steps (``kernels/decode_stack_cpu.cpp``) against its torch
-reference on random weights: every weight kind (Q6_K beside Q4_1 / Q8_0 in one layer), a shared
-prefix or none, several tokens of one row (jump-forward spans), a qkv bias; the pool and mirror
-entries it writes; every build."""
+reference on random weights: every weight kind (Q6_K beside Q4_1 / Q8_0 in one layer, a qkv of
+Q4_1 and Q6_K row segments), a shared prefix or none, several tokens of one row (jump-forward
+spans), a qkv bias; the pool and mirror entries it writes; every build."""
 
 from __future__ import annotations
 
@@ -32,21 +32,28 @@ DIMS = StackDims(hidden=128, heads=4, kv_heads=2, head_dim=64, inter=96, eps=1e-
 DIMS_256 = StackDims(hidden=256, heads=4, kv_heads=2, head_dim=64, inter=256, eps=1e-5)  # Q6_K
 
 
-def _linear(kind: str, n: int, k: int, seed: int, isa: str, bias: bool = False) -> StackLinear:
-    quant = pack_gguf_blocks(kind, random_blocks(kind, n, k, seed=seed))
-    b = torch.randn(n, generator=torch.Generator().manual_seed(seed)) if bias else None
-    return StackLinear(quant, pack_x16(quant, isa=isa), b)
+def _linear(kind: str, n: int | list[int], k: int, seed: int, isa: str,
+            bias: bool = False) -> StackLinear:
+    """``kind``: one, or row segments joined by ``+`` with ``n`` their row counts."""
+    kinds, ns = kind.split("+"), n if isinstance(n, list) else [n]
+    quant = tuple(pack_gguf_blocks(kd, random_blocks(kd, rows, k, seed=seed + i))
+                  for i, (kd, rows) in enumerate(zip(kinds, ns, strict=True)))
+    b = torch.randn(sum(ns), generator=torch.Generator().manual_seed(seed)) if bias else None
+    return StackLinear(quant, tuple(pack_x16(q, isa=isa) for q in quant), b)
 
 
 def _layers(kind: str, isa: str, n: int = 2, bias: bool = False,
             dims: StackDims = DIMS) -> list[StackLayer]:
-    """``kind``: one for every projection, or four comma-separated (qkv, o, gate_up, down)."""
+    """``kind``: one for every projection, or four comma-separated (qkv, o, gate_up, down); a
+    qkv of two kinds ``A+B``: q and k rows of A, v rows of B (Q4_K_M's mixed layers)."""
     d, gen = dims, torch.Generator().manual_seed(7)
     width = (d.heads + 2 * d.kv_heads) * d.head_dim
     kinds = kind.split(",") if "," in kind else [kind] * 4
+    v_rows = d.kv_heads * d.head_dim
+    qkv_rows = [width - v_rows, v_rows] if "+" in kinds[0] else width
     return [StackLayer(1 + 0.1 * torch.randn(d.hidden, generator=gen),
                        1 + 0.1 * torch.randn(d.hidden, generator=gen),
-                       _linear(kinds[0], width, d.hidden, 10 * i + 1, isa, bias),
+                       _linear(kinds[0], qkv_rows, d.hidden, 10 * i + 1, isa, bias),
                        _linear(kinds[1], d.hidden, d.heads * d.head_dim, 10 * i + 2, isa),
                        _linear(kinds[2], 2 * d.inter, d.hidden, 10 * i + 3, isa),
                        _linear(kinds[3], d.hidden, d.inter, 10 * i + 4, isa)) for i in range(n)]
@@ -84,6 +91,8 @@ CASES = [  # kind(s), mirror row and position of each token, shared prefix lengt
     # Q6_K o and down beside other kinds; its Q8_0 gate values fall far below -88, where
     # exp(-gate) overflows fp32 (SiLU must still give ~0)
     ("Q4_1,Q6_K,Q8_0,Q6_K", [0, 0, 1], [1, 2, 4], 0, False),
+    # qkv as two row segments, Q4_1 q/k + Q6_K v (Q4_K_M's use_more_bits layers), with a bias
+    ("Q4_1+Q6_K,Q4_1,Q4_1,Q6_K", [0, 1, 1], [3, 5, 6], 20, True),
 ]
 
 

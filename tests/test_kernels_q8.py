@@ -1,6 +1,7 @@
 """The int8-activation kernel over GGUF Q4_1 / Q8_0 / Q6_K blocks (``kernels/quant_q8_cpu.cpp``):
 every instruction-set build this CPU runs equals the float64 reference of the same quantized
-product, the two-level mode stays within 1e-4 of the exact product, dispatch can be capped, and
+product, row segments of mixed kinds write one output (each only its columns), the two-level
+mode stays within 1e-4 of the exact product, dispatch can be capped, and
 the model's linears use it for decode-sized batches only (Q6_K linears never use the fp32-activation
 kernel, which has no Q6_K path)."""
 
@@ -19,7 +20,9 @@ from grammarserve_kernels.quant_q8 import (
     pack_x16,
     quant_matmul_q8,
     quant_matmul_q8_ref,
+    quant_matmul_q8_rows,
     quantize_activations_ref,
+    quantize_residual_ref,
     supported_isas,
 )
 from isa_helpers import require_isa
@@ -73,6 +76,70 @@ def test_q6_k_kernel_matches_reference(isa: str, k: int) -> None:
                 assert got.shape == (rows, n) and got.is_contiguous()
                 torch.testing.assert_close(got, quant_matmul_q8_ref(x, w, levels),
                                            rtol=1e-5, atol=1e-5 * k ** 0.5)
+
+
+SEGMENTS = (("Q4_1", 37), ("Q6_K", 50), ("Q8_0", 21))  # no segment a whole number of tiles
+
+
+def _segments(k: int) -> list[QuantWeight]:
+    return [pack_gguf_blocks(kind, random_blocks(kind, n, k, seed=n)) for kind, n in SEGMENTS]
+
+
+def _dense_ref(x: torch.Tensor, dense: torch.Tensor, levels: int) -> torch.Tensor:
+    """The quantized activations (``levels`` of them) times the dense weight, in float64."""
+    q, dx = quantize_activations_ref(x)
+    r, k = x.shape
+    xq = (q.double().view(r, k // 32, 32) * dx.double()[..., None]).view(r, k)
+    if levels == 2:
+        q2 = quantize_residual_ref(x, q, dx)
+        xq += (q2.double().view(r, k // 32, 32) * (dx.double() / 256)[..., None]).view(r, k)
+    return (xq @ dense.double().t()).float()
+
+
+@needs_kernel
+@pytest.mark.parametrize("isa", ISAS)
+def test_row_segments_of_mixed_kinds_write_one_output(isa: str) -> None:
+    """A fused linear whose rows are Q4_1, Q6_K and Q8_0 segments (Q4_K_M's qkv: Q4_K q/k, Q6_K
+    v) equals the float64 product with the concatenated dense weight, and each segment's
+    columns equal that segment's product alone, bit for bit."""
+    require_isa(isa)
+    k = 512
+    segs = _segments(k)
+    packed = tuple(pack_x16(w, isa) for w in segs)
+    dense = torch.cat([dequantize(w) for w in segs])
+    gen = torch.Generator().manual_seed(9)
+    for rows in (1, 3, 8, 17):
+        x = torch.randn(rows, k, generator=gen)
+        for levels in (1, 2):
+            got = quant_matmul_q8_rows(x, packed, levels=levels)
+            assert got.shape == (rows, 108) and got.is_contiguous()
+            torch.testing.assert_close(got, _dense_ref(x, dense, levels),
+                                       rtol=1e-5, atol=1e-5 * k ** 0.5)
+            alone = torch.cat([quant_matmul_q8(x, p, levels=levels) for p in packed], 1)
+            assert torch.equal(got, alone), (rows, levels)
+
+
+@needs_kernel
+@pytest.mark.parametrize("isa", ISAS)
+def test_a_segment_writes_only_its_columns(isa: str) -> None:
+    """The GEMMs' output row stride (``ldy``): a segment written into columns 40..40+n of a
+    wider output leaves every other column as it was."""
+    require_isa(isa)
+    x = torch.randn(17, 512, generator=torch.Generator().manual_seed(4))
+    for w in (pack_x16(q, isa) for q in _segments(512)):
+        y = torch.full((17, 200), float("nan"))
+        quant_q8._gemm_into(x, w, y, 40, isa, 2)
+        assert torch.isnan(y[:, :40]).all() and torch.isnan(y[:, 40 + w.n:]).all(), w.kind
+        assert torch.equal(y[:, 40:40 + w.n], quant_matmul_q8(x, w, levels=2))
+
+
+@needs_kernel
+def test_row_segments_are_checked() -> None:
+    a, b = (pack_x16(pack_gguf_blocks("Q8_0", random_blocks("Q8_0", 8, k))) for k in (64, 96))
+    with pytest.raises(ValueError, match="share K"):
+        quant_matmul_q8_rows(torch.randn(2, 64), (a, b))
+    with pytest.raises(ValueError, match="at least one"):
+        quant_matmul_q8_rows(torch.randn(2, 64), ())
 
 
 @needs_kernel
@@ -148,7 +215,7 @@ def test_kernel_rejects_wrong_inputs() -> None:
 def test_linear_uses_the_int8_kernel_for_decode_batches_only() -> None:
     w = pack_gguf_blocks("Q4_1", random_blocks("Q4_1", 40, 64))
     lin = Linear(64, 40, bias=True)
-    lin.quant_x16 = pack_x16(w, levels=1)
+    lin.quant_x16 = (pack_x16(w, levels=1),)
     with torch.no_grad():
         lin.weight.normal_()  # not the blocks' values: tells which path ran
     for rows in (1, Q8_ROWS):
@@ -166,15 +233,25 @@ def test_q6_k_linears_use_the_int8_kernel_or_the_fp32_weight() -> None:
     a Q6_K linear multiplies its fp32 weight, at any batch size."""
     w = pack_gguf_blocks("Q6_K", random_blocks("Q6_K", 40, 256))
     lin = Linear(256, 40, bias=True)
-    lin.quant = w
+    lin.quant, lin.quant_rows = w, (w,)
     with torch.no_grad():
         lin.weight.normal_()  # not the blocks' values: tells which path ran
     x = torch.randn(3, 256)
     torch.testing.assert_close(lin(x).contiguous(), x @ lin.weight.t() + lin.bias,
                                rtol=1e-5, atol=1e-4)
-    lin.quant_x16 = pack_x16(w, levels=2)
+    lin.quant_x16 = (pack_x16(w, levels=2),)
     torch.testing.assert_close(lin(x), quant_matmul_q8_ref(x, w, 2) + lin.bias,
                                rtol=1e-5, atol=1e-4)
+
+
+@needs_kernel
+def test_linear_with_row_segments_adds_its_bias_once() -> None:
+    segs = _segments(512)
+    lin = Linear(512, 108, bias=True)
+    lin.quant_rows, lin.quant_x16 = tuple(segs), tuple(pack_x16(w, levels=2) for w in segs)
+    x = torch.randn(5, 512)
+    want = _dense_ref(x, torch.cat([dequantize(w) for w in segs]), 2) + lin.bias
+    torch.testing.assert_close(lin(x), want, rtol=1e-5, atol=1e-4)
 
 
 def test_activation_modes_are_checked() -> None:
