@@ -35,20 +35,20 @@ def _median_ms(fn: Callable[[], object], repeat: int) -> float:
 def _figures(r: int, layers: list, head: torch.nn.Module, repeat: int) -> dict[str, float]:
     """Both paths at ``r`` rows: the 120 layer linears, then the LM head."""
     from grammarserve_kernels.quant import quant_matmul
-    from grammarserve_kernels.quant_q8 import pack_x16, quant_matmul_q8
+    from grammarserve_kernels.quant_q8 import pack_x16, quant_matmul_q8_rows
 
     padded = 4 if r <= 4 else -(-r // 8) * 8
     xs = {k: torch.randn(r, k) for k in {m.weight.shape[1] for m in layers}}
     xp = {k: torch.cat([x, x.new_zeros(padded - r, k)]) for k, x in xs.items()}
     h, hp = torch.randn(r, head.weight.shape[1]), torch.randn(padded, head.weight.shape[1])
-    packed = {id(m): pack_x16(m.quant) for m in [*layers, head]}
+    packed = {id(m): tuple(pack_x16(q) for q in m.quant_rows) for m in [*layers, head]}
     q8 = {"int8x2": 2, "int8": 1}
     return {
         **{f"layers_{name}_ms": _median_ms(
-            lambda lv=lv: [quant_matmul_q8(xs[m.weight.shape[1]], packed[id(m)], levels=lv)
+            lambda lv=lv: [quant_matmul_q8_rows(xs[m.weight.shape[1]], packed[id(m)], levels=lv)
                            for m in layers], repeat) for name, lv in q8.items()},
         **{f"lm_head_{name}_ms": _median_ms(
-            lambda lv=lv: quant_matmul_q8(h, packed[id(head)], levels=lv), repeat)
+            lambda lv=lv: quant_matmul_q8_rows(h, packed[id(head)], levels=lv), repeat)
            for name, lv in q8.items()},
         "layers_fp32_ms": _median_ms(
             lambda: [torch.mm(m.weight, xp[m.weight.shape[1]].t()) for m in layers], repeat),

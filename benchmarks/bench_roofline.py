@@ -110,7 +110,7 @@ class _Timers:
         from grammarserve.models import linear
 
         self.acc: defaultdict[str, float] = defaultdict(float)
-        for name in ("quant_matmul_q8", "quant_matmul"):
+        for name in ("quant_matmul_q8_rows", "quant_matmul"):
             setattr(linear, name, self._wrap(getattr(linear, name), "matmul"))
         cls = backend.TorchSDPABackend
         cls.forward = self._wrap(cls.forward, "attention")  # type: ignore[method-assign]
@@ -133,11 +133,11 @@ def _model_shapes(llm: Any) -> dict[str, Any]:
     levels = 0
     for name, m in model.named_modules():
         if isinstance(m, Linear):
-            p = m.quant_x16 if m.quant_x16 is not None else m.quant
-            nbytes = sum(t.numel() * t.element_size() for t in (p.qs, p.d, p.m)) if p else (
-                m.weight.numel() * 4)
+            parts = m.quant_x16 if m.quant_x16 is not None else m.quant_rows
+            nbytes = sum(t.numel() * t.element_size() for p in parts
+                         for t in (p.qs, p.d, p.m)) if parts else m.weight.numel() * 4
             if m.quant_x16 is not None:
-                levels = m.quant_x16.levels
+                levels = m.quant_x16[0].levels
             if name == "lm_head":
                 head, head_params = nbytes, m.weight.numel()
             else:

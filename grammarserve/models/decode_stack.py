@@ -18,8 +18,9 @@ from grammarserve.models.llama import DecoderLayer, LlamaModel
 
 def bind_decode_stack(model: LlamaModel) -> DecodeStack | None:
     """The kernel bound to ``model``'s weights (with the final norm and the LM head where the
-    head has int8-activation blocks), or None where it cannot run them: a linear
-    without int8-activation blocks, q/k norms (Qwen3), a bias outside q/k/v, or no kernel here."""
+    head has int8-activation blocks), or None where it cannot run them: a linear without
+    int8-activation blocks, q/k norms (Qwen3), a bias outside q/k/v, or no kernel here. A
+    linear's row segments may mix kinds (a qkv of Q4_1 q/k rows and Q6_K v rows)."""
     cfg = model.config
     if cfg.qk_norm or not stack_available():
         return None
@@ -49,7 +50,8 @@ def bind_decode_stack(model: LlamaModel) -> DecodeStack | None:
 
 
 def _bound(linear: Linear) -> StackLinear | None:
-    if linear.quant is None or linear.quant_x16 is None:
+    """``linear``'s row segments (mixed kinds allowed), or None without int8-activation blocks."""
+    if not linear.quant_rows or not linear.quant_x16:
         return None
     bias = linear.bias.detach() if linear.bias is not None else None
-    return StackLinear(linear.quant, linear.quant_x16, bias)
+    return StackLinear(tuple(linear.quant_rows), tuple(linear.quant_x16), bias)

@@ -8,12 +8,14 @@ the 30 layers' matmuls of SmolLM2-135M at 8 rows 138 -> 68 ms, at 15 rows 134 ->
 head at 8 rows 47 -> 18 ms; equal at ~128 rows, so larger (prefill) batches keep ``F.linear``.
 CUDA always uses ``F.linear``.
 
-A linear may also carry its GGUF weight blocks (``quant``, set by
-:func:`grammarserve.models.quant_weights.attach_gguf_blocks`); batches of at most
-:data:`QUANT_ROWS` rows then run the AVX2 kernel on them instead of the fp32 weight; with
-``quant_x16`` (int8 activations, the default) batches of at most :data:`Q8_ROWS` rows run the
-integer kernel instead. Kinds the fp32-activation kernel lacks (Q6_K: see
-:data:`~grammarserve_kernels.quant.FP32_KERNEL_KINDS`) never take that path: without
+A linear may also carry its GGUF weight blocks, set by
+:func:`grammarserve.models.quant_weights.attach_gguf_blocks`: ``quant_rows``, row segments in row
+order, each of one kind (a fused qkv may be Q4_1 q/k rows and Q6_K v rows), and ``quant``, the one
+segment where there is one. Batches of at most :data:`QUANT_ROWS` rows then run the AVX2 kernel
+on ``quant`` instead of the fp32 weight; with ``quant_x16`` (the segments packed for int8
+activations, the default) batches of at most :data:`Q8_ROWS` rows run the integer kernel
+instead, each segment writing its columns of one output. Kinds the fp32-activation kernel lacks
+(Q6_K: see :data:`~grammarserve_kernels.quant.FP32_KERNEL_KINDS`) never take that path: without
 ``quant_x16`` they use the fp32 weight.
 """
 
@@ -22,7 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from grammarserve_kernels.quant import FP32_KERNEL_KINDS, QuantWeight, quant_matmul
-from grammarserve_kernels.quant_q8 import PackedWeight, quant_matmul_q8
+from grammarserve_kernels.quant_q8 import PackedWeight, quant_matmul_q8_rows
 from torch import nn
 
 SKINNY_ROWS = 96  # at most this many rows take the W @ x.T path on CPU
@@ -42,13 +44,14 @@ class Linear(nn.Linear):
     contiguous rows (``view``, per-row kernels) must call ``.contiguous()`` or ``reshape``.
     """
 
-    quant: QuantWeight | None = None
-    quant_x16: PackedWeight | None = None  # the same blocks for the int8-activation kernel
+    quant_rows: tuple[QuantWeight, ...] = ()  # the blocks as row segments, in row order
+    quant: QuantWeight | None = None  # the blocks where they are one segment
+    quant_x16: tuple[PackedWeight, ...] | None = None  # quant_rows for the int8-activation kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         m = x.shape[0]
         if self.quant_x16 is not None and x.dim() == 2 and m <= Q8_ROWS and x.device.type == "cpu":
-            y = quant_matmul_q8(x, self.quant_x16)
+            y = quant_matmul_q8_rows(x, self.quant_x16)
             return y if self.bias is None else y + self.bias
         if (self.quant is not None and self.quant.kind in FP32_KERNEL_KINDS and x.dim() == 2
                 and m <= QUANT_ROWS and x.device.type == "cpu"):
