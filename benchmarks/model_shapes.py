@@ -25,13 +25,16 @@ import torch
 import vocab_files
 from gguf import GGMLQuantizationType, GGUFValueType
 from gguf.quants import quantize
+from kquants import QK_K, QUANTIZERS, q4_k_m_type
 
 GENERATOR_VERSION = 1
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = ROOT / "tests" / "data" / "templates"
 EMBED_STD = 0.5
 BIAS_STD = 0.1
-QTYPES = ("Q4_1", "Q8_0", "F16", "F32")
+QTYPES = ("Q4_1", "Q8_0", "F16", "F32", "Q4_K_M")
+#: Where a row is not whole K-quant super-blocks, llama.cpp quantizes it to these instead.
+_K_FALLBACK = {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,12 @@ for _base in ("smollm2-135m", "qwen2.5-0.5b", "qwen3-0.6b", "llama-3.2-1b"):
         **asdict(SHAPES[_base]), **(_TINY_QWEN3 if _base.startswith("qwen3") else _TINY),
         "rope_scaling": SHAPES[_base].rope_scaling})
 
+# A SmolLM2 stand-in whose rows are whole K-quant super-blocks (256 values) and whose 8 layers let
+# Q4_K_M's mix vary (Q6_K attn_v / ffn_down in layers 0, 3, 6, 7), for the K-quant loader tests.
+SHAPES["smollm2-ktiny"] = ModelShape(**{**asdict(SHAPES["smollm2-135m"]), "layers": 8,
+                                        "hidden": 256, "intermediate": 512, "heads": 4,
+                                        "kv_heads": 2, "head_dim": 64, "rope_scaling": None})
+
 # The instruct tokenizers' special ids (tokenizer_config.json of the same models): end of turn,
 # padding, and whether the tokenizer adds BOS (llama.cpp's add_bos_token).
 _QWEN_IDS: dict[str, int | bool] = {"eos_token_id": 151645, "padding_token_id": 151643,
@@ -150,6 +159,8 @@ def make_gguf(shape: str, out: Path, *, seed: int = 0, qtype: str = "Q4_1") -> P
     ``out`` is a folder (the file is named by shape, seed, qtype and generator version) or a
     ``.gguf`` path (a ``.key`` file beside it records what it holds). ``qtype`` is the linears'
     type (``Q4_1``, ``Q8_0``, ``F16``, ``F32``); with Q4_1 the embedding is Q8_0, else ``qtype``.
+    ``Q4_K_M`` is llama.cpp's mix of Q4_K and Q6_K (``kquants.q4_k_m_type``), quantized by the
+    plain min/max quantizers of ``kquants.py``.
     Deterministic: the same arguments give the same bytes.
     """
     if shape not in SHAPES:
@@ -189,7 +200,7 @@ def _write(s: ModelShape, path: Path, seed: int, qtype: str) -> None:
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     _add_tokenizer(writer, s)
     for name, arr in _tensors(s, seed):
-        _add_tensor(writer, name, arr, qtype)
+        _add_tensor(writer, name, arr, qtype, s)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -197,15 +208,23 @@ def _write(s: ModelShape, path: Path, seed: int, qtype: str) -> None:
 
 
 _FILE_TYPES = {"Q4_1": gguf.LlamaFileType.MOSTLY_Q4_1, "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
-               "F16": gguf.LlamaFileType.MOSTLY_F16, "F32": gguf.LlamaFileType.ALL_F32}
+               "F16": gguf.LlamaFileType.MOSTLY_F16, "F32": gguf.LlamaFileType.ALL_F32,
+               "Q4_K_M": gguf.LlamaFileType.MOSTLY_Q4_K_M}
 
 
-def _add_tensor(writer: gguf.GGUFWriter, name: str, arr: np.ndarray, qtype: str) -> None:
+def _add_tensor(writer: gguf.GGUFWriter, name: str, arr: np.ndarray, qtype: str,
+                s: ModelShape) -> None:
     if arr.ndim == 1 or name == "rope_freqs.weight":
         writer.add_tensor(name, arr.astype(np.float32))
         return
     kind = "Q8_0" if qtype == "Q4_1" and name == "token_embd.weight" else qtype
-    if kind == "F32":
+    if kind == "Q4_K_M":
+        kind = q4_k_m_type(name, s.layers, s.tied)
+        kind = kind if arr.shape[1] % QK_K == 0 else _K_FALLBACK[kind]
+    if kind in QUANTIZERS:
+        writer.add_tensor(name, QUANTIZERS[kind](arr),
+                          raw_dtype=GGMLQuantizationType[kind])
+    elif kind == "F32":
         writer.add_tensor(name, arr)
     elif kind == "F16":
         writer.add_tensor(name, arr.astype(np.float16))

@@ -1,22 +1,22 @@
 """Give a CPU model's linears the GGUF's own quantized blocks for skinny (decode) batches.
 
 A model loaded from a GGUF holds fp32 weights dequantized from its blocks. Those stay (prefill and
-other large batches use them with BLAS), and each linear whose GGUF tensors all pack into one
-kernel layout (Q4_1, or Q4_K repacked losslessly into it; Q8_0) also gets a
-:class:`~grammarserve_kernels.quant.QuantWeight` of the same values, fused like the fp32 weight
-(q/k/v and gate/up concatenated, llama's Q/K row permutation undone). Decode steps are bound by
-the weight bytes they stream, and the blocks are 4-6x smaller. With int8 activations (the
-default) each linear also holds the same blocks interleaved by 16 rows for the integer kernel
-(``kernels/quant_q8_cpu.cpp``). Other types (Q5_K, Q6_K, F16, ...) keep the fp32 path only.
+other large batches use them with BLAS), and each linear whose GGUF tensors all have a kernel
+(Q4_1 and Q4_K repacked losslessly into its layout, Q8_0, Q6_K) also gets
+:class:`~grammarserve_kernels.quant.QuantWeight` row segments of the same values, fused like the
+fp32 weight (q/k/v and gate/up concatenated, llama's Q/K row permutation undone; one segment per
+run of one layout). Decode steps are bound by the weight bytes they stream, and the blocks are
+3-6x smaller. With int8 activations (the default) each linear also holds the same blocks
+interleaved by 16 rows for the integer kernel (``kernels/quant_q8_cpu.cpp``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -33,7 +33,8 @@ from grammarserve.models.gguf_convert import read_gguf, unpermute_rows
 from grammarserve.models.linear import Linear
 from grammarserve.models.llama import LlamaModel
 
-_CACHE_FILE = Path("blocks") / "gguf-blocks-v2.safetensors"  # not globbed with the weights
+log = logging.getLogger(__name__)
+_CACHE_FILE = Path("blocks") / "gguf-blocks-v3.safetensors"  # not globbed with the weights
 _FUSED = {  # our linear (per layer) -> the GGUF tensors whose rows it concatenates
     "self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"),
     "self_attn.o_proj": ("attn_output",),
@@ -49,27 +50,45 @@ def attach_gguf_blocks(model: LlamaModel, gguf_path: Path, cache: Path | None = 
     ``activations`` is passed to :func:`set_quant_activations`.
 
     Does nothing (returns 0) where the kernel cannot run here or the model is not fp32 on CPU.
-    Linears whose tensors are of other types (F16, K-quants, ...) keep the fp32 path only.
-    ``cache`` (the converted model folder) keeps the packed blocks in ``blocks/``: parsing the
-    GGUF's metadata (its whole vocabulary) takes seconds, reading the cache does not.
+    A fused linear whose GGUF parts pack into different layouts (Q4_K q/k beside a Q6_K v, in
+    Q4_K_M files) gets one row segment per layout (``Linear.quant_rows``). Linears with a part of
+    another type (F16, Q5_K, ...) keep the fp32 path only: logged as a warning naming the types
+    and the fp32 bytes they decode through. ``cache`` (the converted model folder) keeps the
+    packed blocks in ``blocks/``: parsing the GGUF's metadata (its whole vocabulary) takes
+    seconds, reading the cache does not.
     """
     first = next(model.parameters())
     if first.device.type != "cpu" or first.dtype != torch.float32 or not quant_kernel_available():
         return 0
     file = cache / _CACHE_FILE if cache is not None else None
-    packed = _read_cache(file) if file is not None else None
-    if packed is None:
-        packed = _pack_from_gguf(gguf_path, len(model.layers))
+    found = _read_cache(file) if file is not None else None
+    if found is None:
+        found = _pack_from_gguf(gguf_path, len(model.layers))
         if file is not None:
-            _write_cache(file, packed)
+            _write_cache(file, found)
+    packed, unpacked = found
     attached = 0
-    for name, q in packed.items():
+    for name, rows in packed.items():
         linear = model.get_submodule(name)
-        if isinstance(linear, Linear) and q.shape == tuple(linear.weight.shape):
-            linear.quant = q
+        n, k = linear.weight.shape if isinstance(linear, Linear) else (0, 0)
+        if isinstance(linear, Linear) and sum(q.shape[0] for q in rows) == n \
+                and all(q.shape[1] == k for q in rows):
+            linear.quant_rows = rows
+            linear.quant = rows[0] if len(rows) == 1 else None
             attached += 1
+    _report(attached, unpacked)
     set_quant_activations(model, activations)
     return attached
+
+
+def _report(attached: int, unpacked: dict[str, int]) -> None:
+    if not unpacked:
+        log.info("GGUF blocks on %d linears; every quantized type has a kernel", attached)
+        return
+    fp32 = 4 * sum(unpacked.values())
+    log.warning("GGUF blocks on %d linears; no kernel for %s: their linears decode through an "
+                "fp32 copy (%.2f GB, ~4-7x the bytes a token streams, and slower per byte)",
+                attached, ", ".join(sorted(unpacked)), fp32 / 1e9)
 
 
 ACTIVATIONS = {"int8x2": 2, "int8": 1, "fp32": 0}  # -> int8 levels (0: the fp32 kernel)
@@ -85,84 +104,102 @@ def set_quant_activations(model: LlamaModel, activations: str) -> str:
                          f"{activations!r}")
     levels = ACTIVATIONS[activations] if cpu_isa() is not None else 0
     for module in model.modules():
-        if isinstance(module, Linear) and module.quant is not None:
-            module.quant_x16 = pack_x16(module.quant, levels=levels) if levels else None
+        if isinstance(module, Linear) and module.quant_rows:
+            module.quant_x16 = (tuple(pack_x16(q, levels=levels) for q in module.quant_rows)
+                                if levels else None)
     model.decode_stack = bind_decode_stack(model)
     return activations if levels else "fp32"
 
 
-def _pack_from_gguf(gguf_path: Path, num_layers: int) -> dict[str, QuantWeight]:
-    """Our linear name -> its blocks, fused and unpermuted like the fp32 weights."""
+def _pack_from_gguf(gguf_path: Path, num_layers: int
+                    ) -> tuple[dict[str, tuple[QuantWeight, ...]], dict[str, int]]:
+    """Our linear name -> its blocks as row segments (fused and unpermuted like the fp32
+    weights; adjacent parts of one layout share a segment), and the GGUF types left without
+    blocks -> their weights' element count."""
     reader = read_gguf(gguf_path)
     tensors = {t.name: t for t in reader.tensors}
     arch = reader.fields["general.architecture"].contents()
     n_head = int(reader.fields[f"{arch}.attention.head_count"].contents())
     kv_field = reader.fields.get(f"{arch}.attention.head_count_kv")
     n_kv = int(kv_field.contents()) if kv_field is not None else n_head
-    packed: dict[str, QuantWeight] = {}
+    packed: dict[str, tuple[QuantWeight, ...]] = {}
+    unpacked: dict[str, int] = {}
+
+    def pack(name: str, gguf_names: list[str]) -> None:
+        found = [tensors[g] for g in gguf_names if g in tensors]
+        if len(found) != len(gguf_names):
+            return
+        other = [t for t in found if t.tensor_type.name not in PACKED_TYPES]
+        for t in other:
+            unpacked[t.tensor_type.name] = unpacked.get(t.tensor_type.name, 0) + int(t.n_elements)
+        if other:
+            return
+        parts = []
+        for g, t in zip(gguf_names, found, strict=True):
+            raw = np.asarray(t.data)
+            if arch in ("llama", "mistral") and g.endswith((".attn_q.weight", ".attn_k.weight")):
+                raw = unpermute_rows(raw, n_head if ".attn_q." in g else n_kv)
+            parts.append(pack_gguf_blocks(t.tensor_type.name, raw))
+        packed[name] = _segments(parts)
+
     for i in range(num_layers):
-        for module_name, parts in _FUSED.items():
-            blocks = []
-            for part in parts:
-                found = _raw_blocks(tensors.get(f"blk.{i}.{part}.weight"))
-                if found is None:
-                    break
-                kind, raw = found
-                if arch in ("llama", "mistral") and part in ("attn_q", "attn_k"):
-                    raw = unpermute_rows(raw, n_head if part == "attn_q" else n_kv)
-                blocks.append(pack_gguf_blocks(kind, raw))
-            else:
-                if len({q.kind for q in blocks}) == 1:  # Q4_K and Q4_1 parts share a layout
-                    packed[f"layers.{i}.{module_name}"] = _concat_rows(blocks)
-    found = _raw_blocks(tensors.get("output.weight", tensors.get("token_embd.weight")))
-    if found is not None:
-        packed["lm_head"] = pack_gguf_blocks(*found)
-    return packed
+        for module_name, gguf_parts in _FUSED.items():
+            pack(f"layers.{i}.{module_name}", [f"blk.{i}.{p}.weight" for p in gguf_parts])
+    pack("lm_head", ["output.weight" if "output.weight" in tensors else "token_embd.weight"])
+    return packed, unpacked
 
 
-def _concat_rows(parts: list[QuantWeight]) -> QuantWeight:
-    if len(parts) == 1:
-        return parts[0]
-    return QuantWeight(parts[0].kind, *(torch.cat([getattr(q, f) for q in parts])
-                                        for f in ("qs", "d", "m")))
+def _segments(parts: list[QuantWeight]) -> tuple[QuantWeight, ...]:
+    """Adjacent parts of one layout concatenated (Q4_K and Q4_1 parts share one)."""
+    runs: list[list[QuantWeight]] = []
+    for q in parts:
+        if runs and runs[-1][0].kind == q.kind:
+            runs[-1].append(q)
+        else:
+            runs.append([q])
+    return tuple(run[0] if len(run) == 1 else
+                 QuantWeight(run[0].kind, *(torch.cat([getattr(q, f) for q in run])
+                                            for f in ("qs", "d", "m")))
+                 for run in runs)
 
 
-def _raw_blocks(t: Any) -> tuple[str, np.ndarray] | None:
-    if t is None or t.tensor_type.name not in PACKED_TYPES:
-        return None
-    return t.tensor_type.name, np.asarray(t.data)
-
-
-def _read_cache(file: Path) -> dict[str, QuantWeight] | None:
+def _read_cache(file: Path
+                ) -> tuple[dict[str, tuple[QuantWeight, ...]], dict[str, int]] | None:
     from safetensors import SafetensorError, safe_open
 
     if not file.is_file():
         return None
     try:
         with safe_open(str(file), framework="pt") as f:
-            kinds = json.loads((f.metadata() or {})["kinds"])
-            return {name: QuantWeight(kind, f.get_tensor(f"{name}.qs"), f.get_tensor(f"{name}.d"),
-                                      f.get_tensor(f"{name}.m"))
-                    for name, kind in kinds.items()}
-    except (SafetensorError, OSError, KeyError, ValueError):
+            meta = f.metadata() or {}
+            kinds: dict[str, list[str]] = json.loads(meta["kinds"])
+            packed = {name: tuple(QuantWeight(kind, *(f.get_tensor(f"{name}.{i}.{part}")
+                                                      for part in ("qs", "d", "m")))
+                                  for i, kind in enumerate(segment_kinds))
+                      for name, segment_kinds in kinds.items()}
+            return packed, {str(k): int(v) for k, v in json.loads(meta["unpacked"]).items()}
+    except (SafetensorError, OSError, KeyError, ValueError, TypeError, AttributeError):
         return None  # unreadable: rebuilt from the GGUF (and rewritten)
 
 
-def _write_cache(file: Path, packed: dict[str, QuantWeight]) -> None:
+def _write_cache(file: Path, found: tuple[dict[str, tuple[QuantWeight, ...]], dict[str, int]]
+                 ) -> None:
     from safetensors.torch import save_file
 
-    tensors = {f"{name}.{part}": getattr(q, part).contiguous()
-               for name, q in packed.items() for part in ("qs", "d", "m")}
+    packed, unpacked = found
+    tensors = {f"{name}.{i}.{part}": getattr(q, part).contiguous()
+               for name, rows in packed.items() for i, q in enumerate(rows)
+               for part in ("qs", "d", "m")}
     file.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".tmp", dir=file.parent)
     os.close(fd)
     try:
-        save_file(tensors, tmp, metadata={"kinds": json.dumps({n: q.kind for n, q in
-                                                                packed.items()})})
+        save_file(tensors, tmp, metadata={
+            "kinds": json.dumps({n: [q.kind for q in rows] for n, rows in packed.items()}),
+            "unpacked": json.dumps(unpacked)})
         os.replace(tmp, file)
     except OSError:
         pass  # a read-only cache only costs the next start the GGUF parse
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-

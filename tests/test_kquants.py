@@ -1,0 +1,85 @@
+"""K-quant GGUF files (Q4_K_M, what users download): the numpy quantizers of
+``benchmarks/kquants.py`` write bytes gguf reads back, llama.cpp's type mix, and a Q4_K_M model
+whose linears all decode from their own blocks: Q4_K repacked losslessly into the Q4_1 layout,
+Q6_K natively, a fused q/k/v of both as two row segments."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType, GGUFReader
+from gguf.quants import dequantize as gguf_dequantize
+from grammarserve_kernels.quant import dequantize
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import kquants
+import model_shapes
+
+from grammarserve.models.linear import Linear
+
+
+@pytest.mark.parametrize("kind,rms", [("Q4_K", 0.1), ("Q6_K", 0.03)])
+def test_quantizers_write_blocks_gguf_reads_back(kind: str, rms: float) -> None:
+    x = np.random.default_rng(0).standard_normal((16, 768)).astype(np.float32) * 0.05
+    x[0, :256] = 0.0
+    raw = kquants.QUANTIZERS[kind](x)
+    assert raw.dtype == np.uint8 and raw.shape == (16, 3 * (144 if kind == "Q4_K" else 210))
+    back = gguf_dequantize(raw, GGMLQuantizationType[kind]).reshape(x.shape)
+    assert np.all(back[0, :256] == 0.0)
+    assert np.linalg.norm(back - x) / np.linalg.norm(x) < rms
+    with pytest.raises(ValueError, match="whole blocks of 256"):
+        kquants.QUANTIZERS[kind](x[:, :300])
+
+
+def test_q4_k_m_mix_is_llama_cpps() -> None:
+    more_bits = {i for i in range(24)
+                 if kquants.q4_k_m_type(f"blk.{i}.ffn_down.weight", 24, tied=True) == "Q6_K"}
+    assert more_bits == {0, 1, 2, 5, 8, 11, 14, 17, 20, 21, 22, 23}
+    assert kquants.q4_k_m_type("blk.5.attn_v.weight", 24, tied=True) == "Q6_K"
+    assert kquants.q4_k_m_type("blk.5.attn_q.weight", 24, tied=True) == "Q4_K"
+    assert kquants.q4_k_m_type("token_embd.weight", 24, tied=True) == "Q6_K"
+    assert kquants.q4_k_m_type("token_embd.weight", 24, tied=False) == "Q4_K"
+
+
+@pytest.mark.model  # the smollm2 vocabulary is the embedded model's
+def test_every_linear_of_a_q4_k_m_model_decodes_from_its_blocks(tmp_path: Path) -> None:
+    from grammarserve.models.loader import load_model
+
+    path = model_shapes.make_gguf("smollm2-ktiny", tmp_path, qtype="Q4_K_M")
+    types = {t.name: t.tensor_type.name for t in GGUFReader(path).tensors}
+    assert types["blk.1.attn_v.weight"] == "Q4_K" and types["blk.0.attn_v.weight"] == "Q6_K"
+    loaded = load_model(str(path), cache_dir=tmp_path / "cache")
+    linears = {n: m for n, m in loaded.model.named_modules() if isinstance(m, Linear)}
+    kinds = {n: tuple(q.kind for q in m.quant_rows) for n, m in linears.items()}
+    assert kinds["layers.1.self_attn.qkv_proj"] == ("Q4_1",)  # Q4_K q, k, v: one segment
+    assert kinds["layers.0.self_attn.qkv_proj"] == ("Q4_1", "Q6_K")  # Q4_K q, k + Q6_K v
+    assert kinds["layers.0.mlp.down_proj"] == ("Q6_K",) and kinds["lm_head"] == ("Q6_K",)
+    assert kinds["layers.1.mlp.down_proj"] == kinds["layers.0.mlp.gate_up_proj"] == ("Q4_1",)
+    for name, linear in linears.items():
+        assert linear.quant_x16 is not None and len(linear.quant_x16) == len(kinds[name]), name
+        # the blocks stand for exactly the weight gguf dequantizes
+        dense = torch.cat([dequantize(q) for q in linear.quant_rows])
+        assert torch.equal(dense.view(torch.int32), linear.weight.detach().view(torch.int32)), name
+    x = torch.randn(3, 256)
+    for name in ("layers.0.self_attn.qkv_proj", "layers.1.self_attn.qkv_proj"):
+        qkv = linears[name]
+        torch.testing.assert_close(qkv(x), x @ qkv.weight.t(), rtol=1e-3, atol=1e-3)
+    assert loaded.model.decode_stack is not None  # mixed layers included
+
+
+@pytest.mark.model
+def test_a_type_without_a_kernel_is_named_at_load(tmp_path: Path,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    from grammarserve.models.loader import load_model
+
+    path = model_shapes.make_gguf("smollm2-tiny", tmp_path, qtype="F16")
+    with caplog.at_level(logging.INFO, logger="grammarserve.models.quant_weights"):
+        loaded = load_model(str(path), cache_dir=tmp_path / "cache")
+    assert not any(m.quant_rows for m in loaded.model.modules() if isinstance(m, Linear))
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "no kernel for F16" in warned[0], warned
