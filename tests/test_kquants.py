@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -20,7 +21,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import kquants
 import model_shapes
 
+from grammarserve.attention.backend import TorchSDPABackend
+from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
+from grammarserve.engine.model_runner import BatchEntry, ModelRunner
 from grammarserve.models.linear import Linear
+from grammarserve.models.loader import LoadedModel, load_model
+
+#: The one-call decode stack against the same steps layer by layer (the parity tests' bound:
+#: the stack's RMSNorm sums in another order, which can move an activation across an int8 step).
+STACK_TOLERANCE = 2e-2
 
 
 @pytest.mark.parametrize("kind,rms", [("Q4_K", 0.1), ("Q6_K", 0.03)])
@@ -46,15 +55,20 @@ def test_q4_k_m_mix_is_llama_cpps() -> None:
     assert kquants.q4_k_m_type("token_embd.weight", 24, tied=False) == "Q4_K"
 
 
-@pytest.mark.model  # the smollm2 vocabulary is the embedded model's
-def test_every_linear_of_a_q4_k_m_model_decodes_from_its_blocks(tmp_path: Path) -> None:
-    from grammarserve.models.loader import load_model
-
-    path = model_shapes.make_gguf("smollm2-ktiny", tmp_path, qtype="Q4_K_M")
+@pytest.fixture(scope="module")
+def q4_k_m(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
+    """A Q4_K_M model of the ``smollm2-ktiny`` shape (the smollm2 vocabulary is the embedded
+    model's), loaded by our loader."""
+    out = tmp_path_factory.mktemp("q4_k_m")
+    path = model_shapes.make_gguf("smollm2-ktiny", out, qtype="Q4_K_M")
     types = {t.name: t.tensor_type.name for t in GGUFReader(path).tensors}
     assert types["blk.1.attn_v.weight"] == "Q4_K" and types["blk.0.attn_v.weight"] == "Q6_K"
-    loaded = load_model(str(path), cache_dir=tmp_path / "cache")
-    linears = {n: m for n, m in loaded.model.named_modules() if isinstance(m, Linear)}
+    return load_model(str(path), cache_dir=out / "cache")
+
+
+@pytest.mark.model
+def test_every_linear_of_a_q4_k_m_model_decodes_from_its_blocks(q4_k_m: LoadedModel) -> None:
+    linears = {n: m for n, m in q4_k_m.model.named_modules() if isinstance(m, Linear)}
     kinds = {n: tuple(q.kind for q in m.quant_rows) for n, m in linears.items()}
     assert kinds["layers.1.self_attn.qkv_proj"] == ("Q4_1",)  # Q4_K q, k, v: one segment
     assert kinds["layers.0.self_attn.qkv_proj"] == ("Q4_1", "Q6_K")  # Q4_K q, k + Q6_K v
@@ -69,14 +83,52 @@ def test_every_linear_of_a_q4_k_m_model_decodes_from_its_blocks(tmp_path: Path) 
     for name in ("layers.0.self_attn.qkv_proj", "layers.1.self_attn.qkv_proj"):
         qkv = linears[name]
         torch.testing.assert_close(qkv(x), x @ qkv.weight.t(), rtol=1e-3, atol=1e-3)
-    assert loaded.model.decode_stack is not None  # mixed layers included
+
+
+def _decode_steps(loaded: LoadedModel, decode_stack: bool) -> list[torch.Tensor]:
+    """Two rows' logits over four decode steps after their prompts (the decode mirror on: the
+    stack attends from it)."""
+    mc = loaded.config
+    pool = KVPool(capacity=256, num_layers=mc.num_layers, num_kv_heads=mc.num_kv_heads,
+                  head_dim=mc.head_dim, dtype=torch.float32)
+    table = ReqToTokenPool(max_reqs=2, max_context=128)
+    runner = ModelRunner(loaded.model, pool, table,
+                         TorchSDPABackend(pool, table, None, mirror_tokens=10_000,
+                                          decode_stack=decode_stack))
+    lens = [12, 20]
+    for b in range(2):
+        table.write(b, 0, pool.alloc(lens[b] + 8))
+    runner.forward([BatchEntry(b, 0, list(range(100, 100 + lens[b])), seq_id=b)
+                    for b in range(2)])
+    return [runner.forward([BatchEntry(b, lens[b] + i, [7 + b + i], seq_id=b) for b in range(2)])
+            for i in range(4)]
+
+
+@pytest.mark.model
+def test_the_decode_stack_runs_mixed_segments_like_the_layers(q4_k_m: LoadedModel) -> None:
+    stack = q4_k_m.model.decode_stack
+    assert stack is not None  # layers 0, 3, 6 and 7 have a Q4_1 + Q6_K qkv
+    calls: list[int] = []
+    run = stack.run
+
+    def counted(*args: Any) -> Any:
+        calls.append(1)
+        return run(*args)
+
+    stack.run = counted  # type: ignore[method-assign]
+    try:
+        stacked = _decode_steps(q4_k_m, decode_stack=True)
+    finally:
+        del stack.run
+    layered = _decode_steps(q4_k_m, decode_stack=False)
+    assert len(calls) == 4
+    for a, b in zip(stacked, layered, strict=True):
+        assert (a - b).abs().max().item() < STACK_TOLERANCE
 
 
 @pytest.mark.model
 def test_a_type_without_a_kernel_is_named_at_load(tmp_path: Path,
                                                   caplog: pytest.LogCaptureFixture) -> None:
-    from grammarserve.models.loader import load_model
-
     path = model_shapes.make_gguf("smollm2-tiny", tmp_path, qtype="F16")
     with caplog.at_level(logging.INFO, logger="grammarserve.models.quant_weights"):
         loaded = load_model(str(path), cache_dir=tmp_path / "cache")
