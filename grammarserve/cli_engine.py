@@ -28,6 +28,9 @@ def engine_args(p: argparse.ArgumentParser) -> None:
                    help="on CUDA, replay decode steps as CUDA graphs (one per padded batch size)")
     p.add_argument("--kv-cache-tokens", type=int, default=EngineConfig.kv_cache_tokens)
     p.add_argument("--max-batch-tokens", type=int, default=EngineConfig.max_batch_tokens)
+    p.add_argument("--step-time-target-s", type=float, default=EngineConfig.step_time_target_s,
+                   help="while requests decode, cap each step's prefill tokens so that a step "
+                        "takes about this long (measured); 0: off (default: %(default)s)")
     p.add_argument("--num-threads", type=int, default=None,
                    help="torch CPU threads of the engine (default: torch's choice; use 1 on a "
                         "busy machine)")
@@ -160,6 +163,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                         cuda_graphs=args.cuda_graphs,
                         kv_cache_tokens=args.kv_cache_tokens,
                         max_batch_tokens=args.max_batch_tokens, max_num_reqs=args.max_num_reqs,
+                        step_time_target_s=args.step_time_target_s,
                         max_model_len=args.max_model_len,
                         enable_prefix_cache=args.prefix_cache,
                         kv_host_tier_bytes=args.kv_host_tier_bytes,

@@ -57,6 +57,11 @@ class EngineConfig:
         Requests that may hold KV at once (rows of the request-to-token table).
     max_batch_tokens:
         Token budget of one forward (prefill chunks + decodes).
+    step_time_target_s:
+        While any request decodes, a step's prefill tokens are capped so that the step takes
+        about this long by the measured cost of recent steps (``engine/step_pacer.py``): a long
+        prompt then no longer stalls the streams beside it for a whole ``max_batch_tokens``
+        chunk. 0: off (every step may take ``max_batch_tokens``).
     max_model_len:
         Longest sequence (prompt + output); ``None`` = the model's own limit.
     enable_prefix_cache:
@@ -238,6 +243,7 @@ class EngineConfig:
     kv_memory_fraction: float | None = None
     max_num_reqs: int = 64
     max_batch_tokens: int = 2048
+    step_time_target_s: float = 0.5
     max_model_len: int | None = None
     enable_prefix_cache: bool = True
     kv_host_tier_bytes: int | None = None

@@ -19,7 +19,8 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16")
 _CUDA_DEVICE = re.compile(r"cuda(:\d+)?")
 _POSITIVE = ("kv_cache_tokens", "max_num_reqs", "max_batch_tokens", "grammar_max_depth")
 _NON_NEGATIVE = ("kv_host_tier_bytes", "kv_disk_tier_bytes", "grammar_disk_cache_bytes",
-                 "grammar_check_retries", "loop_guard", "grammar_max_whitespace")
+                 "grammar_check_retries", "loop_guard", "grammar_max_whitespace",
+                 "step_time_target_s")
 
 
 def _alternatives(values: tuple[Any, ...]) -> str:

@@ -41,6 +41,7 @@ from grammarserve.engine.stats import (
     plan_fields,
     tier_fields,
 )
+from grammarserve.engine.step_pacer import StepPacer
 from grammarserve.engine.stopping import append_token, retract
 from grammarserve.engine.threads import ThreadTuner
 from grammarserve.engine.validate import check_bias, check_prompt
@@ -90,6 +91,7 @@ class Engine:
         self.threads = ThreadTuner(torch.get_num_threads() if device.type == "cpu"
                                    and config.adaptive_threads else 1)
         self.sizer = BatchSizer(config.max_num_reqs, enabled=config.adaptive_batch)
+        self.pacer = StepPacer(config.step_time_target_s, config.max_batch_tokens)
         eos = set(mc.eos_token_ids)
         if self.tokenizer.eos_token_id is not None:
             eos.add(int(self.tokenizer.eos_token_id))
@@ -189,6 +191,7 @@ class Engine:
         spans), and return the outputs of requests that advanced."""
         self._admit_compiled()
         self.scheduler.max_running = self.sizer.limit()
+        self.scheduler.prefill_cap = self.pacer.cap(self.scheduler.decoding)
         self.spec.propose(self.scheduler.running, self.grammar.forced_draft)
         work, entries = self._drafted(*self._batch(self.scheduler.schedule()))
         if not work:
@@ -201,10 +204,10 @@ class Engine:
         # NOTE: a grammar compiling on our threads takes a core; a forward split over all cores
         # would then wait at each of its barriers for a descheduled thread.
         busy = 1 if self.grammar.compiling(self._compiling) else 0
-        decoding = all(w.req.num_computed >= len(w.req.prompt_ids) for w in work)
-        shape = [(w.num_tokens, w.req.num_computed) for w in work] if decoding else []
+        prefill = sum(w.num_tokens for w in work if w.req.num_computed < len(w.req.prompt_ids))
+        shape = [(w.num_tokens, w.req.num_computed) for w in work] if not prefill else []
         with self.threads.step(len(work), tokens, busy), self.sizer.step(len(work), tokens), \
-                self.spec.timed(shape):
+                self.spec.timed(shape), self.pacer.step(prefill):
             logits = self.runner.forward(entries)
             self._counters["forward_passes"] += 1
             for w in work:

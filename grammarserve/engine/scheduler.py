@@ -53,6 +53,7 @@ class Scheduler:
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self.max_running: int | None = None  # set by the engine each step (BatchSizer)
+        self.prefill_cap: int | None = None  # set by the engine each step (StepPacer)
         self.num_preemptions = 0
 
     def add(self, req: Req) -> None:
@@ -65,11 +66,37 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    @property
+    def decoding(self) -> bool:
+        """Whether any running request is past its prompt (a stream a long step would stall)."""
+        return any(r.num_computed >= len(r.prompt_ids) for r in self.running)
+
     def schedule(self) -> list[ScheduledReq]:
-        """Pick this step's work and allocate KV slots for it."""
-        budget = self.max_batch_tokens
+        """Pick this step's work and allocate KV slots for it: requests past their prompt
+        first, then prefill chunks and admissions within ``prefill_cap`` tokens."""
         out: list[ScheduledReq] = []
-        for req in list(self.running):
+        budget = self._feed([r for r in self.running if r.num_computed >= len(r.prompt_ids)],
+                            self.max_batch_tokens, out)
+        held = max(budget - self.prefill_cap, 0) if self.prefill_cap is not None else 0
+        budget = self._feed([r for r in self.running if r.num_computed < len(r.prompt_ids)],
+                            budget - held, out)
+        admitted: list[Req] = []
+        for req in self._admission_order():
+            if budget == 0 or self.req_to_token.num_free == 0 or (
+                    self.max_running is not None and len(self.running) >= self.max_running):
+                break
+            took = self._admit(req, budget, admitted)
+            if took is None:
+                continue
+            admitted.append(req)
+            out.append(ScheduledReq(req, took))
+            budget -= took
+        return out
+
+    def _feed(self, reqs: list[Req], budget: int, out: list[ScheduledReq]) -> int:
+        """Schedule running ``reqs``' pending tokens within ``budget`` (preempting the newest
+        request where the pool runs dry); returns the budget left."""
+        for req in reqs:
             if req.status is not ReqStatus.RUNNING or budget == 0:
                 continue
             n = min(req.num_pending, budget)
@@ -84,18 +111,7 @@ class Scheduler:
                 budget -= n + draft
             else:
                 req.draft = []
-        admitted: list[Req] = []
-        for req in self._admission_order():
-            if budget == 0 or self.req_to_token.num_free == 0 or (
-                    self.max_running is not None and len(self.running) >= self.max_running):
-                break
-            took = self._admit(req, budget, admitted)
-            if took is None:
-                continue
-            admitted.append(req)
-            out.append(ScheduledReq(req, took))
-            budget -= took
-        return out
+        return budget
 
     def _draft_room(self, req: Req, n: int, budget: int) -> int:
         """How much of ``req.draft`` rides along (cutting ``req.draft`` to it): all of it
