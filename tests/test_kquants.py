@@ -6,6 +6,7 @@ Q6_K natively, a fused q/k/v of both as two row segments."""
 from __future__ import annotations
 
 import logging
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize as gguf_dequantize
 from grammarserve_kernels.quant import dequantize
+from grammarserve_kernels.quant_q8 import ISAS, cpu_isa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import kquants
@@ -26,6 +28,10 @@ from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
 from grammarserve.engine.model_runner import BatchEntry, ModelRunner
 from grammarserve.models.linear import Linear
 from grammarserve.models.loader import LoadedModel, load_model
+
+needs_kernel = pytest.mark.skipif(
+    torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512") or not shutil.which("c++"),
+    reason="needs an AVX2 CPU and a C++ compiler")
 
 #: The one-call decode stack against the same steps layer by layer (the parity tests' bound:
 #: the stack's RMSNorm sums in another order, which can move an activation across an int8 step).
@@ -67,6 +73,7 @@ def q4_k_m(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
 
 
 @pytest.mark.model
+@needs_kernel
 def test_every_linear_of_a_q4_k_m_model_decodes_from_its_blocks(q4_k_m: LoadedModel) -> None:
     linears = {n: m for n, m in q4_k_m.model.named_modules() if isinstance(m, Linear)}
     kinds = {n: tuple(q.kind for q in m.quant_rows) for n, m in linears.items()}
@@ -105,6 +112,7 @@ def _decode_steps(loaded: LoadedModel, decode_stack: bool) -> list[torch.Tensor]
 
 
 @pytest.mark.model
+@needs_kernel
 def test_the_decode_stack_runs_mixed_segments_like_the_layers(q4_k_m: LoadedModel) -> None:
     stack = q4_k_m.model.decode_stack
     assert stack is not None  # layers 0, 3, 6 and 7 have a Q4_1 + Q6_K qkv
@@ -127,6 +135,7 @@ def test_the_decode_stack_runs_mixed_segments_like_the_layers(q4_k_m: LoadedMode
 
 
 @pytest.mark.model
+@needs_kernel
 def test_a_type_without_a_kernel_is_named_at_load(tmp_path: Path,
                                                   caplog: pytest.LogCaptureFixture) -> None:
     path = model_shapes.make_gguf("smollm2-tiny", tmp_path, qtype="F16")
@@ -135,3 +144,12 @@ def test_a_type_without_a_kernel_is_named_at_load(tmp_path: Path,
     assert not any(m.quant_rows for m in loaded.model.modules() if isinstance(m, Linear))
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and "no kernel for F16" in warned[0], warned
+
+
+@pytest.mark.model
+@needs_kernel
+def test_the_kernels_a_model_runs_on_are_measured_at_load(q4_k_m: LoadedModel) -> None:
+    report = q4_k_m.kernels
+    assert report == q4_k_m.kernels and report.isa == cpu_isa() and report.levels == 2
+    assert report.gemm_gops > 0 and report.isa_level == ISAS.index(report.isa) + 1
+    assert f"{report.isa} build" in report.describe()

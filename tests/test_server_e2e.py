@@ -34,6 +34,7 @@ from e2e_jobs import (
     fire_all,
     schema_corpus,
 )
+from grammarserve_kernels.quant_q8 import ISAS, cpu_isa
 from server_helpers import http_get, http_post
 from waiting import wait_until
 
@@ -290,6 +291,10 @@ def test_metrics(server: dict[str, Any], fired: dict[str, Future[Any]]) -> None:
     assert value("grammarserve_jump_forward_tokens_total") > 0
     assert value("grammarserve_loop_guard_cuts_total") >= 0
     assert value("grammarserve_server_grammar_refused_total") >= 0  # front end only there
+    assert value("grammarserve_prefill_cap_tokens") >= 0
+    built = cpu_isa()  # the int8 kernels' build here, measured at the server's start
+    assert value("grammarserve_cpu_kernel_isa_level") == (ISAS.index(built) + 1 if built else 0)
+    assert (value("grammarserve_cpu_gemm_gops") > 0) is (built is not None)
     assert 'grammarserve_http_requests_total{route="/v1/chat/completions",status="400"}' in text
 
 

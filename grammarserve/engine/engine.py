@@ -29,7 +29,7 @@ from grammarserve.engine.model_runner import BatchEntry, ModelRunner
 from grammarserve.engine.radix_cache import DEFAULT_NAMESPACE, RadixCache
 from grammarserve.engine.request import Req, ReqStatus, RequestOutput
 from grammarserve.engine.sampler import SampleOutput, TopEntry, make_rng, sample
-from grammarserve.engine.scheduler import ScheduledReq, Scheduler
+from grammarserve.engine.scheduler import ScheduledReq, Scheduler, logit_rows
 from grammarserve.engine.spec.calibrate import calibrate
 from grammarserve.engine.spec.ngram import space_folded
 from grammarserve.engine.spec.speculator import SpecOptions, Speculator
@@ -198,7 +198,7 @@ class Engine:
             self._wait_for_compiles()
             return self._collect([])
         reqs = [w.req for w in work if w.samples]  # will sample
-        rows = self._logit_rows(work)
+        rows = logit_rows(work)
         masks = self.grammar.fill_async(reqs)  # NOTE: overlaps the forward below
         tokens = sum(w.num_tokens for w in work)
         # NOTE: a grammar compiling on our threads takes a core; a forward split over all cores
@@ -223,17 +223,6 @@ class Engine:
                 for req, first in zip(reqs, plan.first):
                     self._verify(req, first, out)
         return self._collect(reqs)
-
-    @staticmethod
-    def _logit_rows(work: list[ScheduledReq]) -> list[int] | None:
-        """The rows of the forward's logits that are sampled (None: all of them)."""
-        rows: list[int] = []
-        at = 0
-        for w in work:
-            if w.samples:
-                rows.extend(range(at, at + 1 + w.num_draft))
-            at += 1 + w.num_draft
-        return rows if len(rows) < at else None
 
     def _drafted(self, work: list[ScheduledReq], entries: list[BatchEntry]
                  ) -> tuple[list[ScheduledReq], list[BatchEntry]]:
@@ -392,6 +381,9 @@ class Engine:
             kv_cached=self.cache.total_tokens if self.cache else 0,
             evicted_tokens=self.cache.evicted_tokens if self.cache else 0,
             preemptions=s.num_preemptions, running_cap=self.sizer.cap,
+            prefill_cap_tokens=s.prefill_cap or 0,
+            cpu_kernel_isa_level=self.loaded.kernels.isa_level,
+            cpu_gemm_gops=self.loaded.kernels.gemm_gops,
             constrained_requests=g.constrained_requests,
             grammar_errors=g.grammar_errors, jump_forward_tokens=g.jump_forward_tokens,
             check_retries=g.check_retries, check_failures=g.check_failures,

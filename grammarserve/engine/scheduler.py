@@ -42,6 +42,18 @@ class ScheduledReq:
         return self.num_tokens - self.num_draft == self.req.num_pending
 
 
+def logit_rows(work: list[ScheduledReq]) -> list[int] | None:
+    """The rows of a step's logits that are sampled (None: all of them): one per request
+    that samples, plus one per draft token it verifies."""
+    rows: list[int] = []
+    at = 0
+    for w in work:
+        if w.samples:
+            rows.extend(range(at, at + 1 + w.num_draft))
+        at += 1 + w.num_draft
+    return rows if len(rows) < at else None
+
+
 class Scheduler:
     def __init__(self, pool: KVPool, req_to_token: ReqToTokenPool, cache: RadixCache | None,
                  *, max_batch_tokens: int, tiers: KVTiers | None = None) -> None:

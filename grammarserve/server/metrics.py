@@ -30,7 +30,8 @@ _GAUGES = {"running_requests", "waiting_requests", "kv_capacity", "kv_free", "kv
            "running_cap", "grammar_disk_bytes", "kv_host_tier_bytes", "kv_disk_tier_bytes",
            "memory_weights_bytes", "memory_available_bytes", "memory_activation_bytes",
            "kv_pool_bytes", "kv_mirror_tokens", "kv_host_tier_limit_bytes",
-           "grammar_cache_bytes", "heap_in_use_bytes", "heap_free_held_bytes"}
+           "grammar_cache_bytes", "heap_in_use_bytes", "heap_free_held_bytes",
+           "prefill_cap_tokens", "cpu_kernel_isa_level", "cpu_gemm_gops"}
 _HELP = {
     "prompt_tokens": "Prompt tokens of finished requests",
     "cached_prompt_tokens": "Prompt tokens served from the radix prefix cache",
@@ -39,6 +40,12 @@ _HELP = {
     "waiting_requests": "Requests waiting to be scheduled",
     "running_cap": ("Requests that may run at once: the decode batch size measured to give "
                     "the most tokens/s (--adaptive-batch), else --max-num-reqs"),
+    "prefill_cap_tokens": ("Prefill tokens a step may take now while requests decode "
+                           "(--step-time-target-s, by measured step cost; 0: no cap)"),
+    "cpu_kernel_isa_level": ("Build of the int8 CPU matmul kernels the linears run on: 1 avx2, "
+                             "2 avx512, 3 avx512vnni; 0 none"),
+    "cpu_gemm_gops": ("Rate of those kernels measured at load on the largest linear at 64 rows "
+                      "(10^9 operations/s)"),
     "kv_capacity": "KV pool capacity in tokens",
     "memory_weights_bytes": "Bytes of the model's weights (the start-up memory plan)",
     "memory_available_bytes": ("Bytes free on the KV pool's device after the weights loaded, "
