@@ -21,6 +21,7 @@ Prints one JSON line.
 
     .venv/bin/python benchmarks/bench_shapes.py --shape smollm2-1.7b [--streams 1,8]
         [--workloads plain,json,tools] [--max-tokens 96] [--rounds 2] [--llama-server PATH]
+        [--qtype Q4_1|Q8_0|Q4_K_M|...] [--gguf FILE]
 """
 
 from __future__ import annotations
@@ -177,13 +178,17 @@ def main() -> None:
     ap.add_argument("--llama-server", type=Path, default=LLAMA_SERVER)
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--cache", type=Path, default=None, help="default: model_shapes.default_dir()")
+    ap.add_argument("--qtype", default="Q4_1", help="the generated file's type (model_shapes)")
+    ap.add_argument("--gguf", type=Path, default=None,
+                    help="serve this file instead (e.g. one llama-quantize wrote from --shape's)")
     args = ap.parse_args()
     streams = [int(s) for s in args.streams.split(",")]
     workloads = args.workloads.split(",")
-    line: dict[str, Any] = {**stamp(), "bench": "shapes", "shape": args.shape,
-                            "max_tokens": args.max_tokens, "rounds": args.rounds}
     args.cache = args.cache or default_dir()
-    gguf = make_gguf(args.shape, args.cache)
+    gguf = args.gguf or make_gguf(args.shape, args.cache, qtype=args.qtype)
+    line: dict[str, Any] = {**stamp(), "bench": "shapes", "shape": args.shape,
+                            "file": gguf.name, "max_tokens": args.max_tokens,
+                            "rounds": args.rounds}
     servers = {"grammarserve": [GRAMMARSERVE, "serve", "--model", str(gguf),
                                 "--log-level", "info"]}
     if not args.no_peer and args.llama_server.is_file():
