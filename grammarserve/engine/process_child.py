@@ -97,6 +97,10 @@ def _watch_memory(engine: Engine, last: int, step_started: float | None) -> int:
 
 def engine_main(config: EngineConfig, conn: Connection) -> None:
     """Child process body (the target of ``EngineProcess``'s process)."""
+    # NOTE: a spawned process starts with no logging set up: without this its start-up report
+    # (the kernels, the memory plan) was dropped and its warnings printed bare.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("grammarserve").setLevel(logging.INFO)
     pipe = _Pipe(conn)
     try:
         engine = Engine(config)
