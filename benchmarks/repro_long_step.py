@@ -35,10 +35,13 @@ def main() -> None:
     ap.add_argument("--prompt-tokens", type=int, default=4500)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timeout-s", type=float, default=900.0)
+    ap.add_argument("--gguf", type=Path, default=None, help="serve this file of the shape")
+    ap.add_argument("--server-args", default="", help="more `grammarserve serve` arguments")
     args = ap.parse_args()
-    model = make_gguf(args.shape, default_dir())
+    model = args.gguf or make_gguf(args.shape, default_dir())
     log = Path(tempfile.mkdtemp(prefix="repro-long-step-")) / "server.log"
-    srv = ServerProcess(log, "--model", str(model), "--num-threads", str(args.threads))
+    srv = ServerProcess(log, "--model", str(model), "--num-threads", str(args.threads),
+                        *args.server_args.split())
     t_start = time.monotonic()
     srv.start(timeout=1800)
     started_s = time.monotonic() - t_start
@@ -82,7 +85,8 @@ def main() -> None:
     done.set()
     m = metrics(srv.url)
     srv.stop()
-    out = {"bench": "repro_long_step", **stamp(), "shape": args.shape,
+    out = {"bench": "repro_long_step", **stamp(), "shape": args.shape, "file": model.name,
+           "server_args": args.server_args,
            "prompt_tokens": args.prompt_tokens, "threads": args.threads,
            "server_start_s": round(started_s, 1), "replies": replies,
            "all_answered": all(r["status"] == 200 for r in replies.values()) and len(replies) == 2,
