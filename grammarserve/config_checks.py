@@ -8,6 +8,7 @@ naming the field as its ``param``.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import typing
 from typing import Any, Literal
@@ -52,6 +53,9 @@ def check_fields(config: Any) -> None:
         value = getattr(config, name)
         if value is not None and value < 0:
             raise InvalidRequestError(f"{name} must be >= 0", param=name)
+    if not math.isfinite(config.step_time_target_s):  # NaN passes every comparison above
+        raise InvalidRequestError("step_time_target_s must be a finite number of seconds",
+                                  param="step_time_target_s")
     if config.kv_memory_fraction is not None and not 0.0 < config.kv_memory_fraction <= 0.95:
         raise InvalidRequestError("kv_memory_fraction must be in (0, 0.95]",
                                   param="kv_memory_fraction")

@@ -16,6 +16,7 @@ from grammarserve_kernels import quant_q8
 from grammarserve_kernels.quant import QuantWeight, dequantize, pack_gguf_blocks
 from grammarserve_kernels.quant_q8 import (
     ISAS,
+    PackedWeight,
     cpu_isa,
     pack_x16,
     quant_matmul_q8,
@@ -37,6 +38,20 @@ can_build = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and bo
 needs_kernel = pytest.mark.skipif(not can_build, reason="needs an AVX2 CPU and a C++ compiler")
 
 
+def _check_against_reference(w: QuantWeight, packed: PackedWeight, row_counts: tuple[int, ...],
+                             gen: torch.Generator) -> None:
+    """The kernel on ``packed`` equals the float64 reference on ``w`` at each row count and
+    both activation levels."""
+    n, k = w.shape
+    for rows in row_counts:
+        x = torch.randn(rows, k, generator=gen)
+        for levels in (1, 2):
+            got = quant_matmul_q8(x, packed, levels=levels)
+            assert got.shape == (rows, n) and got.is_contiguous()
+            torch.testing.assert_close(got, quant_matmul_q8_ref(x, w, levels),
+                                       rtol=1e-5, atol=1e-5 * k ** 0.5)
+
+
 @needs_kernel
 @pytest.mark.parametrize("isa", ISAS)
 @pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
@@ -46,14 +61,7 @@ def test_kernel_matches_reference(isa: str, kind: str, k: int) -> None:
     gen = torch.Generator().manual_seed(k)
     for n in (5, 16, 17, 72):  # partial, exact and multiple tiles of 16 rows
         w = pack_gguf_blocks(kind, random_blocks(kind, n, k, seed=k + n))
-        packed = pack_x16(w, isa)
-        for rows in (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17):
-            x = torch.randn(rows, k, generator=gen)
-            for levels in (1, 2):
-                got = quant_matmul_q8(x, packed, levels=levels)
-                assert got.shape == (rows, n) and got.is_contiguous()
-                torch.testing.assert_close(got, quant_matmul_q8_ref(x, w, levels),
-                                           rtol=1e-5, atol=1e-5 * k ** 0.5)
+        _check_against_reference(w, pack_x16(w, isa), (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 17), gen)
 
 
 @needs_kernel
@@ -69,13 +77,7 @@ def test_q6_k_kernel_matches_reference(isa: str, k: int) -> None:
         packed = pack_x16(w, isa)
         assert packed.qs.shape == (-(-n // 16), k // 32, 8, 64)
         assert packed.d.shape == (-(-n // 16), k // 32, 2, 16)
-        for rows in (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 17, 64, 65):
-            x = torch.randn(rows, k, generator=gen)
-            for levels in (1, 2):
-                got = quant_matmul_q8(x, packed, levels=levels)
-                assert got.shape == (rows, n) and got.is_contiguous()
-                torch.testing.assert_close(got, quant_matmul_q8_ref(x, w, levels),
-                                           rtol=1e-5, atol=1e-5 * k ** 0.5)
+        _check_against_reference(w, packed, (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 17, 64, 65), gen)
 
 
 SEGMENTS = (("Q4_1", 37), ("Q6_K", 50), ("Q8_0", 21))  # no segment a whole number of tiles
