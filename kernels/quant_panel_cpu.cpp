@@ -1,0 +1,143 @@
+// Dequantize a row range of an x16-layout weight (quant_q8.py: pack_x16; Q8_0, Q4_1, Q6_K) into a
+// dense row-major [rows, K] panel, fp32 or bf16, for prefill GEMMs in torch (quant_panel.py).
+//
+// The fp32 values equal quant.py's dequantize bit for bit: Q8_0 d * q, Q6_K d16 * (q - 32) (both
+// one rounding of an exact product), Q4_1 (d * q) + m (two roundings, no FMA: built with
+// -ffp-contract=off, as GCC would otherwise fuse the intrinsics' vector expressions). bf16 is the
+// round-to-nearest-even of that fp32 value (torch's .bfloat16() for finite values).
+//
+// x16 layout: per tile of 16 rows and block of 32, G groups (Q4_1: 4, else 8) of 64 bytes, each
+// holding 4 consecutive bytes of each of the 16 rows (row r at byte 4r). A row's bytes of a block
+// are one gather of G dwords at stride 64. Q4_1's 16 bytes hold elements 0-15 in their low nibbles
+// and 16-31 in their high nibbles; Q8_0's 32 are int8, Q6_K's 32 are u8 0..63 with one scale per
+// 16 (d [tiles, blocks, 2, 16]); d and m otherwise [tiles, blocks, 16].
+//
+// One source, two builds (quant_panel.py): avx2 (-mavx2 -mfma), avx512 (+ F/BW/VL/DQ).
+#include <immintrin.h>
+#include <omp.h>
+#include <stdint.h>
+
+#include <algorithm>
+
+namespace {
+
+constexpr int kTile = 16;
+enum Kind : int { kQ8_0 = 0, kQ4_1 = 1, kQ6_K = 2 };  // quant_q8.py's KINDS order
+
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+using VecF = __m512;
+using VecI = __m512i;
+inline VecI widen_i8(__m128i b) { return _mm512_cvtepi8_epi32(b); }
+inline VecI widen_u8(__m128i b) { return _mm512_cvtepu8_epi32(b); }
+inline VecF to_f(VecI v) { return _mm512_cvtepi32_ps(v); }
+inline VecI sub32(VecI v, int c) { return _mm512_sub_epi32(v, _mm512_set1_epi32(c)); }
+inline VecF bcast(float v) { return _mm512_set1_ps(v); }
+inline VecF mul(VecF a, VecF b) { return _mm512_mul_ps(a, b); }
+inline VecF add(VecF a, VecF b) { return _mm512_add_ps(a, b); }
+inline void store(float* p, VecF v) { _mm512_storeu_ps(p, v); }
+inline void store(uint16_t* p, VecF v) {  // round to nearest even, keep the high 16 bits
+  const VecI u = _mm512_castps_si512(v);
+  const VecI odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  const VecI r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF))), 16);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+}
+#else
+constexpr int kLanes = 8;
+using VecF = __m256;
+using VecI = __m256i;
+inline VecI widen_i8(__m128i b) { return _mm256_cvtepi8_epi32(b); }  // the low 8 bytes
+inline VecI widen_u8(__m128i b) { return _mm256_cvtepu8_epi32(b); }
+inline VecF to_f(VecI v) { return _mm256_cvtepi32_ps(v); }
+inline VecI sub32(VecI v, int c) { return _mm256_sub_epi32(v, _mm256_set1_epi32(c)); }
+inline VecF bcast(float v) { return _mm256_set1_ps(v); }
+inline VecF mul(VecF a, VecF b) { return _mm256_mul_ps(a, b); }
+inline VecF add(VecF a, VecF b) { return _mm256_add_ps(a, b); }
+inline void store(float* p, VecF v) { _mm256_storeu_ps(p, v); }
+inline void store(uint16_t* p, VecF v) {
+  const VecI u = _mm256_castps_si256(v);
+  const VecI odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const VecI r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+  // packus works per 128-bit lane: qwords 0 and 2 hold values 0-3 and 4-7
+  const __m256i p16 = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(p16));
+}
+#endif
+
+// 16 values of a row from 16 bytes `b` (bytes as int8 or u8) into out[0..16).
+template <Kind K, typename T>
+inline void emit16(__m128i b, float d, float m, T* out) {
+  for (int c = 0; c < kTile / kLanes; ++c) {
+    const __m128i part = c == 0 ? b : _mm_srli_si128(b, 8);  // AVX2: the high 8 bytes
+    VecF v;
+    if constexpr (K == kQ8_0) {
+      v = mul(bcast(d), to_f(widen_i8(part)));
+    } else if constexpr (K == kQ6_K) {
+      v = mul(bcast(d), to_f(sub32(widen_u8(part), 32)));
+    } else {
+      v = add(mul(bcast(d), to_f(widen_u8(part))), bcast(m));
+    }
+    store(out + c * kLanes, v);
+  }
+}
+
+// Row `lane` of one tile and block: 32 values into out.
+template <Kind K, typename T>
+inline void row_block(const uint8_t* qb, const float* db, const float* mb, int lane, T* out) {
+  const int* p = reinterpret_cast<const int*>(qb + 4 * lane);
+  if constexpr (K == kQ4_1) {
+    const __m128i b = _mm_i32gather_epi32(p, _mm_setr_epi32(0, 64, 128, 192), 1);
+    const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
+    emit16<K>(lo, db[lane], mb[lane], out);
+    emit16<K>(hi, db[lane], mb[lane], out + 16);
+  } else {
+    const __m256i b = _mm256_i32gather_epi32(p, _mm256_setr_epi32(0, 64, 128, 192, 256, 320, 384, 448), 1);
+    const float d0 = db[lane], d1 = K == kQ6_K ? db[kTile + lane] : db[lane];
+    emit16<K>(_mm256_castsi256_si128(b), d0, 0.f, out);
+    emit16<K>(_mm256_extracti128_si256(b, 1), d1, 0.f, out + 16);
+  }
+}
+
+template <Kind K, typename T>
+void dequant(const uint8_t* qs, const float* d, const float* m, int64_t k, int64_t r0, int64_t r1,
+             T* out, int64_t ldo, int threads) {
+  constexpr int G = K == kQ4_1 ? 4 : 8;
+  constexpr int D = K == kQ6_K ? 2 : 1;  // scales per block and row
+  const int64_t nb = k / 32, t0 = r0 / kTile, t1 = (r1 + kTile - 1) / kTile;
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (int64_t t = t0; t < t1; ++t) {
+    const int lo = static_cast<int>(std::max<int64_t>(r0 - t * kTile, 0));
+    const int hi = static_cast<int>(std::min<int64_t>(r1 - t * kTile, kTile));
+    const uint8_t* qt = qs + t * nb * G * 64;
+    const float* dt = d + t * nb * D * kTile;
+    const float* mt = K == kQ4_1 ? m + t * nb * kTile : nullptr;
+    T* rows = out + (t * kTile - r0) * ldo;
+    for (int64_t b = 0; b < nb; ++b)
+      for (int lane = lo; lane < hi; ++lane)
+        row_block<K>(qt + b * G * 64, dt + b * D * kTile, K == kQ4_1 ? mt + b * kTile : nullptr,
+                     lane, rows + lane * ldo + b * 32);
+  }
+}
+
+template <typename T>
+void dispatch(int kind, const uint8_t* qs, const float* d, const float* m, int64_t k, int64_t r0,
+              int64_t r1, T* out, int64_t ldo, int threads) {
+  if (kind == kQ4_1) dequant<kQ4_1>(qs, d, m, k, r0, r1, out, ldo, threads);
+  else if (kind == kQ6_K) dequant<kQ6_K>(qs, d, m, k, r0, r1, out, ldo, threads);
+  else dequant<kQ8_0>(qs, d, m, k, r0, r1, out, ldo, threads);
+}
+
+}  // namespace
+
+extern "C" {
+
+// Rows r0..r1 (r1 <= n) of an x16 weight of `kind` (0 Q8_0, 1 Q4_1, 2 Q6_K) with K = k into
+// out[(r - r0) * ldo + j], fp32 (`bf16` = 0) or bf16 bits (1).
+void gs_x16_dequant(int kind, const uint8_t* qs, const float* d, const float* m, int64_t k,
+                    int64_t r0, int64_t r1, void* out, int64_t ldo, int bf16, int threads) {
+  if (bf16) dispatch(kind, qs, d, m, k, r0, r1, static_cast<uint16_t*>(out), ldo, threads);
+  else dispatch(kind, qs, d, m, k, r0, r1, static_cast<float*>(out), ldo, threads);
+}
+
+}  // extern "C"
