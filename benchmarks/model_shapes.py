@@ -114,6 +114,12 @@ SHAPES: dict[str, ModelShape] = {
                                qk_norm=False, rope_theta=5e5, rope_scaling=Llama3Rope(32.0),
                                context_length=131072, rms_eps=1e-5, tokenizer="llama3.1",
                                chat_template="meta-llama-Llama-3.2-3B-Instruct.jinja"),
+    "llama-3.1-8b": ModelShape(arch="llama", layers=32, hidden=4096, intermediate=14336,
+                               heads=32, kv_heads=8, head_dim=128, vocab=128256, tied=False,
+                               qkv_bias=False, qk_norm=False, rope_theta=5e5,
+                               rope_scaling=Llama3Rope(8.0), context_length=131072, rms_eps=1e-5,
+                               tokenizer="llama3.1",
+                               chat_template="meta-llama-Llama-3.1-8B-Instruct.jinja"),
 }
 _TINY = {"layers": 2, "hidden": 128, "intermediate": 256, "heads": 4, "kv_heads": 2, "head_dim": 32}
 # NOTE: transformers' GGUF loader reads no head_dim (attention.key_length) and Qwen3Config's default

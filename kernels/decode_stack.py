@@ -26,13 +26,13 @@ from grammarserve_kernels.decode_attn import (
     attention_isa,
     decode_attention_ref,
 )
-from grammarserve_kernels.quant import QuantWeight
 from grammarserve_kernels.quant_q8 import (
     _COMMON,
     KINDS,
     PackedWeight,
     gemm_addresses,
     quant_matmul_q8_rows_ref,
+    unpack_x16,
 )
 
 _SOURCE = Path(__file__).with_name("decode_stack_cpu.cpp")
@@ -42,20 +42,17 @@ _Table = ctypes.Array[ctypes.c_void_p]  # per-layer addresses
 
 @dataclass(frozen=True)
 class StackLinear:
-    """One projection: its GGUF blocks as row segments in row order (``quant``, for the
-    reference; e.g. a fused qkv of Q4_1 q/k rows and Q6_K v rows), the same segments in the
-    kernel's x16 layout (``packed``) and an optional bias."""
+    """One projection: its GGUF blocks as row segments in the kernel's x16 layout, in row order
+    (``packed``; e.g. a fused qkv of Q4_1 q/k rows and Q6_K v rows), and an optional bias."""
 
-    quant: tuple[QuantWeight, ...]
     packed: tuple[PackedWeight, ...]
     bias: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
-        if not self.packed or len(self.quant) != len(self.packed):
-            raise ValueError("a projection needs one packed segment per block segment")
-        if any(p.shape != q.shape for p, q in zip(self.packed, self.quant)) or len(
-                {p.k for p in self.packed}) != 1:
-            raise ValueError("the segments must match their blocks and share K")
+        if not self.packed:
+            raise ValueError("a projection needs at least one packed segment")
+        if len({p.k for p in self.packed}) != 1:
+            raise ValueError("the segments must share K")
         if len({(p.isa, p.levels) for p in self.packed}) != 1:
             raise ValueError("a projection's segments must share their build and levels")
 
@@ -280,7 +277,8 @@ def decode_stack_ref(dims: StackDims, layers: list[StackLayer], h: torch.Tensor,
 
 
 def _ref_linear(x: torch.Tensor, lin: StackLinear) -> torch.Tensor:
-    y = quant_matmul_q8_rows_ref(x, lin.quant, lin.packed[0].levels)
+    y = quant_matmul_q8_rows_ref(x, tuple(unpack_x16(p) for p in lin.packed),
+                                 lin.packed[0].levels)
     return y if lin.bias is None else y + lin.bias
 
 

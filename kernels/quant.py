@@ -57,6 +57,9 @@ _REPACKED = {"Q4_K": (144, "Q4_1")}
 _Q6_K_BYTES = 210  # per 256 values: ql[128], qh[64], int8 scales[16], fp16 d
 #: Every GGUF type :func:`pack_gguf_blocks` takes.
 PACKED_TYPES = (*_BLOCK, *_REPACKED, "Q6_K")
+#: Bytes a weight of each type in :data:`PACKED_TYPES` takes once repacked (the kernel layouts:
+#: Q4_1 4 bits + fp32 d and m per 32; Q8_0 8 bits + fp32 d per 32; Q6_K 8 bits + fp32 d per 16).
+LAYOUT_BYTES_PER_WEIGHT = {"Q4_1": 0.75, "Q4_K": 0.75, "Q8_0": 1.125, "Q6_K": 1.25}
 #: The :class:`QuantWeight` kinds :func:`quant_matmul` (fp32 activations) multiplies; the others
 #: (Q6_K) have only the int8-activation kernel.
 FP32_KERNEL_KINDS = tuple(_BLOCK)

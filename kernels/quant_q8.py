@@ -91,6 +91,27 @@ def pack_x16(w: QuantWeight, isa: str | None = None, levels: int = 2) -> PackedW
     return PackedWeight(w.kind, n, k, qs, d, m, isa, levels)
 
 
+def unpack_x16(p: PackedWeight) -> QuantWeight:
+    """The :class:`QuantWeight` ``p`` was packed from (the exact inverse of :func:`pack_x16`):
+    where a model keeps only the x16 layout, the row layout is rebuilt on demand."""
+    n, k = p.shape
+    tiles, nb = p.qs.shape[0], k // 32
+    groups = p.qs.shape[2]
+
+    def rows(t: torch.Tensor) -> torch.Tensor:  # [tiles, 16, ...] -> [n, ...]
+        return t.reshape(tiles * TILE, *t.shape[2:])[:n]
+
+    qs = rows(p.qs.view(tiles, nb, groups, TILE, 4).permute(0, 3, 1, 2, 4)).reshape(n, -1)
+    if p.kind == "Q8_0":
+        qs = qs.view(torch.int8)
+    if p.kind == "Q6_K":
+        d = rows(p.d.permute(0, 3, 1, 2)).reshape(n, 2 * nb)
+    else:
+        d = rows(p.d.permute(0, 2, 1)).reshape(n, nb)
+    m = rows(p.m.permute(0, 2, 1)).reshape(n, nb) if p.kind == "Q4_1" else p.m
+    return QuantWeight(p.kind, qs.contiguous(), d.contiguous(), m.contiguous())
+
+
 @functools.cache
 def _cpu_level() -> int:
     """``gs_cpu_level`` once per process (the avx2 build must be open): CPUID traps to the

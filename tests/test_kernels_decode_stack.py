@@ -39,7 +39,7 @@ def _linear(kind: str, n: int | list[int], k: int, seed: int, isa: str,
     quant = tuple(pack_gguf_blocks(kd, random_blocks(kd, rows, k, seed=seed + i))
                   for i, (kd, rows) in enumerate(zip(kinds, ns, strict=True)))
     b = torch.randn(sum(ns), generator=torch.Generator().manual_seed(seed)) if bias else None
-    return StackLinear(quant, tuple(pack_x16(q, isa=isa) for q in quant), b)
+    return StackLinear(tuple(pack_x16(q, isa=isa) for q in quant), b)
 
 
 def _layers(kind: str, isa: str, n: int = 2, bias: bool = False,

@@ -23,9 +23,15 @@ from grammarserve_kernels.quant import (
     quant_matmul,
     quant_matmul_ref,
 )
+from conftest import have_default_model
 from quant_helpers import random_blocks
 
+from grammarserve.engine.memory import model_bytes
 from grammarserve.models.linear import QUANT_ROWS, Linear
+from grammarserve.models.llama import LlamaModel
+from grammarserve.models.loader import gguf_source, load_model
+from grammarserve.models.quant_embedding import QuantEmbedding
+from grammarserve.models.quant_weights import EMBEDDING, load_gguf_blocks
 
 can_build = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") and bool(
     shutil.which("c++"))
@@ -127,34 +133,53 @@ def test_no_compiler_falls_back_with_a_reason(monkeypatch: pytest.MonkeyPatch,
                                                      torch.ones(1, 1), torch.empty(0)))
 
 
+@pytest.fixture(scope="module")
+def smollm_dense():  # type: ignore[no-untyped-def]
+    """The embedded model loaded without blocks: fp32 weights the gguf package dequantized."""
+    if not have_default_model():
+        pytest.skip("embedded model not installed")
+    return load_model("default", dtype=torch.float32, device="cpu", gguf_blocks=False)
+
+
+def _dense_weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: m.dense() for n, m in model.named_modules() if isinstance(m, Linear)}
+
+
 @pytest.mark.model
 @needs_kernel
-def test_model_linears_carry_blocks_equal_to_their_weights(smollm) -> None:  # type: ignore[no-untyped-def]
+def test_the_blocks_are_the_one_copy_of_the_quantized_weights(smollm, smollm_dense) -> None:  # type: ignore[no-untyped-def]
     linears = [m for m in smollm.model.modules() if isinstance(m, Linear)]
-    blocks = [m.quant for m in linears if m.quant is not None]
-    assert len(blocks) == len(linears) == 4 * smollm.config.num_layers + 1
-    assert sum(q.nbytes() for q in blocks) * 4 < sum(m.weight.numel() * 4 for m in linears)
-    for name, module in smollm.model.named_modules():
-        if isinstance(module, Linear):
-            assert torch.equal(dequantize(module.quant), module.weight), name
+    assert len(linears) == 4 * smollm.config.num_layers + 1
+    assert all(m.quant_x16 and not m._rows for m in linears)  # one layout: the kernel's
+    assert all(m.weight.device.type == "meta" for m in linears)  # no fp32 copy was loaded
+    assert isinstance(smollm.model.embed_tokens, QuantEmbedding)
+    dense = _dense_weights(smollm_dense.model)
+    for name, weight in _dense_weights(smollm.model).items():
+        assert torch.equal(weight, dense[name]), name
+    ids = torch.tensor([[0, 5, 49151], [17, 17, 300]])
+    assert torch.equal(smollm.model.embed_tokens(ids), smollm_dense.model.embed_tokens(ids))
+    assert model_bytes(smollm.model) * 3 < model_bytes(smollm_dense.model)
 
 
 @pytest.mark.model
 @needs_kernel
-def test_packed_blocks_cache_round_trips_and_recovers(smollm, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
-    from grammarserve.models.loader import gguf_source
-    from grammarserve.models.quant_weights import attach_gguf_blocks
-
+def test_packed_blocks_cache_round_trips_and_recovers(smollm, smollm_dense,  # type: ignore[no-untyped-def]
+                                                      tmp_path: Path) -> None:
     source = gguf_source("default")
     assert source is not None
-    expected = {n: m.weight for n, m in smollm.model.named_modules() if isinstance(m, Linear)}
+    expected = _dense_weights(smollm_dense.model)
+    with torch.device("meta"):
+        shell = LlamaModel(smollm.config)
     for _ in range(2):  # the first call parses the GGUF and writes the cache, the second reads it
-        assert attach_gguf_blocks(smollm.model, source, cache=tmp_path) == len(expected)
+        blocks = load_gguf_blocks(shell, source, cache=tmp_path)
+        assert blocks is not None
+        assert set(blocks.packed) == {*expected, EMBEDDING}
         cached = list((tmp_path / "blocks").glob("*.safetensors"))
         assert len(cached) == 1
-        for name, module in smollm.model.named_modules():
-            if isinstance(module, Linear):
-                assert torch.equal(dequantize(module.quant), expected[name]), name
+        for name, rows in blocks.packed.items():
+            if name != EMBEDDING:
+                assert torch.equal(torch.cat([dequantize(q) for q in rows]), expected[name]), name
     cached[0].write_bytes(b"not a safetensors file")
-    assert attach_gguf_blocks(smollm.model, source, cache=tmp_path) == len(expected)
+    blocks = load_gguf_blocks(shell, source, cache=tmp_path)
+    assert blocks is not None and len(blocks.packed) == len(expected) + 1
     assert cached[0].stat().st_size > 100_000_000  # rebuilt from the GGUF and rewritten

@@ -62,19 +62,29 @@ def test_q4_k_m_mix_is_llama_cpps() -> None:
 
 
 @pytest.fixture(scope="module")
-def q4_k_m(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
-    """A Q4_K_M model of the ``smollm2-ktiny`` shape (the smollm2 vocabulary is the embedded
-    model's), loaded by our loader."""
+def q4_k_m_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Q4_K_M GGUF of the ``smollm2-ktiny`` shape (the smollm2 vocabulary is the embedded
+    model's)."""
     out = tmp_path_factory.mktemp("q4_k_m")
     path = model_shapes.make_gguf("smollm2-ktiny", out, qtype="Q4_K_M")
     types = {t.name: t.tensor_type.name for t in GGUFReader(path).tensors}
     assert types["blk.1.attn_v.weight"] == "Q4_K" and types["blk.0.attn_v.weight"] == "Q6_K"
-    return load_model(str(path), cache_dir=out / "cache")
+    return path
+
+
+@pytest.fixture(scope="module")
+def q4_k_m(q4_k_m_path: Path) -> LoadedModel:
+    """That GGUF loaded by our loader, with its blocks."""
+    return load_model(str(q4_k_m_path), cache_dir=q4_k_m_path.parent / "cache")
 
 
 @pytest.mark.model
 @needs_kernel
-def test_every_linear_of_a_q4_k_m_model_decodes_from_its_blocks(q4_k_m: LoadedModel) -> None:
+def test_every_linear_of_a_q4_k_m_model_decodes_from_its_blocks(q4_k_m: LoadedModel,
+                                                                 q4_k_m_path: Path) -> None:
+    dense = load_model(str(q4_k_m_path), cache_dir=q4_k_m_path.parent / "cache",
+                       gguf_blocks=False)  # fp32 weights the gguf package dequantized
+    expected = {n: m.weight for n, m in dense.model.named_modules() if isinstance(m, Linear)}
     linears = {n: m for n, m in q4_k_m.model.named_modules() if isinstance(m, Linear)}
     kinds = {n: tuple(q.kind for q in m.quant_rows) for n, m in linears.items()}
     assert kinds["layers.1.self_attn.qkv_proj"] == ("Q4_1",)  # Q4_K q, k, v: one segment
@@ -83,13 +93,14 @@ def test_every_linear_of_a_q4_k_m_model_decodes_from_its_blocks(q4_k_m: LoadedMo
     assert kinds["layers.1.mlp.down_proj"] == kinds["layers.0.mlp.gate_up_proj"] == ("Q4_1",)
     for name, linear in linears.items():
         assert linear.quant_x16 is not None and len(linear.quant_x16) == len(kinds[name]), name
+        assert linear.weight.device.type == "meta", name  # the blocks are the one copy
         # the blocks stand for exactly the weight gguf dequantizes
-        dense = torch.cat([dequantize(q) for q in linear.quant_rows])
-        assert torch.equal(dense.view(torch.int32), linear.weight.detach().view(torch.int32)), name
+        weight = torch.cat([dequantize(q) for q in linear.quant_rows])
+        assert torch.equal(weight.view(torch.int32), expected[name].view(torch.int32)), name
     x = torch.randn(3, 256)
     for name in ("layers.0.self_attn.qkv_proj", "layers.1.self_attn.qkv_proj"):
-        qkv = linears[name]
-        torch.testing.assert_close(qkv(x), x @ qkv.weight.t(), rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(linears[name](x), x @ expected[name].t(), rtol=1e-3,
+                                   atol=1e-3)
 
 
 def _decode_steps(loaded: LoadedModel, decode_stack: bool) -> list[torch.Tensor]:

@@ -10,6 +10,7 @@ import resource
 from dataclasses import dataclass
 
 import torch
+from grammarserve_kernels.quant import LAYOUT_BYTES_PER_WEIGHT
 
 from grammarserve.config import EngineConfig
 from grammarserve.engine.kv_tiers.blocks import DEFAULT_BLOCK_TOKENS
@@ -22,6 +23,7 @@ from grammarserve.engine.memory_plan import (
 )
 from grammarserve.errors import OutOfMemoryError
 from grammarserve.models.config import ModelConfig
+from grammarserve.models.gguf_convert import GGUFWeights
 from grammarserve.models.loader import gguf_source, resolve_model_folder
 
 
@@ -91,11 +93,25 @@ def model_bytes(model: torch.nn.Module) -> int:
         add(t)
     for m in model.modules():
         for value in vars(m).values():
-            if dataclasses.is_dataclass(value) and not isinstance(value, type):
-                for f in dataclasses.fields(value):
-                    if isinstance(t := getattr(value, f.name), torch.Tensor):
-                        add(t)
+            for item in value if isinstance(value, tuple) else (value,):
+                if dataclasses.is_dataclass(item) and not isinstance(item, type):
+                    for f in dataclasses.fields(item):
+                        if isinstance(t := getattr(item, f.name), torch.Tensor):
+                            add(t)
     return sum(seen.values())
+
+
+def gguf_weight_bytes(mc: ModelConfig, left: dict[str, tuple[str, int]]) -> int:
+    """The weights' bytes on CPU in fp32 where the GGUF blocks are the one copy: ``left`` (HF
+    name -> (GGUF type, elements), the weights a converted folder left in its GGUF) in their
+    kernel layouts (fp32 for types without one; a tied embedding twice: the lookup's rows and
+    the LM head's x16 layout), the rest fp32."""
+    dense = estimate_weight_bytes(mc, 4) - 4 * sum(n for _, n in left.values())
+    blocks = sum(LAYOUT_BYTES_PER_WEIGHT.get(kind, 4.0) * n for kind, n in left.values())
+    embed = left.get("model.embed_tokens.weight")
+    if mc.tie_word_embeddings and embed is not None:
+        blocks += LAYOUT_BYTES_PER_WEIGHT.get(embed[0], 0.0) * embed[1]
+    return dense + int(blocks)
 
 
 def activation_bytes(c: EngineConfig, mc: ModelConfig) -> int:
@@ -123,14 +139,15 @@ def weights_fit_refusal(c: EngineConfig, available: int) -> OutOfMemoryError | N
     """The :class:`OutOfMemoryError` where ``c.model``'s weights in ``c``'s dtype (with the GGUF
     blocks the CPU kernels keep), one forward's activations and a minimal KV pool exceed
     ``available`` bytes; None where they fit."""
-    mc = ModelConfig.from_folder(resolve_model_folder(c.model, c.cache_dir))
-    blocks = 0
+    folder = resolve_model_folder(c.model, c.cache_dir)
+    mc = ModelConfig.from_folder(folder)
     source = gguf_source(c.model)
+    weights = estimate_weight_bytes(mc, c.torch_dtype.itemsize)
     if c.gguf_blocks and source is not None and c.torch_device.type == "cpu" \
-            and c.torch_dtype == torch.float32:  # NOTE: the loader keeps two layouts of them
-        blocks = 2 * source.stat().st_size
+            and c.torch_dtype == torch.float32:
+        weights = gguf_weight_bytes(mc, GGUFWeights(folder, source).types())
     return weights_fit_error(
-        c.torch_device.type, estimate_weight_bytes(mc, c.torch_dtype.itemsize) + blocks,
+        c.torch_device.type, weights,
         available, activation_bytes(c, mc),
         MIN_PLANNED_KV_TOKENS * kv_token_bytes(mc, c.torch_kv_dtype))
 

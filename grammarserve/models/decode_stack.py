@@ -51,7 +51,7 @@ def bind_decode_stack(model: LlamaModel) -> DecodeStack | None:
 
 def _bound(linear: Linear) -> StackLinear | None:
     """``linear``'s row segments (mixed kinds allowed), or None without int8-activation blocks."""
-    if not linear.quant_rows or not linear.quant_x16:
+    if not linear.quant_x16:
         return None
     bias = linear.bias.detach() if linear.bias is not None else None
-    return StackLinear(tuple(linear.quant_rows), tuple(linear.quant_x16), bias)
+    return StackLinear(tuple(linear.quant_x16), bias)

@@ -1,7 +1,10 @@
 """Convert a GGUF file once into a cached Hugging Face folder (config.json, safetensors, tokenizer).
 
-Weights are dequantized with the ``gguf`` package (to fp32, or kept as F16/BF16/F32 when stored so);
-the tokenizer and chat template come from transformers' GGUF support. Later starts load the folder.
+The folder holds the config, the tokenizer and chat template (from transformers' GGUF support)
+and the tensors the GGUF stores unquantized (F32/F16/BF16: norms, biases, some embeddings). The
+quantized tensors stay in the GGUF, one copy: ``gguf_tensors.json`` lists them, and
+:class:`GGUFWeights` dequantizes one on demand for a loader that needs it dense (the CPU kernels
+read the blocks themselves, see ``quant_weights.py``). Later starts load the folder.
 """
 
 from __future__ import annotations
@@ -44,6 +47,11 @@ _LAYER_NAMES = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+#: GGUF types the converter writes into the folder; the others stay in the GGUF.
+_STORED_TYPES = ("F32", "F16", "BF16")
+#: In a converted folder: the source GGUF and the weights left in it (see :class:`GGUFWeights`).
+WEIGHTS_FILE = "gguf_tensors.json"
+_FORMAT = "g2"  # in the folder name: folders of the format that wrote every tensor dense differ
 _TOP_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -75,7 +83,8 @@ def gguf_to_hf_folder(gguf_path: Path, cache_dir: Path | None = None) -> Path:
     """Return a cached HF folder for ``gguf_path``, converting it on first use."""
     if not gguf_path.is_file():
         raise ModelLoadError(f"GGUF file {gguf_path} does not exist")
-    target = (cache_dir or default_cache_dir()) / f"{gguf_path.stem}-{_fingerprint(gguf_path)}"
+    target = ((cache_dir or default_cache_dir())
+              / f"{gguf_path.stem}-{_fingerprint(gguf_path)}-{_FORMAT}")
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -114,6 +123,8 @@ def _convert(gguf_path: Path, out: Path) -> None:
             f"GGUF architecture {arch!r} is not supported (supported: {', '.join(_ARCHS)})"
         )
     tensors: dict[str, torch.Tensor] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
+    left: dict[str, dict[str, Any]] = {}
     n_head = int(meta[f"{arch}.attention.head_count"])
     n_kv = int(meta.get(f"{arch}.attention.head_count_kv", n_head))
     rope_factors = None
@@ -124,21 +135,72 @@ def _convert(gguf_path: Path, out: Path) -> None:
         name = _hf_name(t.name)
         if name is None:
             continue
-        arr = _dequantize(t)
-        # NOTE: llama.cpp permutes Q/K rows of llama-arch models for its RoPE layout; undo it.
-        if arch in ("llama", "mistral") and name.endswith(("q_proj.weight", "k_proj.weight")):
-            arr = unpermute_rows(arr, n_head if "q_proj" in name else n_kv)
-        tensors[name] = torch.from_numpy(np.array(arr, copy=True, order="C"))
-    if "model.embed_tokens.weight" not in tensors:
+        shapes[name] = tuple(int(x) for x in reversed(t.shape))
+        if t.tensor_type.name not in _STORED_TYPES:
+            left[name] = {"gguf": t.name, "type": t.tensor_type.name,
+                          "elements": int(t.n_elements)}
+            continue
+        tensors[name] = torch.from_numpy(np.array(_dense(t, arch, n_head, n_kv), copy=True,
+                                                  order="C"))
+    if "model.embed_tokens.weight" not in shapes:
         raise ModelLoadError(f"{gguf_path} has no token_embd.weight tensor")
-    config = _hf_config(meta, arch, tensors, reader)
+    config = _hf_config(meta, arch, shapes, reader)
     if rope_factors is not None:
         config["rope_scaling"] = llama3_scaling_from_factors(
             rope_factors, config["head_dim"], config["rope_theta"], gguf_path)
     save_file(tensors, str(out / "model.safetensors"))
+    (out / WEIGHTS_FILE).write_text(json.dumps(
+        {"source": str(gguf_path.resolve()), "tensors": left}, indent=1))
     (out / "config.json").write_text(json.dumps(config, indent=2))
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     _save_tokenizer(gguf_path, out, len(tokens.data) if tokens is not None else None)
+
+
+def _dense(t: Any, arch: str, n_head: int, n_kv: int) -> np.ndarray:
+    """GGUF tensor ``t`` dense in HF orientation (fp32, or as stored for F32/F16)."""
+    arr = _dequantize(t)
+    # NOTE: llama.cpp permutes Q/K rows of llama-arch models for its RoPE layout; undo it.
+    if arch in ("llama", "mistral") and t.name.endswith((".attn_q.weight", ".attn_k.weight")):
+        arr = unpermute_rows(arr, n_head if ".attn_q." in t.name else n_kv)
+    return arr
+
+
+class GGUFWeights:
+    """The weights a converted folder left in its GGUF (``WEIGHTS_FILE``), by HF name, each
+    dequantized to fp32 on demand (llama's Q/K rows unpermuted). ``source`` overrides the GGUF
+    path the folder recorded (the file the user named). The GGUF is opened on first read."""
+
+    def __init__(self, folder: Path, source: Path | None = None) -> None:
+        file = folder / WEIGHTS_FILE
+        data = json.loads(file.read_text()) if file.is_file() else {"source": "", "tensors": {}}
+        self.left: dict[str, dict[str, Any]] = data["tensors"]
+        self.source = source or Path(data["source"])
+        self._reader: dict[str, Any] | None = None  # GGUF tensor name -> tensor, once open
+        self._heads: tuple[str, int, int] = ("", 0, 0)  # architecture, heads, KV heads
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.left
+
+    def types(self) -> dict[str, tuple[str, int]]:
+        """HF name -> (GGUF type, elements) of every weight left in the GGUF."""
+        return {k: (v["type"], int(v["elements"])) for k, v in self.left.items()}
+
+    def read(self, name: str) -> np.ndarray:
+        """Weight ``name`` dense (fp32); a ModelLoadError where the GGUF is gone or unreadable."""
+        if self._reader is None:
+            if not self.source.is_file():
+                raise ModelLoadError(f"weight {name!r} is in the GGUF {self.source}, which no "
+                                     "longer exists; pass the GGUF file again")
+            reader = read_gguf(self.source)
+            arch = reader.fields["general.architecture"].contents()
+            n_head = int(reader.fields[f"{arch}.attention.head_count"].contents())
+            kv = reader.fields.get(f"{arch}.attention.head_count_kv")
+            self._heads = (arch, n_head, int(kv.contents()) if kv is not None else n_head)
+            self._reader = {t.name: t for t in reader.tensors}
+        gguf_name = self.left[name]["gguf"]
+        if gguf_name not in self._reader:
+            raise ModelLoadError(f"{self.source} has no tensor {gguf_name!r}")
+        return _dense(self._reader[gguf_name], *self._heads)
 
 
 def _field(f: Any) -> Any:
@@ -200,7 +262,7 @@ def llama3_scaling_from_factors(factors: np.ndarray, head_dim: int, theta: float
     return dataclasses.asdict(fit)
 
 
-def _hf_config(meta: dict[str, Any], arch: str, tensors: dict[str, Any],
+def _hf_config(meta: dict[str, Any], arch: str, shapes: dict[str, tuple[int, ...]],
                reader: Any) -> dict[str, Any]:
     hf_arch, model_type = _ARCHS[arch]
     heads = int(meta[f"{arch}.attention.head_count"])
@@ -211,7 +273,7 @@ def _hf_config(meta: dict[str, Any], arch: str, tensors: dict[str, Any],
     cfg: dict[str, Any] = {
         "architectures": [hf_arch],
         "model_type": model_type,
-        "vocab_size": int(tensors["model.embed_tokens.weight"].shape[0]),
+        "vocab_size": int(shapes["model.embed_tokens.weight"][0]),
         "hidden_size": hidden,
         "intermediate_size": int(meta[f"{arch}.feed_forward_length"]),
         "num_hidden_layers": int(meta[f"{arch}.block_count"]),
@@ -221,8 +283,8 @@ def _hf_config(meta: dict[str, Any], arch: str, tensors: dict[str, Any],
         "rms_norm_eps": float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
         "rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
         "max_position_embeddings": int(meta.get(f"{arch}.context_length", 4096)),
-        "tie_word_embeddings": "lm_head.weight" not in tensors,
-        "attention_bias": "model.layers.0.self_attn.q_proj.bias" in tensors,
+        "tie_word_embeddings": "lm_head.weight" not in shapes,
+        "attention_bias": "model.layers.0.self_attn.q_proj.bias" in shapes,
         "bos_token_id": tok.get("tokenizer.ggml.bos_token_id"),
         "eos_token_id": tok.get("tokenizer.ggml.eos_token_id"),
         "torch_dtype": "float32",

@@ -9,22 +9,23 @@ head at 8 rows 47 -> 18 ms; equal at ~128 rows, so larger (prefill) batches keep
 CUDA always uses ``F.linear``.
 
 A linear may also carry its GGUF weight blocks, set by
-:func:`grammarserve.models.quant_weights.attach_gguf_blocks`: ``quant_rows``, row segments in row
-order, each of one kind (a fused qkv may be Q4_1 q/k rows and Q6_K v rows), and ``quant``, the one
-segment where there is one. Batches of at most :data:`QUANT_ROWS` rows then run the AVX2 kernel
-on ``quant`` instead of the fp32 weight; with ``quant_x16`` (the segments packed for int8
-activations, the default) batches of at most :data:`Q8_ROWS` rows run the integer kernel
-instead, each segment writing its columns of one output. Kinds the fp32-activation kernel lacks
-(Q6_K: see :data:`~grammarserve_kernels.quant.FP32_KERNEL_KINDS`) never take that path: without
-``quant_x16`` they use the fp32 weight.
+:func:`grammarserve.models.quant_weights.attach_gguf_blocks`, in one of two layouts (one copy):
+``quant_x16``, the row segments packed for the int8-activation kernel (the default), or, with
+fp32 activations, the segments in row order (``quant_rows``: each of one kind, e.g. a fused qkv of
+Q4_1 q/k rows and Q6_K v rows; ``quant``, the one segment where there is one). With
+``quant_x16`` batches of at most :data:`Q8_ROWS` rows run the integer kernel, each segment
+writing its columns of one output; otherwise batches of at most :data:`QUANT_ROWS` rows run the
+AVX2 kernel on ``quant`` (kinds it has: :data:`~grammarserve_kernels.quant.FP32_KERNEL_KINDS`).
+A linear with blocks may have no fp32 weight (``weight`` on the meta device, as the loader
+leaves it): the paths that need one dequantize the blocks per call (:meth:`Linear.dense`).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from grammarserve_kernels.quant import FP32_KERNEL_KINDS, QuantWeight, quant_matmul
-from grammarserve_kernels.quant_q8 import PackedWeight, quant_matmul_q8_rows
+from grammarserve_kernels.quant import FP32_KERNEL_KINDS, QuantWeight, dequantize, quant_matmul
+from grammarserve_kernels.quant_q8 import PackedWeight, quant_matmul_q8_rows, unpack_x16
 from torch import nn
 
 SKINNY_ROWS = 96  # at most this many rows take the W @ x.T path on CPU
@@ -44,23 +45,51 @@ class Linear(nn.Linear):
     contiguous rows (``view``, per-row kernels) must call ``.contiguous()`` or ``reshape``.
     """
 
-    quant_rows: tuple[QuantWeight, ...] = ()  # the blocks as row segments, in row order
-    quant: QuantWeight | None = None  # the blocks where they are one segment
-    quant_x16: tuple[PackedWeight, ...] | None = None  # quant_rows for the int8-activation kernel
+    _rows: tuple[QuantWeight, ...] = ()  # the blocks in row layout (fp32 activations)
+    quant_x16: tuple[PackedWeight, ...] | None = None  # the blocks for the int8-activation kernel
+
+    @property
+    def quant_rows(self) -> tuple[QuantWeight, ...]:
+        """The blocks as row segments, in row order (rebuilt from ``quant_x16`` where only
+        that layout is kept); ``()`` without blocks."""
+        if self._rows or self.quant_x16 is None:
+            return self._rows
+        return tuple(unpack_x16(p) for p in self.quant_x16)
+
+    @quant_rows.setter
+    def quant_rows(self, rows: tuple[QuantWeight, ...]) -> None:
+        self._rows = tuple(rows)
+
+    @property
+    def quant(self) -> QuantWeight | None:
+        """The row-layout blocks where they are one segment (the fp32-activation kernel's)."""
+        return self._rows[0] if len(self._rows) == 1 else None
+
+    @quant.setter
+    def quant(self, w: QuantWeight | None) -> None:
+        self._rows = () if w is None else (w,)
+
+    def dense(self) -> torch.Tensor:
+        """The fp32 weight: ``weight``, or the blocks dequantized where it was not loaded."""
+        if self.weight.device.type != "meta":
+            return self.weight
+        return torch.cat([dequantize(q) for q in self.quant_rows])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         m = x.shape[0]
         if self.quant_x16 is not None and x.dim() == 2 and m <= Q8_ROWS and x.device.type == "cpu":
             y = quant_matmul_q8_rows(x, self.quant_x16)
             return y if self.bias is None else y + self.bias
-        if (self.quant is not None and self.quant.kind in FP32_KERNEL_KINDS and x.dim() == 2
+        quant = self.quant
+        if (quant is not None and quant.kind in FP32_KERNEL_KINDS and x.dim() == 2
                 and m <= QUANT_ROWS and x.device.type == "cpu"):
-            y = quant_matmul(x, self.quant)
+            y = quant_matmul(x, quant)
             return y if self.bias is None else y + self.bias
+        weight = self.dense()
         if x.dim() == 2 and m <= SKINNY_ROWS and x.device.type == "cpu":
             rows = _padded_rows(m)
             if rows != m:
                 x = torch.cat([x, x.new_zeros(rows - m, x.shape[1])])
-            y = torch.mm(self.weight, x.t())[:, :m].t()
+            y = torch.mm(weight, x.t())[:, :m].t()
             return y if self.bias is None else y + self.bias
-        return F.linear(x, self.weight, self.bias)
+        return F.linear(x, weight, self.bias)

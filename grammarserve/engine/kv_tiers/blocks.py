@@ -11,6 +11,7 @@ where the same model would have computed the same KV.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from dataclasses import dataclass
 
@@ -66,19 +67,34 @@ class BlockLayout:
 
 def model_fingerprint(model: torch.nn.Module, tokenizer_fingerprint: str,
                       layout: BlockLayout) -> str:
-    """A digest of what the KV of a token depends on: every parameter's name, shape, dtype and
-    a strided sample of its values (two checkpoints of one shape differ there), the
-    tokenizer's fingerprint and the block layout."""
+    """A digest of what the KV of a token depends on: every tensor's name, shape, dtype and a
+    strided sample of its values (two checkpoints of one shape differ there) - the parameters
+    that hold values and the tensors of the modules' dataclass attributes (the quantized
+    blocks that stand for weights left on the meta device) -, the tokenizer's fingerprint and
+    the block layout."""
     digest = hashlib.sha256()
     digest.update(f"{tokenizer_fingerprint}\x00{layout.describe()}".encode())
     with torch.no_grad():
-        for name, p in sorted(model.state_dict().items()):
-            flat = p.detach().reshape(-1)
+        for name, t in sorted(_value_tensors(model).items()):
+            flat = t.detach().reshape(-1)
             step = max(1, flat.numel() // 64)
             sample = flat[::step][:64].to("cpu", torch.float32).numpy().tobytes()
-            digest.update(f"{name}\x00{tuple(p.shape)}\x00{p.dtype}\x00".encode())
+            digest.update(f"{name}\x00{tuple(t.shape)}\x00{t.dtype}\x00".encode())
             digest.update(sample)
     return digest.hexdigest()[:32]
+
+
+def _value_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    found = {n: t for n, t in model.state_dict().items() if t.device.type != "meta"}
+    for module_name, module in model.named_modules():
+        for attr, value in vars(module).items():
+            items = value if isinstance(value, tuple) else (value,)
+            for i, item in enumerate(items):
+                if dataclasses.is_dataclass(item) and not isinstance(item, type):
+                    for f in dataclasses.fields(item):
+                        if isinstance(t := getattr(item, f.name), torch.Tensor) and t.numel():
+                            found[f"{module_name}.{attr}.{i}.{f.name}"] = t
+    return found
 
 
 def chain_keys(tokens: list[int], namespace: str, fingerprint: str, block_tokens: int,
