@@ -1,6 +1,7 @@
-"""Skinny matmuls over GGUF Q4_1 / Q8_0 (and Q4_K, repacked) weight blocks on AVX2 CPUs, and
-their torch reference; the GGUF block repacking every quantized kernel starts from (Q6_K too,
-which only the int8-activation kernel of ``quant_q8.py`` multiplies).
+"""Skinny matmuls over GGUF Q4_1 / Q8_0 weight blocks (and Q4_0, Q4_K, Q5_0 repacked into them)
+on AVX2 CPUs, and their torch reference; the GGUF block repacking every quantized kernel starts
+from (Q5_1 / Q5_K and Q6_K too, which only the int8-activation kernel of ``quant_q8.py``
+multiplies).
 
 The C++ kernel (``quant_cpu.cpp``) is compiled with the system C++ compiler on first use into a
 per-source-hash cache folder and loaded through ctypes; where that is impossible (no compiler, no
@@ -31,10 +32,13 @@ _BLOCK = {"Q4_1": (20, 4), "Q8_0": (34, 2)}
 class QuantWeight:
     """One ``[N, K]`` weight in kernel layout (see ``quant_cpu.cpp``).
 
-    ``qs`` is uint8 ``[N, K/2]`` (Q4_1), int8 ``[N, K]`` (Q8_0) or uint8 ``[N, K]`` (Q6_K: the
-    6-bit values 0..63, natural order); ``d`` and ``m`` are fp32 ``[N, K/32]`` (``m`` is empty
-    for Q8_0). Q6_K: ``d`` is ``[N, K/16]`` (one scale per 16 values), ``m`` empty, and a value
-    stands for ``d * (q - 32)``.
+    ``qs`` is uint8 ``[N, K/2]`` (Q4_1), int8 ``[N, K]`` (Q8_0), uint8 ``[N, K]`` (Q6_K: the
+    6-bit values 0..63, natural order) or uint8 ``[N, K/32 * 20]`` (Q5_1: per block of 32 the
+    low nibbles in Q4_1's order, 16 bytes, then the high bits, 4 bytes: bit j of byte t is the
+    high bit of element 4j + t, the order the x16 kernel widens them in); ``d`` and ``m`` are
+    fp32 ``[N, K/32]`` (``m`` is empty for Q8_0). A value stands for ``d * q + m`` (Q4_1, Q5_1)
+    or ``d * q`` (Q8_0). Q6_K: ``d`` is ``[N, K/16]`` (one scale per 16 values), ``m`` empty,
+    and a value stands for ``d * (q - 32)``.
     """
 
     kind: str
@@ -53,68 +57,120 @@ class QuantWeight:
 
 
 #: GGUF types repacked losslessly into a kernel layout -> (bytes per 256 elements, layout).
-_REPACKED = {"Q4_K": (144, "Q4_1")}
+_REPACKED = {"Q4_K": (144, "Q4_1"), "Q5_K": (176, "Q5_1")}
+#: GGUF types of 32-value blocks repacked losslessly -> (bytes per block, layout).
+_REPACKED_32 = {"Q4_0": (18, "Q4_1"), "Q5_0": (22, "Q8_0"), "Q5_1": (24, "Q5_1")}
 _Q6_K_BYTES = 210  # per 256 values: ql[128], qh[64], int8 scales[16], fp16 d
 #: Every GGUF type :func:`pack_gguf_blocks` takes.
-PACKED_TYPES = (*_BLOCK, *_REPACKED, "Q6_K")
+PACKED_TYPES = (*_BLOCK, "Q4_K", "Q4_0", "Q5_0", "Q6_K")
 #: Bytes a weight of each type in :data:`PACKED_TYPES` takes once repacked (the kernel layouts:
-#: Q4_1 4 bits + fp32 d and m per 32; Q8_0 8 bits + fp32 d per 32; Q6_K 8 bits + fp32 d per 16).
-LAYOUT_BYTES_PER_WEIGHT = {"Q4_1": 0.75, "Q4_K": 0.75, "Q8_0": 1.125, "Q6_K": 1.25}
+#: Q4_1 4 bits + fp32 d and m per 32; Q5_1 5 bits + fp32 d and m per 32; Q8_0 8 bits + fp32 d
+#: per 32; Q6_K 8 bits + fp32 d per 16).
+LAYOUT_BYTES_PER_WEIGHT = {"Q4_1": 0.75, "Q4_K": 0.75, "Q4_0": 0.75, "Q8_0": 1.125,
+                           "Q5_0": 1.125, "Q6_K": 1.25}
 #: The :class:`QuantWeight` kinds :func:`quant_matmul` (fp32 activations) multiplies; the others
-#: (Q6_K) have only the int8-activation kernel.
+#: (Q5_1, Q6_K) have only the int8-activation kernel.
 FP32_KERNEL_KINDS = tuple(_BLOCK)
 
 
 def pack_gguf_blocks(kind: str, raw: np.ndarray) -> QuantWeight:
     """Repack GGUF block bytes ``[N, K/32 * block_bytes]`` (uint8) of type ``kind``.
 
-    Q4_K (256-element super-blocks) becomes the Q4_1 layout: its 8 sub-blocks' 6-bit scale and
-    min times the super-block's ``d`` / ``dmin`` are exact in fp32, so :func:`dequantize` gives
-    ``gguf.quants.dequantize``'s values bit for bit (6 bits a weight in place of 4.5).
-    Q6_K keeps its own kind: one byte per 6-bit value and ``d * scale`` per 16 values, both
-    exact (an fp16 times an int8 has at most 18 significant bits; fp32 holds 24)."""
+    Every repack is lossless: :func:`dequantize` gives ``gguf.quants.dequantize``'s values bit
+    for bit (Q4_0's zeros up to their sign: see below).
+    Q4_K and Q5_K (256-element super-blocks) become the Q4_1 / Q5_1 layouts: their 8 sub-blocks'
+    6-bit scale and min times the super-block's ``d`` / ``dmin`` are exact in fp32 (6 bits a
+    weight in place of 4.5; 7 in place of 5.5). Q4_0 (``d * (q - 8)``) becomes Q4_1 with
+    ``m = -8 d`` (exact; 6 bits in place of 4.5; ``d * q + m`` is exact too, but a zero comes
+    out +0.0 where gguf's ``d * 0`` with a negative ``d`` gives -0.0). Q5_0 (``d * (q - 16)``)
+    becomes Q8_0 with the int8 ``q - 16`` (9 bits in place of 5.5); Q5_1 keeps its kind (7 bits
+    in place of 6). Q6_K keeps its own kind: one byte per 6-bit value and ``d * scale`` per 16
+    values, both exact (an fp16 times an int8 has at most 18 significant bits; fp32 holds 24)."""
     if kind in _REPACKED:
-        return _pack_q4_k(raw)
+        return _pack_k(kind, raw)
+    if kind in _REPACKED_32:
+        return _pack_32(kind, raw)
     if kind == "Q6_K":
         return _pack_q6_k(raw)
     if kind not in _BLOCK:
         raise ValueError(f"unsupported quant type {kind!r} (supported: {', '.join(PACKED_TYPES)})")
     size, head = _BLOCK[kind]
-    if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] % size:
-        raise ValueError(f"{kind} blocks must be uint8 [N, nb*{size}], got {raw.dtype} {raw.shape}")
-    blocks = np.ascontiguousarray(raw).reshape(raw.shape[0], -1, size)
-    d = torch.from_numpy(blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32))
+    blocks = _split(kind, raw, size)
+    d = torch.from_numpy(_f16(blocks[..., 0:2])[..., 0])
     quants = blocks[..., head:].reshape(raw.shape[0], -1)
     if kind == "Q4_1":
-        m = torch.from_numpy(blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32))
+        m = torch.from_numpy(_f16(blocks[..., 2:4])[..., 0])
         return QuantWeight(kind, torch.from_numpy(quants.copy()), d, m)
     return QuantWeight(kind, torch.from_numpy(quants.copy().view(np.int8)), d,
                        torch.empty(0, dtype=torch.float32))
 
 
-def _pack_q4_k(raw: np.ndarray) -> QuantWeight:
-    size = _REPACKED["Q4_K"][0]
+def _split(kind: str, raw: np.ndarray, size: int) -> np.ndarray:
+    """``raw [N, nb * size]`` as ``[N, nb, size]`` blocks (checked)."""
     if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] % size:
-        raise ValueError(f"Q4_K blocks must be uint8 [N, nb*{size}], got {raw.dtype} {raw.shape}")
+        raise ValueError(f"{kind} blocks must be uint8 [N, nb*{size}], got {raw.dtype} {raw.shape}")
+    return np.ascontiguousarray(raw).reshape(raw.shape[0], -1, size)
+
+
+def _f16(b: np.ndarray) -> np.ndarray:
+    """Bytes ``[..., 2]`` of little-endian fp16 as fp32 ``[..., 1]`` (exact)."""
+    return b.copy().view(np.float16).astype(np.float32)
+
+
+def _q5_layout(q: np.ndarray) -> np.ndarray:
+    """5-bit values ``[N, nb, 32]`` (uint8) -> Q5_1 ``qs [N, nb * 20]`` (:class:`QuantWeight`)."""
+    n = q.shape[0]
+    nibbles = (q[..., :16] & 0x0F) | ((q[..., 16:] & 0x0F) << 4)         # Q4_1: j | (j+16) << 4
+    high = (q >> 4).reshape(n, -1, 8, 4)                                  # [N, nb, j, t]
+    planes = sum(high[..., j, :] << j for j in range(8)).astype(np.uint8)  # byte t, bit j
+    return np.concatenate([nibbles, planes], -1).reshape(n, -1)
+
+
+def _pack_32(kind: str, raw: np.ndarray) -> QuantWeight:
+    size, _ = _REPACKED_32[kind]
+    blocks = _split(kind, raw, size)
     n = raw.shape[0]
-    blocks = np.ascontiguousarray(raw).reshape(n, -1, size)
-    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)      # [N, nb, 1]
-    dmin = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
+    d = _f16(blocks[..., 0:2])[..., 0]                                    # [N, nb]
+    if kind == "Q4_0":  # d, qs[16] (Q4_1's nibble order)
+        return QuantWeight("Q4_1", torch.from_numpy(blocks[..., 2:].reshape(n, -1).copy()),
+                           torch.from_numpy(d), torch.from_numpy(-8.0 * d))
+    head = 2 if kind == "Q5_0" else 4  # Q5_1: d, m; then qh (bit j: element j), qs[16]
+    qh = blocks[..., head:head + 4].copy().view(np.uint32)                # [N, nb, 1]
+    high = ((qh >> np.arange(32, dtype=np.uint32)) & 1).astype(np.uint8)  # [N, nb, 32]
+    qs = blocks[..., head + 4:]
+    q = np.concatenate([qs & 0x0F, qs >> 4], -1) | (high << 4)            # [N, nb, 32]: 0..31
+    if kind == "Q5_0":
+        return QuantWeight("Q8_0", torch.from_numpy((q.astype(np.int8) - 16).reshape(n, -1)),
+                           torch.from_numpy(d), torch.empty(0, dtype=torch.float32))
+    m = _f16(blocks[..., 2:4])[..., 0]
+    return QuantWeight("Q5_1", torch.from_numpy(_q5_layout(q)), torch.from_numpy(d),
+                       torch.from_numpy(m))
+
+
+def _pack_k(kind: str, raw: np.ndarray) -> QuantWeight:
+    """Q4_K / Q5_K super-blocks into the Q4_1 / Q5_1 layout."""
+    size, layout = _REPACKED[kind]
+    blocks = _split(kind, raw, size)
+    n = raw.shape[0]
+    d = _f16(blocks[..., 0:2])                                            # [N, nb, 1]
+    dmin = _f16(blocks[..., 2:4])
     sc, mn = _q4_k_scales(blocks[..., 4:16])                              # [N, nb, 8] each
-    qs = blocks[..., 16:].reshape(n, -1, 4, 32)                           # 2 sub-blocks a row
+    qs = blocks[..., -128:].reshape(n, -1, 4, 32)                         # 2 sub-blocks a row
     q = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(n, -1, 8, 32)      # [N, nb, 8, 32]
-    nibbles = q[..., :16] | (q[..., 16:] << 4)                            # Q4_1: j | (j+16) << 4
-    return QuantWeight("Q4_1", torch.from_numpy(nibbles.reshape(n, -1)),
+    if kind == "Q4_K":
+        packed = (q[..., :16] | (q[..., 16:] << 4)).reshape(n, -1)        # Q4_1: j | (j+16) << 4
+    else:  # the high bit of sub-block s's element i: bit s of qh[i]
+        qh = blocks[..., 16:48].reshape(n, -1, 1, 32)
+        q |= ((qh >> np.arange(8, dtype=np.uint8).reshape(8, 1)) & 1) << 4
+        packed = _q5_layout(q.reshape(n, -1, 32))
+    return QuantWeight(layout, torch.from_numpy(np.ascontiguousarray(packed)),
                        torch.from_numpy((d * sc).reshape(n, -1)),
                        torch.from_numpy((-(dmin * mn)).reshape(n, -1)))
 
 
 def _pack_q6_k(raw: np.ndarray) -> QuantWeight:
-    size = _Q6_K_BYTES
-    if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] % size:
-        raise ValueError(f"Q6_K blocks must be uint8 [N, nb*{size}], got {raw.dtype} {raw.shape}")
+    blocks = _split("Q6_K", raw, _Q6_K_BYTES)
     n = raw.shape[0]
-    blocks = np.ascontiguousarray(raw).reshape(n, -1, size)
     # value 128h + 32j + l: low 4 bits from ql[64h + 32(j%2) + l] (high nibble for j >= 2),
     # high 2 bits from bits 2j..2j+1 of qh[32h + l] (gguf.quants.Q6_K)
     ql = blocks[..., :128].reshape(n, -1, 2, 1, 2, 32)                  # [N, nb, h, ., j%2, l]
@@ -123,7 +179,7 @@ def _pack_q6_k(raw: np.ndarray) -> QuantWeight:
     hi = (qh >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)) & 0x03   # [N, nb, h, j, l]
     q = (lo | (hi << 4)).reshape(n, -1)
     scales = blocks[..., 192:208].view(np.int8).astype(np.float32)     # [N, nb, 16]
-    d = blocks[..., 208:210].copy().view(np.float16).astype(np.float32)  # [N, nb, 1]
+    d = _f16(blocks[..., 208:210])                                      # [N, nb, 1]
     return QuantWeight("Q6_K", torch.from_numpy(q.copy()),
                        torch.from_numpy((d * scales).reshape(n, -1)),
                        torch.empty(0, dtype=torch.float32))
@@ -143,6 +199,12 @@ def dequantize(w: QuantWeight) -> torch.Tensor:
     if w.kind == "Q4_1":
         q = w.qs.view(n, k // 32, 16)
         q = torch.cat([q & 0x0F, q >> 4], dim=2).float()  # byte j: element j (low), j+16 (high)
+        return (w.d[..., None] * q + w.m[..., None]).reshape(n, k)
+    if w.kind == "Q5_1":
+        qs = w.qs.view(n, k // 32, 20)
+        q = torch.cat([qs[..., :16] & 0x0F, qs[..., :16] >> 4], dim=2)  # as Q4_1
+        planes = qs[..., None, 16:].int() >> torch.arange(8, dtype=torch.int32)[:, None]
+        q = (q | ((planes & 1) << 4).view(n, k // 32, 32)).float()  # bit j of byte t: 4j + t
         return (w.d[..., None] * q + w.m[..., None]).reshape(n, k)
     if w.kind == "Q6_K":
         q = w.qs.view(n, k // 16, 16).float() - 32.0  # exact, as is the product

@@ -71,8 +71,8 @@ def test_the_fp32_kernel_refuses_kinds_it_lacks() -> None:
 
 
 def test_pack_rejects_bad_blocks() -> None:
-    with pytest.raises(ValueError, match="unsupported quant type 'Q5_K'"):
-        pack_gguf_blocks("Q5_K", np.zeros((2, 20), np.uint8))
+    with pytest.raises(ValueError, match="unsupported quant type 'Q2_K'"):
+        pack_gguf_blocks("Q2_K", np.zeros((2, 20), np.uint8))
     with pytest.raises(ValueError, match=r"uint8 \[N, nb\*20\]"):
         pack_gguf_blocks("Q4_1", np.zeros((2, 21), np.uint8))
     with pytest.raises(ValueError, match=r"uint8 \[N, nb\*144\]"):

@@ -16,12 +16,13 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, GGUFReader
 from gguf.quants import dequantize as gguf_dequantize
-from grammarserve_kernels.quant import dequantize
+from grammarserve_kernels.quant import dequantize, pack_gguf_blocks
 from grammarserve_kernels.quant_q8 import ISAS, cpu_isa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import kquants
 import model_shapes
+from quant_helpers import random_blocks
 
 from grammarserve.attention.backend import TorchSDPABackend
 from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
@@ -49,6 +50,28 @@ def test_quantizers_write_blocks_gguf_reads_back(kind: str, rms: float) -> None:
     assert np.linalg.norm(back - x) / np.linalg.norm(x) < rms
     with pytest.raises(ValueError, match="whole blocks of 256"):
         kquants.QUANTIZERS[kind](x[:, :300])
+
+
+@pytest.mark.parametrize("kind,layout", [("Q4_0", "Q4_1"), ("Q5_0", "Q8_0"), ("Q5_1", "Q5_1"),
+                                         ("Q5_K", "Q5_1")])
+def test_other_types_repack_into_a_kernel_layout_losslessly(kind: str, layout: str) -> None:
+    """Q4_0, Q5_0 (small models' Q4_K_M fallback for rows not a multiple of 256), Q5_1 (Q5_K_M's)
+    and Q5_K dequantize from their layout to gguf's values bit for bit, with the edge blocks of
+    ``random_blocks`` (d = 0, d < 0, every q 0, every q at its largest). Q4_0's only difference is
+    the sign of a zero (gguf's ``d * 0`` with d < 0 is -0.0, the Q4_1 layout's ``d * 8 + m`` +0.0)."""
+    k = 768 if kind == "Q5_K" else 512
+    raw = random_blocks(kind, 9, k, seed=11)
+    w = pack_gguf_blocks(kind, raw)
+    assert w.kind == layout and w.shape == (9, k)
+    want = gguf_dequantize(raw, GGMLQuantizationType[kind]).reshape(9, k).astype(np.float32)
+    got = dequantize(w).numpy()
+    if kind == "Q4_0":
+        assert np.array_equal(got, want)  # as values: -0.0 == 0.0
+        assert np.all(got.view(np.uint32)[got != 0] == want.view(np.uint32)[want != 0])
+        got, want = got + np.float32(0), want + np.float32(0)  # -0.0 -> +0.0
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    if kind != "Q5_K":
+        assert len(np.unique(want[0, :32])) == 1  # the d = 0 block: 0 (or m for Q5_1)
 
 
 def test_q4_k_m_mix_is_llama_cpps() -> None:
