@@ -62,12 +62,12 @@ _REPACKED = {"Q4_K": (144, "Q4_1"), "Q5_K": (176, "Q5_1")}
 _REPACKED_32 = {"Q4_0": (18, "Q4_1"), "Q5_0": (22, "Q8_0"), "Q5_1": (24, "Q5_1")}
 _Q6_K_BYTES = 210  # per 256 values: ql[128], qh[64], int8 scales[16], fp16 d
 #: Every GGUF type :func:`pack_gguf_blocks` takes.
-PACKED_TYPES = (*_BLOCK, "Q4_K", "Q4_0", "Q5_0", "Q6_K")
+PACKED_TYPES = (*_BLOCK, *_REPACKED, *_REPACKED_32, "Q6_K")
 #: Bytes a weight of each type in :data:`PACKED_TYPES` takes once repacked (the kernel layouts:
 #: Q4_1 4 bits + fp32 d and m per 32; Q5_1 5 bits + fp32 d and m per 32; Q8_0 8 bits + fp32 d
 #: per 32; Q6_K 8 bits + fp32 d per 16).
-LAYOUT_BYTES_PER_WEIGHT = {"Q4_1": 0.75, "Q4_K": 0.75, "Q4_0": 0.75, "Q8_0": 1.125,
-                           "Q5_0": 1.125, "Q6_K": 1.25}
+LAYOUT_BYTES_PER_WEIGHT = {"Q4_1": 0.75, "Q4_K": 0.75, "Q4_0": 0.75, "Q5_1": 0.875,
+                           "Q5_K": 0.875, "Q8_0": 1.125, "Q5_0": 1.125, "Q6_K": 1.25}
 #: The :class:`QuantWeight` kinds :func:`quant_matmul` (fp32 activations) multiplies; the others
 #: (Q5_1, Q6_K) have only the int8-activation kernel.
 FP32_KERNEL_KINDS = tuple(_BLOCK)
@@ -121,8 +121,8 @@ def _q5_layout(q: np.ndarray) -> np.ndarray:
     """5-bit values ``[N, nb, 32]`` (uint8) -> Q5_1 ``qs [N, nb * 20]`` (:class:`QuantWeight`)."""
     n = q.shape[0]
     nibbles = (q[..., :16] & 0x0F) | ((q[..., 16:] & 0x0F) << 4)         # Q4_1: j | (j+16) << 4
-    high = (q >> 4).reshape(n, -1, 8, 4)                                  # [N, nb, j, t]
-    planes = sum(high[..., j, :] << j for j in range(8)).astype(np.uint8)  # byte t, bit j
+    high = (q >> 4).reshape(n, -1, 8, 4)                        # [N, nb, j, t] -> byte t, bit j
+    planes = np.bitwise_or.reduce(high << np.arange(8, dtype=np.uint8)[:, None], axis=-2)
     return np.concatenate([nibbles, planes], -1).reshape(n, -1)
 
 

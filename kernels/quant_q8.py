@@ -37,15 +37,17 @@ _ISA_FLAGS = {
 TILE = 16  # weight rows per tile of the x16 layout
 #: The kinds :func:`quant_matmul_q8` multiplies, in the order of :func:`gemm_addresses` (each
 #: kind's index there is its code in ``decode_stack_cpu.cpp``).
-KINDS = ("Q8_0", "Q4_1", "Q6_K")
+KINDS = ("Q8_0", "Q4_1", "Q6_K", "Q5_1")
+_WITH_MIN = ("Q4_1", "Q5_1")  # the kinds with an offset m per block
 _FLAGS = {isa: _COMMON + flags for isa, flags in _ISA_FLAGS.items()}
 
 
 @dataclass(frozen=True)
 class PackedWeight:
     """A :class:`QuantWeight` in the x16 layout of ``quant_q8_cpu.cpp``: ``qs`` uint8
-    ``[tiles, blocks, groups, 64]`` (groups: 4 for Q4_1, 8 for Q8_0 and Q6_K), ``d`` and ``m``
-    fp32 ``[tiles, blocks, 16]`` (``m`` empty for Q8_0 and Q6_K; Q6_K's ``d`` is
+    ``[tiles, blocks, groups, 64]`` (groups: 4 for Q4_1, 5 for Q5_1: its 4 of nibbles and 1 of
+    high bits, 8 for Q8_0 and Q6_K), ``d`` and ``m`` fp32 ``[tiles, blocks, 16]`` (``m`` empty
+    for Q8_0 and Q6_K; Q6_K's ``d`` is
     ``[tiles, blocks, 2, 16]``: the scales of elements 0-15 and 16-31 of each block); rows past
     ``n`` are zero padding."""
 
@@ -80,14 +82,14 @@ def pack_x16(w: QuantWeight, isa: str | None = None, levels: int = 2) -> PackedW
         t = torch.cat([t, t.new_zeros(pad, *t.shape[1:])]) if pad else t
         return t.view(tiles, TILE, *t.shape[1:])
 
-    groups = 4 if w.kind == "Q4_1" else 8
+    groups = {"Q4_1": 4, "Q5_1": 5}.get(w.kind, 8)
     qs = tiled(w.qs.view(torch.uint8).reshape(n, nb, groups, 4))  # [T, 16, nb, G, 4]
     qs = qs.permute(0, 2, 3, 1, 4).reshape(tiles, nb, groups, TILE * 4).contiguous()
     if w.kind == "Q6_K":  # [T, 16, nb * 2] -> [T, nb, 2, 16]
         d = tiled(w.d).view(tiles, TILE, nb, 2).permute(0, 2, 3, 1).contiguous()
     else:
         d = tiled(w.d).permute(0, 2, 1).contiguous()
-    m = tiled(w.m).permute(0, 2, 1).contiguous() if w.kind == "Q4_1" else w.m
+    m = tiled(w.m).permute(0, 2, 1).contiguous() if w.kind in _WITH_MIN else w.m
     return PackedWeight(w.kind, n, k, qs, d, m, isa, levels)
 
 
@@ -108,7 +110,7 @@ def unpack_x16(p: PackedWeight) -> QuantWeight:
         d = rows(p.d.permute(0, 3, 1, 2)).reshape(n, 2 * nb)
     else:
         d = rows(p.d.permute(0, 2, 1)).reshape(n, nb)
-    m = rows(p.m.permute(0, 2, 1)).reshape(n, nb) if p.kind == "Q4_1" else p.m
+    m = rows(p.m.permute(0, 2, 1)).reshape(n, nb) if p.kind in _WITH_MIN else p.m
     return QuantWeight(p.kind, qs.contiguous(), d.contiguous(), m.contiguous())
 
 
@@ -199,9 +201,10 @@ def _gemm_into(x: torch.Tensor, w: PackedWeight, y: torch.Tensor, col: int, isa:
     r, k, n, ldy = x.shape[0], w.k, w.n, y.shape[1]
     out = y.data_ptr() + 4 * col  # fp32
     threads = torch.get_num_threads()
-    if w.kind == "Q4_1":
-        lib.gs_q4_1_gemm_q8(x.data_ptr(), r, k, w.qs.data_ptr(), w.d.data_ptr(), w.m.data_ptr(),
-                            n, out, ldy, threads, levels)
+    if w.kind in _WITH_MIN:
+        gemm = lib.gs_q4_1_gemm_q8 if w.kind == "Q4_1" else lib.gs_q5_1_gemm_q8
+        gemm(x.data_ptr(), r, k, w.qs.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), n, out, ldy,
+             threads, levels)
     elif w.kind == "Q6_K":
         lib.gs_q6_k_gemm_q8(x.data_ptr(), r, k, w.qs.data_ptr(), w.d.data_ptr(), n, out, ldy,
                             threads, levels)
@@ -210,15 +213,14 @@ def _gemm_into(x: torch.Tensor, w: PackedWeight, y: torch.Tensor, col: int, isa:
                             threads, levels)
 
 
-def gemm_addresses(isa: str) -> tuple[int, int, int]:
+def gemm_addresses(isa: str) -> tuple[int, ...]:
     """Addresses of the ``isa`` build's GEMM entry points, one per kind of :data:`KINDS` (for
     kernels that call them from C++, e.g. ``decode_stack_cpu.cpp``)."""
     lib = _open(isa)
     if lib is None:
         raise RuntimeError(f"the int8 CPU kernel is unavailable: {build_error(_SOURCE, isa)}")
-    return (ctypes.cast(lib.gs_q8_0_gemm_q8, ctypes.c_void_p).value or 0,
-            ctypes.cast(lib.gs_q4_1_gemm_q8, ctypes.c_void_p).value or 0,
-            ctypes.cast(lib.gs_q6_k_gemm_q8, ctypes.c_void_p).value or 0)
+    return tuple(ctypes.cast(getattr(lib, f"gs_{kind.lower()}_gemm_q8"), ctypes.c_void_p).value
+                 or 0 for kind in KINDS)
 
 
 def quantize_activations_ref(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -253,7 +255,7 @@ def quant_matmul_q8_ref(x: torch.Tensor, w: QuantWeight, levels: int = 2) -> tor
     out = torch.zeros(r, n, dtype=torch.float64)
     for q, dx in parts:
         qx = q.double().view(r, k // 32, 32)
-        if w.kind in ("Q4_1", "Q6_K"):
+        if w.kind != "Q8_0":
             dense = dequantize(w).double()  # d * q + m, d * (q - 32): exact, as the GGUF has it
             out += (qx * dx.double()[..., None]).view(r, k) @ dense.t()
         else:
@@ -282,6 +284,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
     lib.gs_q4_1_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, i64, i32, i32]
     lib.gs_q4_1_gemm_q8.restype = None
+    lib.gs_q5_1_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, i64, i32, i32]
+    lib.gs_q5_1_gemm_q8.restype = None
     lib.gs_q8_0_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, i64, i32, i32]
     lib.gs_q8_0_gemm_q8.restype = None
     lib.gs_q6_k_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, i64, i32, i32]

@@ -1,4 +1,4 @@
-// GEMM over GGUF Q4_1 / Q8_0 / Q6_K weights with int8 activations, for decode and small prefill
+// GEMM over GGUF Q4_1 / Q5_1 / Q8_0 / Q6_K weights with int8 activations, for decode and small prefill
 // batches.
 //
 // y[r, n] = sum_k x[r, k] * w[n, k]. Each block of 32 activations of a row is quantized once per
@@ -13,7 +13,9 @@
 // Weight layout (quant_q8.py: pack_x16): rows in tiles of 16; per tile and block of 32, groups of 4
 // consecutive weights of the 16 rows side by side (64 bytes: one 512-bit vector, or two 256-bit
 // halves of 8 rows). Q4_1: 4 groups of the block's 16 bytes (low nibbles: elements 4g..4g+3, high
-// nibbles: 16+4g..); Q8_0: 8 groups of int8; Q6_K: 8 groups of u8 0..63 (groups 0-3: elements 0-15,
+// nibbles: 16+4g..); Q5_1: those 4 and a fifth of high bits (the byte of row n, place t: bit j is
+// the high bit of element 4j + t; widened with 16-bit shifts, mw = m as Q4_1); Q8_0: 8 groups of
+// int8; Q6_K: 8 groups of u8 0..63 (groups 0-3: elements 0-15,
 // the first scale; 4-7: 16-31). Scales d (and m) [tiles, blocks, 16], Q6_K's d
 // [tiles, blocks, 2, 16]. A group of 4
 // activations is broadcast to every lane and one VPDPBUSD (VNNI; VPMADDUBSW + VPMADDWD otherwise)
@@ -31,22 +33,55 @@
 
 namespace {
 
-enum Kind : int { kQ8_0 = 0, kQ4_1 = 1, kQ6_K = 2 };  // decode_stack_cpu.cpp's codes too
+enum Kind : int { kQ8_0 = 0, kQ4_1 = 1, kQ6_K = 2, kQ5_1 = 3 };  // decode_stack_cpu.cpp's too
+
+constexpr bool has_min(int k) { return k == kQ4_1 || k == kQ5_1; }  // d * q + m per 32
+constexpr int groups_of(int k) { return k == kQ4_1 ? 4 : k == kQ5_1 ? 5 : 8; }  // 64 B per block
+
+template <int S>  // 16-bit lanes shifted left by S (right by -S)
+inline VecI shift16(VecI v) {
+  if constexpr (S > 0) return shl16<S>(v);
+  else if constexpr (S < 0) return shr16<-S>(v);
+  else return v;
+}
+
+// Q5_1: u[j] (the low 4 bits of the block's elements 4j + t, t the byte's place in its group)
+// gets its high bit (16) from bit j of the same byte of `h`. A 16-bit shift by at most 4 brings
+// no bit of the neighbouring byte to bit 4.
+inline void add_high_bits(VecI* u, VecI h) {
+  const VecI bit4 = bcast_i(0x10101010);
+  u[0] = or_masked(u[0], shift16<4>(h), bit4);
+  u[1] = or_masked(u[1], shift16<3>(h), bit4);
+  u[2] = or_masked(u[2], shift16<2>(h), bit4);
+  u[3] = or_masked(u[3], shift16<1>(h), bit4);
+  u[4] = or_masked(u[4], h, bit4);
+  u[5] = or_masked(u[5], shift16<-1>(h), bit4);
+  u[6] = or_masked(u[6], shift16<-2>(h), bit4);
+  u[7] = or_masked(u[7], shift16<-3>(h), bit4);
+}
 
 // Integer dot products of 32 activations `xb` with the kLanes weight rows of one block, as int32
 // lanes: `u` the weights as u8 (groups g: elements 4g..4g+3), `w` Q8_0's signed weights.
 // `init`: the running sum the block's products are added to (VNNI accumulates in place).
-template <bool kQ4>
+template <int kK>
 inline VecI block_dot(const VecI* u, const VecI* w, const int8_t* xb, VecI init) {
   VecI dot;
   if constexpr (kVnni) {
     dot = init;
     for (int g = 0; g < 8; ++g) dot = dpbusd(dot, u[g], bcast_i(group4(xb + 4 * g)));
     return dot;
-  } else if constexpr (kQ4) {  // 8 * 2 * 15 * 127 fits int16
+  } else if constexpr (kK == kQ4_1) {  // 8 * 2 * 15 * 127 fits int16
     VecI s16 = maddubs(u[0], bcast_i(group4(xb)));
     for (int g = 1; g < 8; ++g) s16 = add16(s16, maddubs(u[g], bcast_i(group4(xb + 4 * g))));
     dot = madd1(s16);
+  } else if constexpr (kK == kQ5_1) {  // 4 * 2 * 31 * 127 fits int16, 8 * ... does not
+    VecI s16[2];
+    for (int h = 0; h < 2; ++h) {
+      s16[h] = maddubs(u[4 * h], bcast_i(group4(xb + 16 * h)));
+      for (int g = 1; g < 4; ++g)
+        s16[h] = add16(s16[h], maddubs(u[4 * h + g], bcast_i(group4(xb + 16 * h + 4 * g))));
+    }
+    dot = add32(madd1(s16[0]), madd1(s16[1]));
   } else {  // |w| * (x signed by w) = w * x; 2 * 128 * 127 fits int16, a sum of 8 does not
     dot = madd1(maddubs(u[0], sign8(bcast_i(group4(xb)), w[0])));
     for (int g = 1; g < 8; ++g)
@@ -56,10 +91,11 @@ inline VecI block_dot(const VecI* u, const VecI* w, const int8_t* xb, VecI init)
 }
 
 // Rows r0..r0+RT-1 against the kLanes weight rows of (tile, half). G = groups per block.
-template <int RT, bool kQ4, bool kTwo>
+template <int RT, int kK, bool kTwo>
 inline void tile_rows(const Q8Rows& a, int64_t K, int64_t r0, const uint8_t* qt, const float* dt,
                       const float* mt, int half, float* y, int64_t ldy, int64_t n0, int nvalid) {
-  constexpr int G = kQ4 ? 4 : 8;
+  constexpr bool kQ4 = has_min(kK);
+  constexpr int G = groups_of(kK);
   const int64_t nb = K / 32;
   VecF acc[RT];
   for (int r = 0; r < RT; ++r) acc[r] = fzero();
@@ -77,6 +113,7 @@ inline void tile_rows(const Q8Rows& a, int64_t K, int64_t r0, const uint8_t* qt,
         u[g] = nib_lo(v);
         u[4 + g] = nib_hi(v);
       }
+      if constexpr (kK == kQ5_1) add_high_bits(u, load_i(wb + 4 * 64));
     } else {
       for (int g = 0; g < 8; ++g) {
         w[g] = load_i(wb + g * 64);
@@ -97,8 +134,8 @@ inline void tile_rows(const Q8Rows& a, int64_t K, int64_t r0, const uint8_t* qt,
     } else {
       for (int r = 0; r < RT; ++r) {
         const int64_t rb = (r0 + r) * nb + b;
-        dot[r] = block_dot<kQ4>(u, w, a.q.data() + rb * 32, izero());
-        if constexpr (kTwo) dot[r] = block_dot<kQ4>(u, w, a.q2.data() + rb * 32, shl8(dot[r]));
+        dot[r] = block_dot<kK>(u, w, a.q.data() + rb * 32, izero());
+        if constexpr (kTwo) dot[r] = block_dot<kK>(u, w, a.q2.data() + rb * 32, shl8(dot[r]));
       }
     }
     for (int r = 0; r < RT; ++r) {
@@ -166,16 +203,16 @@ template <int RT, int kK, bool kTwo>
 inline void rows_pass(const Q8Rows& a, int64_t K, int64_t r0, const uint8_t* qt, const float* dt,
                       const float* mt, int half, float* y, int64_t ldy, int64_t n0, int nvalid) {
   if constexpr (kK == kQ6_K) tile_rows_q6<RT, kTwo>(a, K, r0, qt, dt, half, y, ldy, n0, nvalid);
-  else tile_rows<RT, kK == kQ4_1, kTwo>(a, K, r0, qt, dt, mt, half, y, ldy, n0, nvalid);
+  else tile_rows<RT, kK, kTwo>(a, K, r0, qt, dt, mt, half, y, ldy, n0, nvalid);
 }
 
 template <int kK, bool kTwo>
 void gemm(const float* x, int64_t R, int64_t K, const uint8_t* qs, const float* d,
           const float* m, int64_t N, float* y, int64_t ldy, int threads) {
-  constexpr bool kQ4 = kK == kQ4_1;
+  constexpr bool kQ4 = has_min(kK);
   constexpr int kScales = kK == kQ6_K ? 2 : 1;  // scale vectors per tile and block
   const int64_t nb = K / 32, tiles = (N + kTile - 1) / kTile;
-  const int64_t tile_bytes = nb * (kQ4 ? 4 : 8) * 64;
+  const int64_t tile_bytes = nb * groups_of(kK) * 64;
   Q8Rows a = alloc_rows(R, K, kTwo, kK == kQ6_K);
   // One parallel region: the activations are quantized by all threads, then (after the implicit
   // barrier) the weight tiles are shared out; a decode step runs ~120 of these, each small.
@@ -260,6 +297,14 @@ void gs_q8_0_gemm_q8(const float* x, int64_t R, int64_t K, const int8_t* qs, con
   const auto* q = reinterpret_cast<const uint8_t*>(qs);
   if (levels == 2) return gemm<kQ8_0, true>(x, R, K, q, d, nullptr, N, y, ldy, threads);
   gemm<kQ8_0, false>(x, R, K, q, d, nullptr, N, y, ldy, threads);
+}
+
+// Q5_1: qs per tile and block 4 groups of nibbles as Q4_1 and a fifth of high bits (bit j of a
+// byte: the high bit of the byte at the same place in the j-th nibble vector), d and m as Q4_1.
+void gs_q5_1_gemm_q8(const float* x, int64_t R, int64_t K, const uint8_t* qs, const float* d,
+                     const float* m, int64_t N, float* y, int64_t ldy, int threads, int levels) {
+  if (levels == 2) return gemm<kQ5_1, true>(x, R, K, qs, d, m, N, y, ldy, threads);
+  gemm<kQ5_1, false>(x, R, K, qs, d, m, N, y, ldy, threads);
 }
 
 // Q6_K: qs the 6-bit values (0..63) in x16 layout, d [tiles, K/32, 2, 16].

@@ -148,6 +148,11 @@ inline VecF mul(VecF a, VecF b) { return _mm512_mul_ps(a, b); }
 inline VecI add16(VecI a, VecI b) { return _mm512_add_epi16(a, b); }
 inline VecI add32(VecI a, VecI b) { return _mm512_add_epi32(a, b); }
 inline VecI shl8(VecI v) { return _mm512_slli_epi32(v, 8); }
+template <int S> inline VecI shl16(VecI v) { return _mm512_slli_epi16(v, S); }
+template <int S> inline VecI shr16(VecI v) { return _mm512_srli_epi16(v, S); }
+inline VecI or_masked(VecI a, VecI b, VecI m) {  // a | (b & m)
+  return _mm512_ternarylogic_epi32(a, b, m, 0xF8);
+}
 inline VecI maddubs(VecI u, VecI s) { return _mm512_maddubs_epi16(u, s); }
 inline VecI madd1(VecI v) { return _mm512_madd_epi16(v, _mm512_set1_epi16(1)); }
 inline VecI abs8(VecI v) { return _mm512_abs_epi8(v); }
@@ -184,6 +189,11 @@ inline VecF mul(VecF a, VecF b) { return _mm256_mul_ps(a, b); }
 inline VecI add16(VecI a, VecI b) { return _mm256_add_epi16(a, b); }
 inline VecI add32(VecI a, VecI b) { return _mm256_add_epi32(a, b); }
 inline VecI shl8(VecI v) { return _mm256_slli_epi32(v, 8); }
+template <int S> inline VecI shl16(VecI v) { return _mm256_slli_epi16(v, S); }
+template <int S> inline VecI shr16(VecI v) { return _mm256_srli_epi16(v, S); }
+inline VecI or_masked(VecI a, VecI b, VecI m) {  // a | (b & m)
+  return _mm256_or_si256(a, _mm256_and_si256(b, m));
+}
 inline VecI maddubs(VecI u, VecI s) { return _mm256_maddubs_epi16(u, s); }
 inline VecI madd1(VecI v) { return _mm256_madd_epi16(v, _mm256_set1_epi16(1)); }
 inline VecI abs8(VecI v) { return _mm256_sign_epi8(v, v); }

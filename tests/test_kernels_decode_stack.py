@@ -1,6 +1,6 @@
 """The one-call decoder stack for decode steps (``kernels/decode_stack_cpu.cpp``) against its torch
 reference on random weights: every weight kind (Q6_K beside Q4_1 / Q8_0 in one layer, a qkv of
-Q4_1 and Q6_K row segments), a shared prefix or none, several tokens of one row (jump-forward
+Q4_1 and Q6_K row segments, Q5_1 from Q5_K and Q5_1 beside Q6_K and the Q4_0 / Q5_0 repacks), a shared prefix or none, several tokens of one row (jump-forward
 spans), a qkv bias; the pool and mirror entries it writes; every build."""
 
 from __future__ import annotations
@@ -93,6 +93,11 @@ CASES = [  # kind(s), mirror row and position of each token, shared prefix lengt
     ("Q4_1,Q6_K,Q8_0,Q6_K", [0, 0, 1], [1, 2, 4], 0, False),
     # qkv as two row segments, Q4_1 q/k + Q6_K v (Q4_K_M's use_more_bits layers), with a bias
     ("Q4_1+Q6_K,Q4_1,Q4_1,Q6_K", [0, 1, 1], [3, 5, 6], 20, True),
+    # Q5_K_M's mix: Q5_K (the Q5_1 kind) q/k + Q6_K v, Q5_K o and gate/up, Q6_K down
+    ("Q5_K+Q6_K,Q5_K,Q5_K,Q6_K", [0, 1, 1], [3, 5, 6], 20, True),
+    # small models' fallbacks for rows not a multiple of 256: Q5_1 (as Q5_1), Q5_0 (as Q8_0),
+    # and old files' Q4_0 (as Q4_1)
+    ("Q5_1+Q5_0,Q4_0,Q5_1,Q5_0", [0, 0, 1], [1, 2, 4], 0, False),
 ]
 
 
@@ -101,7 +106,7 @@ CASES = [  # kind(s), mirror row and position of each token, shared prefix lengt
 def test_decode_stack_matches_reference(isa: str, case: tuple) -> None:
     require_isa(isa)
     kind, qb, qpos, prefix, bias = case
-    dims = DIMS_256 if "Q6_K" in kind else DIMS
+    dims = DIMS_256 if "_K" in kind else DIMS
     layers = _layers(kind, isa, bias=bias, dims=dims)
     gen = torch.Generator().manual_seed(11)
     t = len(qb)
