@@ -4,11 +4,19 @@ buffer by ``quant_panel_cpu.cpp`` and multiplied with ``torch.nn.functional.line
 tiles where the CPU has them, AVX-512 BF16 otherwise). One copy of the weights (the blocks) serves
 both decode (the int8 kernel of ``quant_q8.py``) and prefill (here).
 
-Numerics (``benchmarks/bench_prefill_gemm.py``): the fp32 panel is the exact dequantized weight
-(:func:`dequantize_x16` equals ``quant.dequantize`` bit for bit), so ``dtype=torch.float32`` is
-an fp32 GEMM of the true weights. The bf16 path rounds the activations, the weights and the
-output to bf16 (8-bit mantissas; torch's bf16 GEMM has no fp32 output on CPU): about 0.2% relative
-error per output against float64, between the int8 kernel's one level (~0.5%) and two (~0.002%).
+Numerics (``benchmarks/bench_prefill_gemm.py``, relative Frobenius error against the float64
+product of the exact weights): the fp32 panel is the exact dequantized weight (:func:`dequantize_x16`
+equals ``quant.dequantize`` bit for bit), so ``dtype=torch.float32`` is an fp32 GEMM of the true
+weights (~2.5e-7). The bf16 path rounds the activations, the weights and the output to bf16
+(8-bit mantissas; torch's bf16 GEMM has no fp32 output on CPU): 0.29%, between the int8 kernel's
+one level (0.53%) and two (0.0021%). A row's result therefore depends on which path its batch
+takes.
+
+Speed (same benchmark, one thread of the AMD EPYC with AVX-512 VNNI and BF16, no AMX): bf16 panels
+reach torch's dense bf16 rate (~150-180 GOP/s a core) from ~256 rows, about the two-level int8
+kernel's rate (~140-170) and below the one-level one (~200-300); the dequantization is ~47% of the
+panel time at 16 rows, ~12% at 256, ~2% at 2048. The gain is for CPUs whose bf16 GEMM outruns
+VNNI (AMX).
 
 The source is built once per instruction set (``avx2``, ``avx512``): a weight's panels come from
 the build of its ``isa`` (``pack_x16`` picks it from ``quant_q8.cpu_isa``); never
@@ -35,10 +43,16 @@ _ISA_FLAGS = {
     "avx2": [],
     "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"],
 }
-#: Weight rows dequantized per panel: a 512 x 2048 bf16 panel is 2 MiB (L2/L3-resident) and, in
-#: ``bench_prefill_gemm.py``, as fast as dequantizing the whole segment (an 8B model's
-#: 28,672 x 4,096 gate_up would otherwise need a 235 MB transient).
+#: Weight rows dequantized per panel: a 512 x 2048 bf16 panel is 2 MiB. In
+#: ``bench_prefill_gemm.py`` (gate_up, 16384 x 2048) panels of 256, 512 and 1024 rows and the
+#: whole segment ran within the machine's noise of each other at 512 and 2048 rows, so the panel
+#: stays small: an 8B model's 28,672 x 4,096 gate_up would otherwise need a 235 MB transient.
 PANEL_ROWS = 512
+#: The batch rows from which :func:`panel_matmul` (bf16) ran at least as fast as the two-level
+#: int8 kernel on the AMD EPYC (AVX-512 VNNI and BF16, no AMX) of ``bench_prefill_gemm.py``; with
+#: AMX (oneDNN's bf16 tiles) the crossover is expected lower (measure with
+#: :func:`measure_panel_gops`).
+PANEL_MIN_ROWS = 256
 _DTYPES = (torch.bfloat16, torch.float32)
 
 
@@ -57,15 +71,19 @@ def panel_error() -> str | None:
 
 
 def dequantize_x16(w: PackedWeight, dtype: torch.dtype = torch.float32,
-                   rows: slice | None = None) -> torch.Tensor:
+                   rows: slice | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
     """The dense ``[n, k]`` rows ``rows`` (default: all ``w.n``; step 1) of ``w``, contiguous, in
     ``dtype``: fp32 equals ``quant.dequantize`` of the :class:`QuantWeight` ``w`` was packed
-    from, bit for bit; bf16 is that value rounded to nearest even (``.bfloat16()``)."""
+    from, bit for bit; bf16 is that value rounded to nearest even (``.bfloat16()``). ``out``: a
+    contiguous ``[n, k]`` tensor of ``dtype`` to write into (returned) in place of a new one."""
     start, stop, step = (rows or slice(None)).indices(w.n)
     if step != 1:
         raise ValueError(f"rows must be a contiguous slice, got step {step}")
-    out = torch.empty(max(stop - start, 0), w.k, dtype=dtype)
-    if out.shape[0]:
+    if out is None:
+        out = torch.empty(max(stop - start, 0), w.k, dtype=dtype)
+    elif out.dtype != dtype:
+        raise ValueError(f"out must be {dtype}, got {out.dtype}")
+    if stop > start:
         _dequant_into(w, start, stop, out)
     return out
 

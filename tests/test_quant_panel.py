@@ -59,6 +59,9 @@ def test_dense_rows_equal_dequantize_bit_for_bit(kind: str, k: int) -> None:
             assert torch.equal(_bits(dequantize_x16(w, torch.bfloat16, rows)),
                                _bits(ref[rows].bfloat16()))
     assert dequantize_x16(pack_x16(q), rows=slice(20, 20)).shape == (0, k)
+    buf = torch.full((25, k), float("nan"), dtype=torch.bfloat16)
+    assert dequantize_x16(pack_x16(q), torch.bfloat16, slice(5, 30), out=buf) is buf
+    assert torch.equal(_bits(buf), _bits(ref[5:30].bfloat16()))
 
 
 def test_bf16_rounds_to_nearest_even() -> None:
@@ -111,6 +114,10 @@ def test_bad_inputs_are_refused() -> None:
         panel_matmul(torch.randn(2, 64), (w,), torch.float16)
     with pytest.raises(ValueError, match="contiguous slice"):
         dequantize_x16(w, rows=slice(0, 8, 2))
+    with pytest.raises(ValueError, match="out must be"):
+        dequantize_x16(w, torch.bfloat16, out=torch.empty(16, 64))
+    with pytest.raises(ValueError, match="out must be contiguous"):
+        dequantize_x16(w, rows=slice(0, 8), out=torch.empty(8, 128)[:, :64])
 
 
 def test_panel_kernel_is_available_and_measures_a_rate() -> None:
