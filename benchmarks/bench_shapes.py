@@ -16,7 +16,9 @@ Per cell: ``tok_s`` (completion tokens of the wave / its wall time, prefill incl
 stream's decode rate), ``ttft_p50_s``, and for the constrained workloads ``finished_valid``
 (finish_reason stop / tool_calls and the reply validates) among ``requests``. The weights are
 random, so the values are arbitrary; the figures are speed and validity. Ratios: ours over
-llama-server per cell, and each server's constrained over its unconstrained ``tok_s``.
+llama-server per cell, and each server's constrained over its unconstrained ``tok_s``. Per server:
+its start-up time, memory plan line, and resident memory (the process and its children) when
+healthy and at its peak during the cells.
 Prints one JSON line.
 
     .venv/bin/python benchmarks/bench_shapes.py --shape smollm2-1.7b [--streams 1,8]
@@ -32,12 +34,14 @@ import json
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import jsonschema
 import openai
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import stamp
@@ -168,6 +172,38 @@ def _serve(cmd: list[str], log: Path) -> tuple[subprocess.Popen[bytes], str, flo
     raise RuntimeError(f"{cmd[0]} exited:\n{log.read_text()[-4000:]}")
 
 
+class _PeakRss:
+    """The largest resident memory of a process and its children, sampled every 0.5 s."""
+
+    def __init__(self, pid: int) -> None:
+        self.peak, self._stop = 0, threading.Event()
+        self._proc = psutil.Process(pid)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def now(self) -> int:
+        procs = [self._proc, *self._proc.children(recursive=True)]
+        total = 0
+        for p in procs:
+            try:
+                total += p.memory_info().rss
+            except psutil.Error:
+                pass
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                self.peak = max(self.peak, self.now())
+            except psutil.Error:
+                return
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", default="smollm2-1.7b", choices=sorted(SHAPES))
@@ -199,20 +235,27 @@ def main() -> None:
     for name, cmd in servers.items():
         log = args.cache / f"{name}.log"
         proc, url, startup = _serve(cmd, log)
+        rss = _PeakRss(proc.pid)
+        ready_rss = rss.now()
         try:
             cells = {f"{w}@{s}": asyncio.run(_cell(url, w, s, args.rounds, args.max_tokens))
                      for s in streams for w in workloads}
         finally:
+            peak_rss = rss.stop()
             proc.terminate()
             proc.wait(60)
         plan = next((ln.strip() for ln in log.read_text().splitlines() if "memory plan" in ln),
                     None)
-        results[name] = {"startup_s": round(startup, 1), "plan": plan, "cells": cells}
+        results[name] = {"startup_s": round(startup, 1), "plan": plan,
+                         "rss_ready_gb": round(ready_rss / 1e9, 2),
+                         "rss_peak_gb": round(peak_rss / 1e9, 2), "cells": cells}
         print(json.dumps({"server": name, **results[name]}), file=sys.stderr, flush=True)
     line["servers"] = results
     ours = results["grammarserve"]["cells"]
     if "llama-server" in results:
         peer = results["llama-server"]["cells"]
+        line["rss_peak_over_llama"] = round(results["grammarserve"]["rss_peak_gb"]
+                                            / results["llama-server"]["rss_peak_gb"], 2)
         line["ours_over_llama"] = {k: {m: round(ours[k][m] / peer[k][m], 2)
                                        for m in ("tok_s", "decode_tok_s")
                                        if ours[k][m] and peer[k][m]} for k in ours}

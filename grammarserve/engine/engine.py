@@ -17,7 +17,7 @@ from grammarserve.engine.detokenizer import IncrementalDetokenizer
 from grammarserve.engine.device import setup_cuda
 from grammarserve.engine.dry import DryPenalty
 from grammarserve.engine.grammar import GrammarRunner
-from grammarserve.engine.heap import heap_usage
+from grammarserve.engine.heap import heap_usage, trim_heap
 from grammarserve.engine.kv_tiers.build import build_tiers
 from grammarserve.engine.memory import (
     check_weights_fit,
@@ -73,6 +73,7 @@ class Engine:
                                            gguf_blocks=config.gguf_blocks,
                                            quant_activations=config.quant_activations,
                                            chat_template=config.chat_template)
+        trim_heap()  # before the memory plan counts what is available
         mc = self.loaded.config
         self.tokenizer = self.loaded.tokenizer
         self.vocab_size = mc.vocab_size  # NOTE: the one bound of token ids (engine/validate.py)

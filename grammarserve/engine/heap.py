@@ -46,6 +46,15 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
+def trim_heap() -> None:
+    """Return the C heap's free memory to the OS now (``malloc_trim``; a no-op without it): after
+    loading a model, whose transient copies the allocator would otherwise keep resident and the
+    memory plan would count as used."""
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
 class _MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in (
         "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",

@@ -19,7 +19,9 @@ import json
 import logging
 import os
 import tempfile
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,14 +54,46 @@ _FUSED = {  # our linear (per layer) -> the GGUF tensors whose rows it concatena
 class GGUFBlocks:
     """A GGUF's weights in kernel layouts: our module name (a linear, or :data:`EMBEDDING`) ->
     row segments, and the GGUF types left without a kernel -> their weights' element count.
-    :func:`attach_gguf_blocks` takes the segments out (the model then holds the only copy)."""
+    Read from the block cache, a segment is read when taken; :func:`attach_gguf_blocks` takes
+    them out (the model then holds the only copy)."""
 
-    packed: dict[str, tuple[QuantWeight, ...]]
+    packed: MutableMapping[str, tuple[QuantWeight, ...]]
     unpacked: dict[str, int]
 
     def weight_names(self) -> frozenset[str]:
         """The model's state-dict entries these blocks stand for (not to be loaded dense)."""
         return frozenset(f"{name}.weight" for name in self.packed)
+
+
+class _CachedRows(MutableMapping[str, tuple[QuantWeight, ...]]):
+    """The segments of a block cache file by name, each read from the (mapped) file on access,
+    so that a model's loading never holds all of them beside their packed layout."""
+
+    def __init__(self, handle: Any, kinds: dict[str, list[str]]) -> None:
+        self._file, self._kinds = handle, kinds
+
+    def __getitem__(self, name: str) -> tuple[QuantWeight, ...]:
+        return tuple(QuantWeight(kind, *(self._file.get_tensor(f"{name}.{i}.{part}")
+                                         for part in ("qs", "d", "m")))
+                     for i, kind in enumerate(self._kinds[name]))
+
+    def __setitem__(self, name: str, rows: tuple[QuantWeight, ...]) -> None:
+        raise TypeError("a block cache file is read-only")
+
+    def __delitem__(self, name: str) -> None:
+        del self._kinds[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._kinds))
+
+    def __len__(self) -> int:
+        return len(self._kinds)
+
+    def shapes(self, name: str) -> list[tuple[int, int]]:
+        """The segments' ``(N, K)`` without reading them."""
+        return [QuantWeight(kind, torch.empty(0), torch.empty(
+            self._file.get_slice(f"{name}.{i}.d").get_shape(), device="meta"),
+            torch.empty(0)).shape for i, kind in enumerate(self._kinds[name])]
 
 
 def load_gguf_blocks(model: LlamaModel, gguf_path: Path, cache: Path | None = None
@@ -76,17 +110,22 @@ def load_gguf_blocks(model: LlamaModel, gguf_path: Path, cache: Path | None = No
         found = _pack_from_gguf(gguf_path, len(model.layers))
         if file is not None:
             _write_cache(file, found)
+            found = _read_cache(file) or found  # read back lazily: the packed rows are freed
     packed, unpacked = found
-    return GGUFBlocks({name: rows for name, rows in packed.items() if _fits(model, name, rows)},
-                      unpacked)
+    for name in list(packed):
+        shapes = (packed.shapes(name) if isinstance(packed, _CachedRows)
+                  else [q.shape for q in packed[name]])
+        if not _fits(model, name, shapes):
+            del packed[name]
+    return GGUFBlocks(packed, unpacked)
 
 
-def _fits(model: LlamaModel, name: str, rows: tuple[QuantWeight, ...]) -> bool:
+def _fits(model: LlamaModel, name: str, shapes: list[tuple[int, int]]) -> bool:
     module = model.get_submodule(name)
     if name == EMBEDDING:
-        return len(rows) == 1 and rows[0].shape == tuple(module.weight.shape)
+        return len(shapes) == 1 and shapes[0] == tuple(module.weight.shape)
     n, k = module.weight.shape if isinstance(module, Linear) else (0, 0)
-    return sum(q.shape[0] for q in rows) == n and all(q.shape[1] == k for q in rows)
+    return sum(r for r, _ in shapes) == n and all(c == k for _, c in shapes)
 
 
 def attach_gguf_blocks(model: LlamaModel, blocks: GGUFBlocks, activations: str = "int8x2"
@@ -216,25 +255,27 @@ def _segments(parts: list[QuantWeight]) -> tuple[QuantWeight, ...]:
 
 
 def _read_cache(file: Path
-                ) -> tuple[dict[str, tuple[QuantWeight, ...]], dict[str, int]] | None:
+                ) -> tuple[MutableMapping[str, tuple[QuantWeight, ...]], dict[str, int]] | None:
     from safetensors import SafetensorError, safe_open
 
     if not file.is_file():
         return None
     try:
-        with safe_open(str(file), framework="pt") as f:
-            meta = f.metadata() or {}
-            kinds: dict[str, list[str]] = json.loads(meta["kinds"])
-            packed = {name: tuple(QuantWeight(kind, *(f.get_tensor(f"{name}.{i}.{part}")
-                                                      for part in ("qs", "d", "m")))
-                                  for i, kind in enumerate(segment_kinds))
-                      for name, segment_kinds in kinds.items()}
-            return packed, {str(k): int(v) for k, v in json.loads(meta["unpacked"]).items()}
+        handle = safe_open(str(file), framework="pt")
+        meta = handle.metadata() or {}
+        kinds: dict[str, list[str]] = json.loads(meta["kinds"])
+        names = set(handle.keys())
+        if any(f"{n}.{i}.{part}" not in names for n, segment_kinds in kinds.items()
+               for i in range(len(segment_kinds)) for part in ("qs", "d", "m")):
+            return None
+        return (_CachedRows(handle, kinds),
+                {str(k): int(v) for k, v in json.loads(meta["unpacked"]).items()})
     except (SafetensorError, OSError, KeyError, ValueError, TypeError, AttributeError):
         return None  # unreadable: rebuilt from the GGUF (and rewritten)
 
 
-def _write_cache(file: Path, found: tuple[dict[str, tuple[QuantWeight, ...]], dict[str, int]]
+def _write_cache(file: Path,
+                 found: tuple[MutableMapping[str, tuple[QuantWeight, ...]], dict[str, int]]
                  ) -> None:
     from safetensors.torch import save_file
 
