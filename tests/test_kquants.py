@@ -52,6 +52,21 @@ def test_quantizers_write_blocks_gguf_reads_back(kind: str, rms: float) -> None:
         kquants.QUANTIZERS[kind](x[:, :300])
 
 
+def test_q5_k_quantizer_writes_blocks_gguf_reads_back() -> None:
+    x = np.random.default_rng(1).standard_normal((16, 768)).astype(np.float32) * 0.05
+    x[0, :256] = 0.0
+    raw = kquants.quantize_q5_k(x)
+    assert raw.dtype == np.uint8 and raw.shape == (16, 3 * 176)
+    back = gguf_dequantize(raw, GGMLQuantizationType.Q5_K).reshape(x.shape)
+    assert np.all(back[0, :256] == 0.0)
+    assert np.linalg.norm(back - x) / np.linalg.norm(x) < 0.05  # half Q4_K's step
+    w = pack_gguf_blocks("Q5_K", raw)  # and the Q5_1 layout holds exactly those values
+    assert np.array_equal(dequantize(w).numpy().view(np.uint32), back.view(np.uint32))
+    assert kquants.q5_k_m_type("blk.5.attn_q.weight", 24, tied=True) == "Q5_K"
+    assert kquants.q5_k_m_type("blk.5.attn_v.weight", 24, tied=True) == "Q6_K"
+    assert kquants.q5_k_m_type("blk.4.attn_v.weight", 24, tied=True) == "Q5_K"
+
+
 @pytest.mark.parametrize("kind,layout", [("Q4_0", "Q4_1"), ("Q5_0", "Q8_0"), ("Q5_1", "Q5_1"),
                                          ("Q5_K", "Q5_1")])
 def test_other_types_repack_into_a_kernel_layout_losslessly(kind: str, layout: str) -> None:
