@@ -125,6 +125,12 @@ def engine_args(p: argparse.ArgumentParser) -> None:
                    help="activations of those matmuls: int8 blocks plus their int8 residual "
                         "(int8x2, default), one int8 level (int8: faster, less exact) or fp32 "
                         "(exact); integer kernels dispatched for AVX2/AVX-512/VNNI")
+    p.add_argument("--prefill-matmul", default=EngineConfig.prefill_matmul,
+                   choices=["int8x2", "int8", "bf16"],
+                   help="matmuls of prefill-sized batches (256 rows and more): the int8x2 kernel "
+                        "(default), one int8 level (int8: ~2x faster, llama.cpp's numerics) or "
+                        "bf16 GEMM on dequantized panels (bf16: AMX tiles where the CPU has "
+                        "them)")
     p.add_argument("--decode-attention-kernel", default=EngineConfig.decode_attention_kernel,
                    action=argparse.BooleanOptionalAction,
                    help="CPU decode attention with the fused C++ kernel (off: torch matmuls)")
@@ -195,5 +201,6 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
                         reasoning_parser=args.reasoning_parser,
                         strict_thinking=args.strict_thinking, gguf_blocks=args.gguf_blocks,
                         quant_activations=args.quant_activations,
+                        prefill_matmul=args.prefill_matmul,
                         decode_attention_kernel=args.decode_attention_kernel,
                         decode_stack_kernel=args.decode_stack_kernel)

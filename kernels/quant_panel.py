@@ -54,6 +54,8 @@ PANEL_ROWS = 512
 #: :func:`measure_panel_gops`).
 PANEL_MIN_ROWS = 256
 _DTYPES = (torch.bfloat16, torch.float32)
+#: The x16 kinds the dequantizing kernel reads -> its kind code.
+PANEL_KINDS = {"Q8_0": 0, "Q4_1": 1, "Q6_K": 2}
 
 
 def panel_available() -> bool:
@@ -161,15 +163,16 @@ def _dequant_into(w: PackedWeight, r0: int, r1: int, out: torch.Tensor) -> None:
     lib = _lib(w.isa)
     if lib is None:
         raise RuntimeError(f"the panel kernel is unavailable: {panel_error()}")
-    if w.kind not in KINDS:
-        raise ValueError(f"unknown x16 kind {w.kind!r}")
+    if w.kind not in PANEL_KINDS:
+        raise ValueError(f"the panel kernel has no {w.kind} path (it reads "
+                         f"{', '.join(PANEL_KINDS)})")
     if out.dtype not in _DTYPES or not out.is_contiguous() or out.shape != (r1 - r0, w.k):
         raise ValueError(f"out must be contiguous bf16/fp32 [{r1 - r0}, {w.k}], got "
                          f"{out.dtype} {tuple(out.shape)}")
     if not 0 <= r0 <= r1 <= w.n or w.qs.shape[0] * TILE < w.n:
         raise ValueError(f"rows {r0}..{r1} outside the weight's {w.n}")
     m_ptr = w.m.data_ptr() if w.kind == "Q4_1" else None
-    lib.gs_x16_dequant(KINDS.index(w.kind), w.qs.data_ptr(), w.d.data_ptr(), m_ptr, w.k, r0, r1,
+    lib.gs_x16_dequant(PANEL_KINDS[w.kind], w.qs.data_ptr(), w.d.data_ptr(), m_ptr, w.k, r0, r1,
                        out.data_ptr(), w.k, int(out.dtype == torch.bfloat16),
                        torch.get_num_threads())
 

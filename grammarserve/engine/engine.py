@@ -72,6 +72,7 @@ class Engine:
                                            cache_dir=config.cache_dir,
                                            gguf_blocks=config.gguf_blocks,
                                            quant_activations=config.quant_activations,
+                                           prefill_matmul=config.prefill_matmul,
                                            chat_template=config.chat_template)
         trim_heap()  # before the memory plan counts what is available
         mc = self.loaded.config
@@ -385,6 +386,7 @@ class Engine:
             prefill_cap_tokens=s.prefill_cap or 0,
             cpu_kernel_isa_level=self.loaded.kernels.isa_level,
             cpu_gemm_gops=self.loaded.kernels.gemm_gops,
+            cpu_prefill_gemm_gops=self.loaded.kernels.prefill_gops,
             constrained_requests=g.constrained_requests,
             grammar_errors=g.grammar_errors, jump_forward_tokens=g.jump_forward_tokens,
             check_retries=g.check_retries, check_failures=g.check_failures,

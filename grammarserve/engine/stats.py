@@ -32,6 +32,7 @@ class EngineStats:
     prefill_cap_tokens: int = 0  # the prefill tokens a step may take now (StepPacer; 0: none)
     cpu_kernel_isa_level: int = 0  # the int8 CPU kernels' build (1 avx2 .. 3 avx512vnni; 0)
     cpu_gemm_gops: float = 0.0  # their rate measured at load (kernel_report.py)
+    cpu_prefill_gemm_gops: float = 0.0  # the prefill matmul's rate, where not the kernels'
     constrained_requests: int = 0
     aborted_requests: int = 0  # stopped by Engine.abort (a client disconnect, a cancel)
     grammar_errors: int = 0  # constraints that failed to compile or reached a dead end

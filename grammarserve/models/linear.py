@@ -16,6 +16,11 @@ Q4_1 q/k rows and Q6_K v rows; ``quant``, the one segment where there is one). W
 ``quant_x16`` batches of at most :data:`Q8_ROWS` rows run the integer kernel, each segment
 writing its columns of one output; otherwise batches of at most :data:`QUANT_ROWS` rows run the
 AVX2 kernel on ``quant`` (kinds it has: :data:`~grammarserve_kernels.quant.FP32_KERNEL_KINDS`).
+Batches of at least :data:`PREFILL_ROWS` rows (prefill) take ``prefill_matmul`` instead of the
+two-level kernel where it is set otherwise: ``"int8"``, one activation level (llama.cpp's Q8
+numerics, ~5e-3 relative error, ~2x faster), or ``"bf16"``, torch's bf16 GEMM (oneDNN: AMX tiles
+where the CPU has them) on panels dequantized from the blocks (``kernels/quant_panel.py``,
+~3e-3). A row's result then depends on whether its batch reaches that size.
 A linear with blocks may have no fp32 weight (``weight`` on the meta device, as the loader
 leaves it): the paths that need one dequantize the blocks per call (:meth:`Linear.dense`).
 """
@@ -25,6 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from grammarserve_kernels.quant import FP32_KERNEL_KINDS, QuantWeight, dequantize, quant_matmul
+from grammarserve_kernels.quant_panel import PANEL_KINDS, PANEL_MIN_ROWS, panel_matmul
 from grammarserve_kernels.quant_q8 import PackedWeight, quant_matmul_q8_rows, unpack_x16
 from torch import nn
 
@@ -32,6 +38,12 @@ SKINNY_ROWS = 96  # at most this many rows take the W @ x.T path on CPU
 QUANT_ROWS = 24  # at most this many rows use the GGUF blocks (the crossover with BLAS is ~28)
 Q8_ROWS = 1 << 20  # ... with int8 activations: every batch (faster than BLAS at any size, and
 # a row's result does not depend on the batch it is in)
+
+
+#: Batches of at least this many rows take the linears' ``prefill_matmul`` (the rows from which
+#: bf16 panels ran as fast as the two-level kernel, ``benchmarks/bench_prefill_gemm.py``).
+PREFILL_ROWS = PANEL_MIN_ROWS
+PREFILL_MATMULS = ("int8x2", "int8", "bf16")
 
 
 def _padded_rows(m: int) -> int:
@@ -47,6 +59,7 @@ class Linear(nn.Linear):
 
     _rows: tuple[QuantWeight, ...] = ()  # the blocks in row layout (fp32 activations)
     quant_x16: tuple[PackedWeight, ...] | None = None  # the blocks for the int8-activation kernel
+    prefill_matmul = "int8x2"  # batches of PREFILL_ROWS rows and more (one of PREFILL_MATMULS)
 
     @property
     def quant_rows(self) -> tuple[QuantWeight, ...]:
@@ -78,7 +91,13 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         m = x.shape[0]
         if self.quant_x16 is not None and x.dim() == 2 and m <= Q8_ROWS and x.device.type == "cpu":
-            y = quant_matmul_q8_rows(x, self.quant_x16)
+            parts = self.quant_x16
+            if m < PREFILL_ROWS or self.prefill_matmul == "int8x2":
+                y = quant_matmul_q8_rows(x, parts)
+            elif self.prefill_matmul == "bf16" and all(p.kind in PANEL_KINDS for p in parts):
+                y = panel_matmul(x, parts)
+            else:
+                y = quant_matmul_q8_rows(x, parts, levels=1)
             return y if self.bias is None else y + self.bias
         quant = self.quant
         if (quant is not None and quant.kind in FP32_KERNEL_KINDS and x.dim() == 2

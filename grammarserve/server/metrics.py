@@ -31,7 +31,8 @@ _GAUGES = {"running_requests", "waiting_requests", "kv_capacity", "kv_free", "kv
            "memory_weights_bytes", "memory_available_bytes", "memory_activation_bytes",
            "kv_pool_bytes", "kv_mirror_tokens", "kv_host_tier_limit_bytes",
            "grammar_cache_bytes", "heap_in_use_bytes", "heap_free_held_bytes",
-           "prefill_cap_tokens", "cpu_kernel_isa_level", "cpu_gemm_gops"}
+           "prefill_cap_tokens", "cpu_kernel_isa_level", "cpu_gemm_gops",
+           "cpu_prefill_gemm_gops"}
 _HELP = {
     "prompt_tokens": "Prompt tokens of finished requests",
     "cached_prompt_tokens": "Prompt tokens served from the radix prefix cache",
@@ -46,6 +47,8 @@ _HELP = {
                              "2 avx512, 3 avx512vnni; 0 none"),
     "cpu_gemm_gops": ("Rate of those kernels measured at load on the largest linear at 64 rows "
                       "(10^9 operations/s)"),
+    "cpu_prefill_gemm_gops": ("Rate of the prefill matmul (--prefill-matmul int8 or bf16) "
+                              "measured at load at 512 rows (10^9 operations/s; 0: int8x2)"),
     "kv_capacity": "KV pool capacity in tokens",
     "memory_weights_bytes": "Bytes of the model's weights (the start-up memory plan)",
     "memory_available_bytes": ("Bytes free on the KV pool's device after the weights loaded, "

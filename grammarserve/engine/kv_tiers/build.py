@@ -23,7 +23,8 @@ def build_tiers(config: EngineConfig, model: torch.nn.Module, pool: KVPool,
     disk = kv_disk_tier_dir(config.kv_disk_tier)
     if host <= 0 and (disk is None or config.kv_disk_tier_bytes <= 0):
         return None
-    numerics = f"{config.quant_activations},{config.gguf_blocks},{config.torch_dtype}"
+    numerics = (f"{config.quant_activations},{config.prefill_matmul},{config.gguf_blocks},"
+                f"{config.torch_dtype}")
     fingerprint = model_fingerprint(model, f"{tokenizer_fingerprint}\x00{numerics}", layout)
     log.info("KV tiers: host %.0f MiB, disk %s (%.0f MiB), %s", host / 2**20, disk,
              config.kv_disk_tier_bytes / 2**20, layout.describe())
