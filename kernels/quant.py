@@ -33,9 +33,10 @@ class QuantWeight:
     """One ``[N, K]`` weight in kernel layout (see ``quant_cpu.cpp``).
 
     ``qs`` is uint8 ``[N, K/2]`` (Q4_1), int8 ``[N, K]`` (Q8_0), uint8 ``[N, K]`` (Q6_K: the
-    6-bit values 0..63, natural order) or uint8 ``[N, K/32 * 20]`` (Q5_1: per block of 32 the
-    low nibbles in Q4_1's order, 16 bytes, then the high bits, 4 bytes: bit j of byte t is the
-    high bit of element 4j + t, the order the x16 kernel widens them in); ``d`` and ``m`` are
+    6-bit values 0..63, natural order) or uint8 ``[N, K/32 * 20]`` (Q5_1: per block of 32, 5
+    groups of 4 bytes in the order the x16 kernel widens them: with ``e[j][t]`` the 5-bit value
+    of element 4j + t, byte t of group g < 4 is ``e[g][t] | (e[4+g][t] & 7) << 5`` and byte t of
+    group 4 holds ``e[4+g][t] >> 3`` in bits 2g, 2g+1); ``d`` and ``m`` are
     fp32 ``[N, K/32]`` (``m`` is empty for Q8_0). A value stands for ``d * q + m`` (Q4_1, Q5_1)
     or ``d * q`` (Q8_0). Q6_K: ``d`` is ``[N, K/16]`` (one scale per 16 values), ``m`` empty,
     and a value stands for ``d * (q - 32)``.
@@ -120,10 +121,11 @@ def _f16(b: np.ndarray) -> np.ndarray:
 def _q5_layout(q: np.ndarray) -> np.ndarray:
     """5-bit values ``[N, nb, 32]`` (uint8) -> Q5_1 ``qs [N, nb * 20]`` (:class:`QuantWeight`)."""
     n = q.shape[0]
-    nibbles = (q[..., :16] & 0x0F) | ((q[..., 16:] & 0x0F) << 4)         # Q4_1: j | (j+16) << 4
-    high = (q >> 4).reshape(n, -1, 8, 4)                        # [N, nb, j, t] -> byte t, bit j
-    planes = np.bitwise_or.reduce(high << np.arange(8, dtype=np.uint8)[:, None], axis=-2)
-    return np.concatenate([nibbles, planes], -1).reshape(n, -1)
+    e = q.reshape(n, -1, 8, 4)                                            # [N, nb, j, t]
+    low = e[:, :, :4] | ((e[:, :, 4:] & 7) << 5)                          # groups 0-3
+    top = np.bitwise_or.reduce((e[:, :, 4:] >> 3) << np.array([0, 2, 4, 6], np.uint8)[:, None],
+                               axis=2)                                    # group 4: [N, nb, t]
+    return np.concatenate([low, top[:, :, None]], 2).reshape(n, -1)
 
 
 def _pack_32(kind: str, raw: np.ndarray) -> QuantWeight:
@@ -201,10 +203,10 @@ def dequantize(w: QuantWeight) -> torch.Tensor:
         q = torch.cat([q & 0x0F, q >> 4], dim=2).float()  # byte j: element j (low), j+16 (high)
         return (w.d[..., None] * q + w.m[..., None]).reshape(n, k)
     if w.kind == "Q5_1":
-        qs = w.qs.view(n, k // 32, 20)
-        q = torch.cat([qs[..., :16] & 0x0F, qs[..., :16] >> 4], dim=2)  # as Q4_1
-        planes = qs[..., None, 16:].int() >> torch.arange(8, dtype=torch.int32)[:, None]
-        q = (q | ((planes & 1) << 4).view(n, k // 32, 32)).float()  # bit j of byte t: 4j + t
+        g = w.qs.view(n, k // 32, 5, 4).int()  # see QuantWeight: [N, nb, group, t]
+        top = (g[:, :, 4:] >> torch.tensor([0, 2, 4, 6])[:, None]) & 3
+        e = torch.cat([g[:, :, :4] & 31, (g[:, :, :4] >> 5) | (top << 3)], 2)  # [N, nb, j, t]
+        q = e.view(n, k // 32, 32).float()  # element 4j + t
         return (w.d[..., None] * q + w.m[..., None]).reshape(n, k)
     if w.kind == "Q6_K":
         q = w.qs.view(n, k // 16, 16).float() - 32.0  # exact, as is the product

@@ -13,9 +13,8 @@
 // Weight layout (quant_q8.py: pack_x16): rows in tiles of 16; per tile and block of 32, groups of 4
 // consecutive weights of the 16 rows side by side (64 bytes: one 512-bit vector, or two 256-bit
 // halves of 8 rows). Q4_1: 4 groups of the block's 16 bytes (low nibbles: elements 4g..4g+3, high
-// nibbles: 16+4g..); Q5_1: those 4 and a fifth of high bits (the byte of row n, place t: bit j is
-// the high bit of element 4j + t; widened with 16-bit shifts, mw = m as Q4_1); Q8_0: 8 groups of
-// int8; Q6_K: 8 groups of u8 0..63 (groups 0-3: elements 0-15,
+// nibbles: 16+4g..); Q5_1: 5 groups holding the 5-bit values of elements 4j + t (j = 0..7, t
+// the byte's place; see q5_values; mw = m as Q4_1); Q8_0: 8 groups of int8; Q6_K: 8 groups of u8 0..63 (groups 0-3: elements 0-15,
 // the first scale; 4-7: 16-31). Scales d (and m) [tiles, blocks, 16], Q6_K's d
 // [tiles, blocks, 2, 16]. A group of 4
 // activations is broadcast to every lane and one VPDPBUSD (VNNI; VPMADDUBSW + VPMADDWD otherwise)
@@ -38,26 +37,19 @@ enum Kind : int { kQ8_0 = 0, kQ4_1 = 1, kQ6_K = 2, kQ5_1 = 3 };  // decode_stack
 constexpr bool has_min(int k) { return k == kQ4_1 || k == kQ5_1; }  // d * q + m per 32
 constexpr int groups_of(int k) { return k == kQ4_1 ? 4 : k == kQ5_1 ? 5 : 8; }  // 64 B per block
 
-template <int S>  // 16-bit lanes shifted left by S (right by -S)
-inline VecI shift16(VecI v) {
-  if constexpr (S > 0) return shl16<S>(v);
-  else if constexpr (S < 0) return shr16<-S>(v);
-  else return v;
-}
-
-// Q5_1: u[j] (the low 4 bits of the block's elements 4j + t, t the byte's place in its group)
-// gets its high bit (16) from bit j of the same byte of `h`. A 16-bit shift by at most 4 brings
-// no bit of the neighbouring byte to bit 4.
-inline void add_high_bits(VecI* u, VecI h) {
-  const VecI bit4 = bcast_i(0x10101010);
-  u[0] = or_masked(u[0], shift16<4>(h), bit4);
-  u[1] = or_masked(u[1], shift16<3>(h), bit4);
-  u[2] = or_masked(u[2], shift16<2>(h), bit4);
-  u[3] = or_masked(u[3], shift16<1>(h), bit4);
-  u[4] = or_masked(u[4], h, bit4);
-  u[5] = or_masked(u[5], shift16<-1>(h), bit4);
-  u[6] = or_masked(u[6], shift16<-2>(h), bit4);
-  u[7] = or_masked(u[7], shift16<-3>(h), bit4);
+// Q5_1's 8 vectors of 5-bit values u[j] (elements 4j + t of the block, t the byte's place in its
+// group) from its 5 groups p[0..4]: u[g] = p[g] & 31; u[4 + g] = p[g] >> 5 (bits 0-2) | bits
+// 2g, 2g + 1 of p[4] (bits 3-4). The 16-bit shifts by at most 5 bring no bit of a byte's
+// neighbour to the bits kept.
+inline void q5_values(const uint8_t* wb, VecI* u) {
+  const VecI low5 = bcast_i(0x1F1F1F1F), low3 = bcast_i(0x07070707);
+  const VecI h = load_i(wb + 4 * 64);
+  const VecI top[4] = {shl16<3>(h), shl16<1>(h), shr16<1>(h), shr16<3>(h)};
+  for (int g = 0; g < 4; ++g) {
+    const VecI v = load_i(wb + g * 64);
+    u[g] = and_(v, low5);
+    u[4 + g] = and_(select(low3, shr16<5>(v), top[g]), low5);
+  }
 }
 
 // Integer dot products of 32 activations `xb` with the kLanes weight rows of one block, as int32
@@ -108,12 +100,15 @@ inline void tile_rows(const Q8Rows& a, int64_t K, int64_t r0, const uint8_t* qt,
     if constexpr (kQ4) _mm_prefetch(reinterpret_cast<const char*>(mt + (b + kPrefetch) * kTile), _MM_HINT_T0);
     VecI u[8], w[8];
     if constexpr (kQ4) {
-      for (int g = 0; g < 4; ++g) {
-        const VecI v = load_i(wb + g * 64);
-        u[g] = nib_lo(v);
-        u[4 + g] = nib_hi(v);
+      if constexpr (kK == kQ5_1) {
+        q5_values(wb, u);
+      } else {
+        for (int g = 0; g < 4; ++g) {
+          const VecI v = load_i(wb + g * 64);
+          u[g] = nib_lo(v);
+          u[4 + g] = nib_hi(v);
+        }
       }
-      if constexpr (kK == kQ5_1) add_high_bits(u, load_i(wb + 4 * 64));
     } else {
       for (int g = 0; g < 8; ++g) {
         w[g] = load_i(wb + g * 64);
@@ -299,8 +294,7 @@ void gs_q8_0_gemm_q8(const float* x, int64_t R, int64_t K, const int8_t* qs, con
   gemm<kQ8_0, false>(x, R, K, q, d, nullptr, N, y, ldy, threads);
 }
 
-// Q5_1: qs per tile and block 4 groups of nibbles as Q4_1 and a fifth of high bits (bit j of a
-// byte: the high bit of the byte at the same place in the j-th nibble vector), d and m as Q4_1.
+// Q5_1: qs per tile and block 5 groups of 64 bytes (see q5_values), d and m as Q4_1.
 void gs_q5_1_gemm_q8(const float* x, int64_t R, int64_t K, const uint8_t* qs, const float* d,
                      const float* m, int64_t N, float* y, int64_t ldy, int threads, int levels) {
   if (levels == 2) return gemm<kQ5_1, true>(x, R, K, qs, d, m, N, y, ldy, threads);

@@ -150,8 +150,9 @@ inline VecI add32(VecI a, VecI b) { return _mm512_add_epi32(a, b); }
 inline VecI shl8(VecI v) { return _mm512_slli_epi32(v, 8); }
 template <int S> inline VecI shl16(VecI v) { return _mm512_slli_epi16(v, S); }
 template <int S> inline VecI shr16(VecI v) { return _mm512_srli_epi16(v, S); }
-inline VecI or_masked(VecI a, VecI b, VecI m) {  // a | (b & m)
-  return _mm512_ternarylogic_epi32(a, b, m, 0xF8);
+inline VecI and_(VecI a, VecI b) { return _mm512_and_si512(a, b); }
+inline VecI select(VecI m, VecI a, VecI b) {  // bits of a where m is set, of b elsewhere
+  return _mm512_ternarylogic_epi32(m, a, b, 0xCA);
 }
 inline VecI maddubs(VecI u, VecI s) { return _mm512_maddubs_epi16(u, s); }
 inline VecI madd1(VecI v) { return _mm512_madd_epi16(v, _mm512_set1_epi16(1)); }
@@ -191,8 +192,9 @@ inline VecI add32(VecI a, VecI b) { return _mm256_add_epi32(a, b); }
 inline VecI shl8(VecI v) { return _mm256_slli_epi32(v, 8); }
 template <int S> inline VecI shl16(VecI v) { return _mm256_slli_epi16(v, S); }
 template <int S> inline VecI shr16(VecI v) { return _mm256_srli_epi16(v, S); }
-inline VecI or_masked(VecI a, VecI b, VecI m) {  // a | (b & m)
-  return _mm256_or_si256(a, _mm256_and_si256(b, m));
+inline VecI and_(VecI a, VecI b) { return _mm256_and_si256(a, b); }
+inline VecI select(VecI m, VecI a, VecI b) {  // bits of a where m is set, of b elsewhere
+  return _mm256_or_si256(_mm256_and_si256(m, a), _mm256_andnot_si256(m, b));
 }
 inline VecI maddubs(VecI u, VecI s) { return _mm256_maddubs_epi16(u, s); }
 inline VecI madd1(VecI v) { return _mm256_madd_epi16(v, _mm256_set1_epi16(1)); }
