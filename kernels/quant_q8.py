@@ -45,11 +45,10 @@ _FLAGS = {isa: _COMMON + flags for isa, flags in _ISA_FLAGS.items()}
 @dataclass(frozen=True)
 class PackedWeight:
     """A :class:`QuantWeight` in the x16 layout of ``quant_q8_cpu.cpp``: ``qs`` uint8
-    ``[tiles, blocks, groups, 64]`` (groups: 4 for Q4_1, 5 for Q5_1: its 4 of nibbles and 1 of
-    high bits, 8 for Q8_0 and Q6_K), ``d`` and ``m`` fp32 ``[tiles, blocks, 16]`` (``m`` empty
-    for Q8_0 and Q6_K; Q6_K's ``d`` is
-    ``[tiles, blocks, 2, 16]``: the scales of elements 0-15 and 16-31 of each block); rows past
-    ``n`` are zero padding."""
+    ``[tiles, blocks, groups, 64]`` (groups: 4 for Q4_1, 5 for Q5_1: the 5 groups of 4 bytes of
+    its row layout, 8 for Q8_0 and Q6_K), ``d`` and ``m`` fp32 ``[tiles, blocks, 16]`` (``m``
+    empty for Q8_0 and Q6_K; Q6_K's ``d`` is ``[tiles, blocks, 2, 16]``: the scales of elements
+    0-15 and 16-31 of each block); rows past ``n`` are zero padding."""
 
     kind: str
     n: int

@@ -1,5 +1,5 @@
-// GEMM over GGUF Q4_1 / Q5_1 / Q8_0 / Q6_K weights with int8 activations, for decode and small prefill
-// batches.
+// GEMM over GGUF Q4_1 / Q5_1 / Q8_0 / Q6_K weights with int8 activations, for decode and small
+// prefill batches.
 //
 // y[r, n] = sum_k x[r, k] * w[n, k]. Each block of 32 activations of a row is quantized once per
 // call to int8 with its own scale (dx = amax / 127, q = round(x * 127 / amax)), as llama.cpp's Q8
@@ -14,11 +14,11 @@
 // consecutive weights of the 16 rows side by side (64 bytes: one 512-bit vector, or two 256-bit
 // halves of 8 rows). Q4_1: 4 groups of the block's 16 bytes (low nibbles: elements 4g..4g+3, high
 // nibbles: 16+4g..); Q5_1: 5 groups holding the 5-bit values of elements 4j + t (j = 0..7, t
-// the byte's place; see q5_values; mw = m as Q4_1); Q8_0: 8 groups of int8; Q6_K: 8 groups of u8 0..63 (groups 0-3: elements 0-15,
-// the first scale; 4-7: 16-31). Scales d (and m) [tiles, blocks, 16], Q6_K's d
-// [tiles, blocks, 2, 16]. A group of 4
-// activations is broadcast to every lane and one VPDPBUSD (VNNI; VPMADDUBSW + VPMADDWD otherwise)
-// advances 16 output rows by 4 products: no horizontal sums, the result is 16 contiguous floats.
+// the byte's place; see q5_values; mw = m as Q4_1); Q8_0: 8 groups of int8; Q6_K: 8 groups of
+// u8 0..63 (groups 0-3: elements 0-15, the first scale; 4-7: 16-31). Scales d (and m)
+// [tiles, blocks, 16], Q6_K's d [tiles, blocks, 2, 16]. A group of 4 activations is broadcast
+// to every lane and one VPDPBUSD (VNNI; VPMADDUBSW + VPMADDWD otherwise) advances 16 output rows
+// by 4 products: no horizontal sums, the result is 16 contiguous floats.
 //
 // One source, one build per instruction set (quant_q8.py picks the build at run time):
 //   avx2 (-mavx2 -mfma), avx512 (+ F/BW/VL/DQ), avx512vnni (+ VNNI).
