@@ -25,16 +25,16 @@ import torch
 import vocab_files
 from gguf import GGMLQuantizationType, GGUFValueType
 from gguf.quants import quantize
-from kquants import QK_K, QUANTIZERS, q4_k_m_type
+from kquants import QK_K, QUANTIZERS, q4_k_m_type, q5_k_m_type
 
 GENERATOR_VERSION = 1
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATES = ROOT / "tests" / "data" / "templates"
 EMBED_STD = 0.5
 BIAS_STD = 0.1
-QTYPES = ("Q4_1", "Q8_0", "F16", "F32", "Q4_K_M")
+QTYPES = ("Q4_1", "Q8_0", "F16", "F32", "Q4_K_M", "Q5_K_M")
 #: Where a row is not whole K-quant super-blocks, llama.cpp quantizes it to these instead.
-_K_FALLBACK = {"Q4_K": "Q5_0", "Q6_K": "Q8_0"}
+_K_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 
 
 @dataclass(frozen=True)
@@ -215,7 +215,8 @@ def _write(s: ModelShape, path: Path, seed: int, qtype: str) -> None:
 
 _FILE_TYPES = {"Q4_1": gguf.LlamaFileType.MOSTLY_Q4_1, "Q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
                "F16": gguf.LlamaFileType.MOSTLY_F16, "F32": gguf.LlamaFileType.ALL_F32,
-               "Q4_K_M": gguf.LlamaFileType.MOSTLY_Q4_K_M}
+               "Q4_K_M": gguf.LlamaFileType.MOSTLY_Q4_K_M,
+               "Q5_K_M": gguf.LlamaFileType.MOSTLY_Q5_K_M}
 
 
 def _add_tensor(writer: gguf.GGUFWriter, name: str, arr: np.ndarray, qtype: str,
@@ -224,8 +225,8 @@ def _add_tensor(writer: gguf.GGUFWriter, name: str, arr: np.ndarray, qtype: str,
         writer.add_tensor(name, arr.astype(np.float32))
         return
     kind = "Q8_0" if qtype == "Q4_1" and name == "token_embd.weight" else qtype
-    if kind == "Q4_K_M":
-        kind = q4_k_m_type(name, s.layers, s.tied)
+    if kind in ("Q4_K_M", "Q5_K_M"):
+        kind = (q4_k_m_type if kind == "Q4_K_M" else q5_k_m_type)(name, s.layers, s.tied)
         kind = kind if arr.shape[1] % QK_K == 0 else _K_FALLBACK[kind]
     if kind in QUANTIZERS:
         writer.add_tensor(name, QUANTIZERS[kind](arr),
