@@ -83,15 +83,24 @@ class Scheduler:
         """Whether any running request is past its prompt (a stream a long step would stall)."""
         return any(r.num_computed >= len(r.prompt_ids) for r in self.running)
 
+    @property
+    def admittable(self) -> bool:
+        """Whether a request waits and the request table and running cap leave room for it."""
+        return bool(self.waiting) and self.req_to_token.num_free > 0 and (
+            self.max_running is None or len(self.running) < self.max_running)
+
     def schedule(self) -> list[ScheduledReq]:
         """Pick this step's work and allocate KV slots for it: requests past their prompt
-        first, then prefill chunks and admissions within ``prefill_cap`` tokens."""
+        first, then prefill chunks and admissions within ``prefill_cap`` tokens. While a
+        request can be admitted, prefill chunks take at most half of that, so a newcomer
+        starts beside a long prompt instead of after all its chunks."""
         out: list[ScheduledReq] = []
         budget = self._feed([r for r in self.running if r.num_computed >= len(r.prompt_ids)],
                             self.max_batch_tokens, out)
         held = max(budget - self.prefill_cap, 0) if self.prefill_cap is not None else 0
-        budget = self._feed([r for r in self.running if r.num_computed < len(r.prompt_ids)],
-                            budget - held, out)
+        kept = (budget - held) // 2 if self.admittable else 0
+        budget = kept + self._feed([r for r in self.running if r.num_computed < len(r.prompt_ids)],
+                                   budget - held - kept, out)
         admitted: list[Req] = []
         for req in self._admission_order():
             if budget == 0 or self.req_to_token.num_free == 0 or (

@@ -1,19 +1,30 @@
-"""Prefill chunks sized so that a step stays near a target time while requests decode.
+"""Prefill chunks sized so that a step stays short while requests decode or wait to start.
 
 A long prompt is prefilled in chunks of up to ``max_batch_tokens`` tokens, one chunk a step,
 and every request decoding beside it waits for that step: at a 1.7B shape on 2 CPU cores a
 2,048-token chunk is a step of more than 10 s, so the streams beside it stalled for 10 s a token.
-While any request decodes, :class:`StepPacer` caps a step's prefill tokens (chunks and newly
-admitted prompts together) at what fits ``target_s`` by the measured cost of recent steps:
+:class:`StepPacer` caps a step's prefill tokens (chunks and newly admitted prompts together) by
+the measured cost of recent steps:
 
     step seconds ~ base_s + per_token_s * prefill_tokens
 
 ``base_s`` is the running mean of recent steps without prefill (the decode rows alone) and
-``per_token_s`` that of recent prefill steps' time per prefill token beyond ``base_s``. Before the
-first prefill step is measured the cap is ``min_chunk``. The cap never falls below ``min_chunk``,
-so a prompt always advances, and it is lifted when nothing decodes (no stream to stall: the
-largest chunk is the fastest prefill). Decode rows are always scheduled first
-(``Scheduler.schedule``).
+``per_token_s`` that of recent prefill steps' time per prefill token beyond ``base_s``.
+
+* While any request decodes, a step may take ``min(target_s, DECODE_STRETCH * base_s)``: the
+  streams' inter-token latency stays within ``DECODE_STRETCH`` times their latency without the
+  prefill (benchmarks/bench_itl_long_prompt.py: on the embedded model a prefill token late in
+  an 8,000-token prompt costs about as much as a whole 4-row decode step, so a fixed 0.5 s
+  target let each step stall the streams 10x and more).
+* While nothing decodes but a request waits to be admitted, a step may take ``target_s``, so
+  that the newcomer starts behind a short chunk, not a whole ``max_batch_tokens`` one (the
+  scheduler also keeps part of the budget for admissions then, ``Scheduler.schedule``).
+* Otherwise there is no cap (no one to stall: the largest chunk is the fastest prefill).
+
+Before the first prefill step is measured the cap is ``min_chunk``; it never falls below
+``min_chunk``, so a prompt always advances. Costs that rise (a chunk's attention grows with the
+tokens before it) are followed faster than costs that fall, so an under-estimate lasts few
+steps. Decode rows are always scheduled first (``Scheduler.schedule``).
 """
 
 from __future__ import annotations
@@ -23,12 +34,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-#: Weight of the newest step in the running means.
+#: Weight of the newest step in the running means; ``ALPHA_UP`` where the cost rose.
 ALPHA = 0.3
+ALPHA_UP = 0.6
+#: While requests decode, a step with prefill may take this many times a decode-only step.
+DECODE_STRETCH = 2.0
 
 
-def _mean(old: float | None, new: float) -> float:
-    return new if old is None else old + ALPHA * (new - old)
+def _mean(old: float | None, new: float, alpha: float = ALPHA) -> float:
+    return new if old is None else old + alpha * (new - old)
 
 
 @dataclass
@@ -37,18 +51,26 @@ class StepPacer:
 
     target_s: float
     max_tokens: int
-    min_chunk: int = 32
+    min_chunk: int = 1
     base_s: float | None = None
     per_token_s: float | None = None
 
-    def cap(self, decoding: bool) -> int | None:
+    def limit_s(self, decoding: bool) -> float:
+        """The time a step with prefill may take: ``target_s``, and while requests decode at
+        most ``DECODE_STRETCH`` times a measured decode-only step."""
+        if decoding and self.base_s is not None:
+            return min(self.target_s, DECODE_STRETCH * self.base_s)
+        return self.target_s
+
+    def cap(self, decoding: bool, waiting: bool = False) -> int | None:
         """The most prefill tokens the next step may take (None: no cap), ``decoding`` saying
-        whether any running request is past its prompt."""
-        if self.target_s <= 0 or not decoding:
+        whether any running request is past its prompt, ``waiting`` whether a request waits
+        to be admitted."""
+        if self.target_s <= 0 or not (decoding or waiting):
             return None
         if self.per_token_s is None:
             return self.min_chunk
-        room = self.target_s - (self.base_s or 0.0)
+        room = self.limit_s(decoding) - ((self.base_s or 0.0) if decoding else 0.0)
         fits = int(room / self.per_token_s) if self.per_token_s > 0 else self.max_tokens
         return max(self.min_chunk, min(self.max_tokens, fits))
 
@@ -57,8 +79,9 @@ class StepPacer:
         if prefill_tokens == 0:
             self.base_s = _mean(self.base_s, seconds)
         else:
-            beyond = max(seconds - (self.base_s or 0.0), 0.0)
-            self.per_token_s = _mean(self.per_token_s, beyond / prefill_tokens)
+            beyond = max(seconds - (self.base_s or 0.0), 0.0) / prefill_tokens
+            up = self.per_token_s is not None and beyond > self.per_token_s
+            self.per_token_s = _mean(self.per_token_s, beyond, ALPHA_UP if up else ALPHA)
 
     @contextmanager
     def step(self, prefill_tokens: int) -> Iterator[None]:
