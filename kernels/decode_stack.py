@@ -134,8 +134,8 @@ class _Layer(ctypes.Structure):
 
 _STEP_INTS = ("tokens", "hidden", "heads", "kv_heads", "head_dim", "inter", "layers", "S", "P")
 _STEP_PTRS = ("cos", "sin", "slots", "qb", "qpos", "qlen", "pool_k", "pool_v", "mirror_k",
-              "mirror_v", "kt", "vs", "gemm_q8_0", "gemm_q4_1", "gemm_q6_k", "gemm_q5_1", "attn",
-              "seconds")
+              "mirror_v", "kt", "vs", "gemm_q8_0", "gemm_q4_1", "gemm_q6_k", "gemm_q5_1",
+              "gemm_q4_k", "attn", "seconds")
 PARTS = ("matmul", "attention", "kv_write", "rest")  # what DecodeStack.seconds accumulates
 
 

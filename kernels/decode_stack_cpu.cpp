@@ -39,7 +39,7 @@ struct GsSegment {  // a PackedWeight (quant_q8.py): n consecutive output rows o
   const float* d;
   const float* m;
   int64_t n;
-  int32_t kind, levels;  // kind: 0 Q8_0, 1 Q4_1, 2 Q6_K, 3 Q5_1 (quant_q8.py: KINDS)
+  int32_t kind, levels;  // kind: 0 Q8_0, 1 Q4_1, 2 Q6_K, 3 Q5_1, 4 Q4_K (quant_q8.py: KINDS)
 };
 
 struct GsLinear {  // row segments in row order (n: their sum) and an optional bias [n]
@@ -83,6 +83,7 @@ struct GsStep {
   GemmQ4_1 gemm_q4_1;
   GemmQ6_K gemm_q6_k;
   GemmQ4_1 gemm_q5_1;  // the same arguments as Q4_1's
+  GemmQ4_1 gemm_q4_k;  // the same arguments (m: the u8 scales and mins)
   AttnFn attn;
   double* seconds;  // optional [4]: time added in matmuls, attention, K/V writes, the rest
 };
@@ -102,6 +103,10 @@ void linear(const GsStep& st, const GsLinear& w, const float* x, int64_t R, floa
         break;
       case 3:
         st.gemm_q5_1(x, R, w.k, static_cast<const uint8_t*>(s.qs), s.d, s.m, s.n, y + col, w.n,
+                     st.threads, s.levels);
+        break;
+      case 4:
+        st.gemm_q4_k(x, R, w.k, static_cast<const uint8_t*>(s.qs), s.d, s.m, s.n, y + col, w.n,
                      st.threads, s.levels);
         break;
       case 2:

@@ -39,7 +39,11 @@ class QuantWeight:
     group 4 holds ``e[4+g][t] >> 3`` in bits 2g, 2g+1); ``d`` and ``m`` are
     fp32 ``[N, K/32]`` (``m`` is empty for Q8_0). A value stands for ``d * q + m`` (Q4_1, Q5_1)
     or ``d * q`` (Q8_0). Q6_K: ``d`` is ``[N, K/16]`` (one scale per 16 values), ``m`` empty,
-    and a value stands for ``d * (q - 32)``.
+    and a value stands for ``d * (q - 32)``. Q4_K (GGUF's own super-blocks, 4.75 bits a
+    weight): ``qs`` as Q4_1, ``d`` fp32 ``[N, K/128]``: per 256 values the super-block's ``d``
+    and ``dmin`` (exact from fp16), ``m`` uint8 ``[N, K/16]``: per 32 values the 6-bit scale
+    ``sc`` and min ``mn``; a value of sub-block j stands for ``(d * sc) * q - dmin * mn`` (both
+    products exact in fp32, as ``gguf.quants`` computes them).
     """
 
     kind: str
@@ -50,7 +54,8 @@ class QuantWeight:
     @property
     def shape(self) -> tuple[int, int]:
         """``(N, K)`` of the dense weight."""
-        return self.d.shape[0], self.d.shape[1] * (16 if self.kind == "Q6_K" else 32)
+        per_d = {"Q6_K": 16, "Q4_K": 128}.get(self.kind, 32)
+        return self.d.shape[0], self.d.shape[1] * per_d
 
     def nbytes(self) -> int:
         """Bytes the kernel streams per product."""
@@ -58,16 +63,17 @@ class QuantWeight:
 
 
 #: GGUF types repacked losslessly into a kernel layout -> (bytes per 256 elements, layout).
-_REPACKED = {"Q4_K": (144, "Q4_1"), "Q5_K": (176, "Q5_1")}
+_REPACKED = {"Q4_K": (144, "Q4_K"), "Q5_K": (176, "Q5_1")}
 #: GGUF types of 32-value blocks repacked losslessly -> (bytes per block, layout).
 _REPACKED_32 = {"Q4_0": (18, "Q4_1"), "Q5_0": (22, "Q8_0"), "Q5_1": (24, "Q5_1")}
 _Q6_K_BYTES = 210  # per 256 values: ql[128], qh[64], int8 scales[16], fp16 d
 #: Every GGUF type :func:`pack_gguf_blocks` takes.
 PACKED_TYPES = (*_BLOCK, *_REPACKED, *_REPACKED_32, "Q6_K")
 #: Bytes a weight of each type in :data:`PACKED_TYPES` takes once repacked (the kernel layouts:
-#: Q4_1 4 bits + fp32 d and m per 32; Q5_1 5 bits + fp32 d and m per 32; Q8_0 8 bits + fp32 d
-#: per 32; Q6_K 8 bits + fp32 d per 16).
-LAYOUT_BYTES_PER_WEIGHT = {"Q4_1": 0.75, "Q4_K": 0.75, "Q4_0": 0.75, "Q5_1": 0.875,
+#: Q4_1 4 bits + fp32 d and m per 32; Q4_K 4 bits + u8 scale and min per 32 + fp32 d and dmin
+#: per 256; Q5_1 5 bits + fp32 d and m per 32; Q8_0 8 bits + fp32 d per 32; Q6_K 8 bits + fp32
+#: d per 16).
+LAYOUT_BYTES_PER_WEIGHT = {"Q4_1": 0.75, "Q4_K": 0.59375, "Q4_0": 0.75, "Q5_1": 0.875,
                            "Q5_K": 0.875, "Q8_0": 1.125, "Q5_0": 1.125, "Q6_K": 1.25}
 #: The :class:`QuantWeight` kinds :func:`quant_matmul` (fp32 activations) multiplies; the others
 #: (Q5_1, Q6_K) have only the int8-activation kernel.
@@ -79,9 +85,9 @@ def pack_gguf_blocks(kind: str, raw: np.ndarray) -> QuantWeight:
 
     Every repack is lossless: :func:`dequantize` gives ``gguf.quants.dequantize``'s values bit
     for bit (Q4_0's zeros up to their sign: see below).
-    Q4_K and Q5_K (256-element super-blocks) become the Q4_1 / Q5_1 layouts: their 8 sub-blocks'
-    6-bit scale and min times the super-block's ``d`` / ``dmin`` are exact in fp32 (6 bits a
-    weight in place of 4.5; 7 in place of 5.5). Q4_0 (``d * (q - 8)``) becomes Q4_1 with
+    Q4_K keeps its kind (:class:`QuantWeight`: 4.75 bits a weight in place of 4.5). Q5_K
+    (256-element super-blocks) becomes the Q5_1 layout: its 8 sub-blocks' 6-bit scale and min
+    times the super-block's ``d`` / ``dmin`` are exact in fp32 (7 bits a weight in place of 5.5). Q4_0 (``d * (q - 8)``) becomes Q4_1 with
     ``m = -8 d`` (exact; 6 bits in place of 4.5; ``d * q + m`` is exact too, but a zero comes
     out +0.0 where gguf's ``d * 0`` with a negative ``d`` gives -0.0). Q5_0 (``d * (q - 16)``)
     becomes Q8_0 with the int8 ``q - 16`` (9 bits in place of 5.5); Q5_1 keeps its kind (7 bits
@@ -150,7 +156,7 @@ def _pack_32(kind: str, raw: np.ndarray) -> QuantWeight:
 
 
 def _pack_k(kind: str, raw: np.ndarray) -> QuantWeight:
-    """Q4_K / Q5_K super-blocks into the Q4_1 / Q5_1 layout."""
+    """Q4_K super-blocks into the Q4_K layout, Q5_K into Q5_1."""
     size, layout = _REPACKED[kind]
     blocks = _split(kind, raw, size)
     n = raw.shape[0]
@@ -161,10 +167,14 @@ def _pack_k(kind: str, raw: np.ndarray) -> QuantWeight:
     q = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(n, -1, 8, 32)      # [N, nb, 8, 32]
     if kind == "Q4_K":
         packed = (q[..., :16] | (q[..., 16:] << 4)).reshape(n, -1)        # Q4_1: j | (j+16) << 4
-    else:  # the high bit of sub-block s's element i: bit s of qh[i]
-        qh = blocks[..., 16:48].reshape(n, -1, 1, 32)
-        q |= ((qh >> np.arange(8, dtype=np.uint8).reshape(8, 1)) & 1) << 4
-        packed = _q5_layout(q.reshape(n, -1, 32))
+        heads = np.concatenate([d, dmin], -1).reshape(n, -1)              # [N, nb * 2]
+        scales = np.stack([sc, mn], -1).astype(np.uint8).reshape(n, -1)   # [N, nb * 16]
+        return QuantWeight(kind, torch.from_numpy(np.ascontiguousarray(packed)),
+                           torch.from_numpy(heads), torch.from_numpy(scales))
+    # Q5_K: the high bit of sub-block s's element i is bit s of qh[i]
+    qh = blocks[..., 16:48].reshape(n, -1, 1, 32)
+    q |= ((qh >> np.arange(8, dtype=np.uint8).reshape(8, 1)) & 1) << 4
+    packed = _q5_layout(q.reshape(n, -1, 32))
     return QuantWeight(layout, torch.from_numpy(np.ascontiguousarray(packed)),
                        torch.from_numpy((d * sc).reshape(n, -1)),
                        torch.from_numpy((-(dmin * mn)).reshape(n, -1)))
@@ -202,6 +212,14 @@ def dequantize(w: QuantWeight) -> torch.Tensor:
         q = w.qs.view(n, k // 32, 16)
         q = torch.cat([q & 0x0F, q >> 4], dim=2).float()  # byte j: element j (low), j+16 (high)
         return (w.d[..., None] * q + w.m[..., None]).reshape(n, k)
+    if w.kind == "Q4_K":
+        q = w.qs.view(n, k // 32, 16)
+        q = torch.cat([q & 0x0F, q >> 4], dim=2).float()
+        heads = w.d.view(n, k // 256, 1, 2)
+        sm = w.m.view(n, k // 256, 8, 2).float()
+        scale = (heads[..., 0] * sm[..., 0]).view(n, k // 32, 1)  # exact: fp16 x 6 bits
+        low = (heads[..., 1] * sm[..., 1]).view(n, k // 32, 1)
+        return (scale * q - low).reshape(n, k)
     if w.kind == "Q5_1":
         g = w.qs.view(n, k // 32, 5, 4).int()  # see QuantWeight: [N, nb, group, t]
         top = (g[:, :, 4:] >> torch.tensor([0, 2, 4, 6])[:, None]) & 3
@@ -214,6 +232,19 @@ def dequantize(w: QuantWeight) -> torch.Tensor:
     return (w.d[..., None] * w.qs.view(n, k // 32, 32).float()).reshape(n, k)
 
 
+def as_q4_1(w: QuantWeight) -> QuantWeight:
+    """A Q4_K weight in the Q4_1 layout (the same nibbles, fp32 ``d * sc`` and
+    ``-(dmin * mn)`` per 32: exact, 6 bits a weight), for the fp32-activation kernel, which has
+    no Q4_K path; any other kind is returned as it is."""
+    if w.kind != "Q4_K":
+        return w
+    n, k = w.shape
+    heads = w.d.view(n, k // 256, 1, 2)
+    sm = w.m.view(n, k // 256, 8, 2).float()
+    return QuantWeight("Q4_1", w.qs, (heads[..., 0] * sm[..., 0]).reshape(n, -1),
+                       (-(heads[..., 1] * sm[..., 1])).reshape(n, -1))
+
+
 def quant_matmul_ref(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
     """Reference ``x @ dequantize(w).T``."""
     return x @ dequantize(w).t()
@@ -221,7 +252,9 @@ def quant_matmul_ref(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
 
 def quant_matmul(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
     """``x [R, K] @ w.T`` with the AVX2 kernel; ``x`` is fp32 on CPU. Needs the kernel, and ``w``
-    of a kind it has (:data:`FP32_KERNEL_KINDS`)."""
+    of a kind it has (:data:`FP32_KERNEL_KINDS`) or Q4_K (converted by :func:`as_q4_1` each
+    call: convert once where the weight is kept)."""
+    w = as_q4_1(w)
     if w.kind not in FP32_KERNEL_KINDS:
         raise ValueError(f"the fp32-activation kernel has no {w.kind} path (it multiplies "
                          f"{', '.join(FP32_KERNEL_KINDS)}); use quant_q8.quant_matmul_q8")

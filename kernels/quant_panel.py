@@ -55,7 +55,7 @@ PANEL_ROWS = 512
 PANEL_MIN_ROWS = 256
 _DTYPES = (torch.bfloat16, torch.float32)
 #: The x16 kinds the dequantizing kernel reads -> its kind code.
-PANEL_KINDS = {"Q8_0": 0, "Q4_1": 1, "Q6_K": 2}
+PANEL_KINDS = {"Q8_0": 0, "Q4_1": 1, "Q6_K": 2, "Q4_K": 4}
 
 
 def panel_available() -> bool:
@@ -149,6 +149,11 @@ def random_quant_weight(kind: str, n: int, k: int, seed: int = 0) -> QuantWeight
         qs = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
         d = torch.rand(n, k // 32, generator=g) * 0.004 + 0.001
         return QuantWeight(kind, qs, d, -8 * d)
+    if kind == "Q4_K":
+        qs = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
+        heads = (torch.rand(n, k // 128, generator=g) * 2e-4 + 5e-5).half().float()
+        sm = torch.randint(0, 64, (n, k // 16), dtype=torch.uint8, generator=g)
+        return QuantWeight(kind, qs, heads, sm)
     if kind == "Q6_K":
         qs = torch.randint(0, 64, (n, k), dtype=torch.uint8, generator=g)
         return QuantWeight(kind, qs, torch.rand(n, k // 16, generator=g) * 0.002 + 0.0005,
@@ -171,7 +176,7 @@ def _dequant_into(w: PackedWeight, r0: int, r1: int, out: torch.Tensor) -> None:
                          f"{out.dtype} {tuple(out.shape)}")
     if not 0 <= r0 <= r1 <= w.n or w.qs.shape[0] * TILE < w.n:
         raise ValueError(f"rows {r0}..{r1} outside the weight's {w.n}")
-    m_ptr = w.m.data_ptr() if w.kind == "Q4_1" else None
+    m_ptr = w.m.data_ptr() if w.kind in ("Q4_1", "Q4_K") else None
     lib.gs_x16_dequant(PANEL_KINDS[w.kind], w.qs.data_ptr(), w.d.data_ptr(), m_ptr, w.k, r0, r1,
                        out.data_ptr(), w.k, int(out.dtype == torch.bfloat16),
                        torch.get_num_threads())

@@ -1,4 +1,4 @@
-// Dequantize a row range of an x16-layout weight (quant_q8.py: pack_x16; Q8_0, Q4_1, Q6_K) into a
+// Dequantize a row range of an x16-layout weight (quant_q8.py: pack_x16; Q8_0, Q4_1, Q6_K, Q4_K) into a
 // dense row-major [rows, K] panel, fp32 or bf16, for prefill GEMMs in torch (quant_panel.py).
 //
 // The fp32 values equal quant.py's dequantize bit for bit: Q8_0 d * q, Q6_K d16 * (q - 32) (both
@@ -10,7 +10,9 @@
 // holding 4 consecutive bytes of each of the 16 rows (row r at byte 4r). A row's bytes of a block
 // are one gather of G dwords at stride 64. Q4_1's 16 bytes hold elements 0-15 in their low nibbles
 // and 16-31 in their high nibbles; Q8_0's 32 are int8, Q6_K's 32 are u8 0..63 with one scale per
-// 16 (d [tiles, blocks, 2, 16]); d and m otherwise [tiles, blocks, 16].
+// 16 (d [tiles, blocks, 2, 16]); d and m otherwise [tiles, blocks, 16]. Q4_K: nibbles as Q4_1,
+// fp32 d and dmin [tiles, K/256, 2, 16], u8 scale and min [tiles, blocks, 2, 16]; a value is
+// (d * sc) * q - dmin * mn, each product exact, as quant.py's dequantize.
 //
 // One source, two builds (quant_panel.py): avx2 (-mavx2 -mfma), avx512 (+ F/BW/VL/DQ).
 #include <immintrin.h>
@@ -22,7 +24,7 @@
 namespace {
 
 constexpr int kTile = 16;
-enum Kind : int { kQ8_0 = 0, kQ4_1 = 1, kQ6_K = 2 };  // quant_q8.py's KINDS order
+enum Kind : int { kQ8_0 = 0, kQ4_1 = 1, kQ6_K = 2, kQ4_K = 4 };  // quant_q8.py's KINDS order
 
 #if defined(__AVX512F__)
 constexpr int kLanes = 16;
@@ -35,6 +37,7 @@ inline VecI sub32(VecI v, int c) { return _mm512_sub_epi32(v, _mm512_set1_epi32(
 inline VecF bcast(float v) { return _mm512_set1_ps(v); }
 inline VecF mul(VecF a, VecF b) { return _mm512_mul_ps(a, b); }
 inline VecF add(VecF a, VecF b) { return _mm512_add_ps(a, b); }
+inline VecF sub(VecF a, VecF b) { return _mm512_sub_ps(a, b); }
 inline void store(float* p, VecF v) { _mm512_storeu_ps(p, v); }
 inline void store(uint16_t* p, VecF v) {  // round to nearest even, keep the high 16 bits
   const VecI u = _mm512_castps_si512(v);
@@ -53,6 +56,7 @@ inline VecI sub32(VecI v, int c) { return _mm256_sub_epi32(v, _mm256_set1_epi32(
 inline VecF bcast(float v) { return _mm256_set1_ps(v); }
 inline VecF mul(VecF a, VecF b) { return _mm256_mul_ps(a, b); }
 inline VecF add(VecF a, VecF b) { return _mm256_add_ps(a, b); }
+inline VecF sub(VecF a, VecF b) { return _mm256_sub_ps(a, b); }
 inline void store(float* p, VecF v) { _mm256_storeu_ps(p, v); }
 inline void store(uint16_t* p, VecF v) {
   const VecI u = _mm256_castps_si256(v);
@@ -74,6 +78,8 @@ inline void emit16(__m128i b, float d, float m, T* out) {
       v = mul(bcast(d), to_f(widen_i8(part)));
     } else if constexpr (K == kQ6_K) {
       v = mul(bcast(d), to_f(sub32(widen_u8(part), 32)));
+    } else if constexpr (K == kQ4_K) {  // m: dmin * mn, subtracted
+      v = sub(mul(bcast(d), to_f(widen_u8(part))), bcast(m));
     } else {
       v = add(mul(bcast(d), to_f(widen_u8(part))), bcast(m));
     }
@@ -81,16 +87,25 @@ inline void emit16(__m128i b, float d, float m, T* out) {
   }
 }
 
-// Row `lane` of one tile and block: 32 values into out.
+// Row `lane` of one tile and block: 32 values into out. Q4_1: db, mb the block's d and m;
+// Q4_K: db the super-block's d then (kTile on) dmin, mb the u8 scales then (kTile on) mins.
 template <Kind K, typename T>
-inline void row_block(const uint8_t* qb, const float* db, const float* mb, int lane, T* out) {
+inline void row_block(const uint8_t* qb, const float* db, const void* mb, int lane, T* out) {
   const int* p = reinterpret_cast<const int*>(qb + 4 * lane);
-  if constexpr (K == kQ4_1) {
+  if constexpr (K == kQ4_1 || K == kQ4_K) {
     const __m128i b = _mm_i32gather_epi32(p, _mm_setr_epi32(0, 64, 128, 192), 1);
     const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F));
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
-    emit16<K>(lo, db[lane], mb[lane], out);
-    emit16<K>(hi, db[lane], mb[lane], out + 16);
+    float d, m;
+    if constexpr (K == kQ4_K) {
+      const auto* sm = static_cast<const uint8_t*>(mb);
+      d = db[lane] * static_cast<float>(sm[lane]);
+      m = db[kTile + lane] * static_cast<float>(sm[kTile + lane]);
+    } else {
+      d = db[lane], m = static_cast<const float*>(mb)[lane];
+    }
+    emit16<K>(lo, d, m, out);
+    emit16<K>(hi, d, m, out + 16);
   } else {
     const __m256i b = _mm256_i32gather_epi32(p, _mm256_setr_epi32(0, 64, 128, 192, 256, 320, 384, 448), 1);
     const float d0 = db[lane], d1 = K == kQ6_K ? db[kTile + lane] : db[lane];
@@ -102,21 +117,26 @@ inline void row_block(const uint8_t* qb, const float* db, const float* mb, int l
 template <Kind K, typename T>
 void dequant(const uint8_t* qs, const float* d, const float* m, int64_t k, int64_t r0, int64_t r1,
              T* out, int64_t ldo, int threads) {
-  constexpr int G = K == kQ4_1 ? 4 : 8;
+  constexpr int G = K == kQ4_1 || K == kQ4_K ? 4 : 8;
   constexpr int D = K == kQ6_K ? 2 : 1;  // scales per block and row
   const int64_t nb = k / 32, t0 = r0 / kTile, t1 = (r1 + kTile - 1) / kTile;
+  const int64_t d_tile = K == kQ4_K ? nb / 4 * kTile : nb * D * kTile;  // floats per tile
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t t = t0; t < t1; ++t) {
     const int lo = static_cast<int>(std::max<int64_t>(r0 - t * kTile, 0));
     const int hi = static_cast<int>(std::min<int64_t>(r1 - t * kTile, kTile));
     const uint8_t* qt = qs + t * nb * G * 64;
-    const float* dt = d + t * nb * D * kTile;
-    const float* mt = K == kQ4_1 ? m + t * nb * kTile : nullptr;
+    const float* dt = d + t * d_tile;
+    const auto* mt = reinterpret_cast<const uint8_t*>(m);
     T* rows = out + (t * kTile - r0) * ldo;
-    for (int64_t b = 0; b < nb; ++b)
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* db = K == kQ4_K ? dt + b / 8 * 2 * kTile : dt + b * D * kTile;
+      const void* mb = K == kQ4_1   ? static_cast<const void*>(m + (t * nb + b) * kTile)
+                       : K == kQ4_K ? static_cast<const void*>(mt + (t * nb + b) * 2 * kTile)
+                                    : nullptr;
       for (int lane = lo; lane < hi; ++lane)
-        row_block<K>(qt + b * G * 64, dt + b * D * kTile, K == kQ4_1 ? mt + b * kTile : nullptr,
-                     lane, rows + lane * ldo + b * 32);
+        row_block<K>(qt + b * G * 64, db, mb, lane, rows + lane * ldo + b * 32);
+    }
   }
 }
 
@@ -125,6 +145,7 @@ void dispatch(int kind, const uint8_t* qs, const float* d, const float* m, int64
               int64_t r1, T* out, int64_t ldo, int threads) {
   if (kind == kQ4_1) dequant<kQ4_1>(qs, d, m, k, r0, r1, out, ldo, threads);
   else if (kind == kQ6_K) dequant<kQ6_K>(qs, d, m, k, r0, r1, out, ldo, threads);
+  else if (kind == kQ4_K) dequant<kQ4_K>(qs, d, m, k, r0, r1, out, ldo, threads);
   else dequant<kQ8_0>(qs, d, m, k, r0, r1, out, ldo, threads);
 }
 
@@ -132,7 +153,8 @@ void dispatch(int kind, const uint8_t* qs, const float* d, const float* m, int64
 
 extern "C" {
 
-// Rows r0..r1 (r1 <= n) of an x16 weight of `kind` (0 Q8_0, 1 Q4_1, 2 Q6_K) with K = k into
+// Rows r0..r1 (r1 <= n) of an x16 weight of `kind` (0 Q8_0, 1 Q4_1, 2 Q6_K, 4 Q4_K: m the bytes
+// of its u8 scales and mins) with K = k into
 // out[(r - r0) * ldo + j], fp32 (`bf16` = 0) or bf16 bits (1).
 void gs_x16_dequant(int kind, const uint8_t* qs, const float* d, const float* m, int64_t k,
                     int64_t r0, int64_t r1, void* out, int64_t ldo, int bf16, int threads) {

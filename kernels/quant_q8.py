@@ -37,8 +37,8 @@ _ISA_FLAGS = {
 TILE = 16  # weight rows per tile of the x16 layout
 #: The kinds :func:`quant_matmul_q8` multiplies, in the order of :func:`gemm_addresses` (each
 #: kind's index there is its code in ``decode_stack_cpu.cpp``).
-KINDS = ("Q8_0", "Q4_1", "Q6_K", "Q5_1")
-_WITH_MIN = ("Q4_1", "Q5_1")  # the kinds with an offset m per block
+KINDS = ("Q8_0", "Q4_1", "Q6_K", "Q5_1", "Q4_K")
+_WITH_MIN = ("Q4_1", "Q5_1")  # the kinds with an fp32 offset m per block
 _FLAGS = {isa: _COMMON + flags for isa, flags in _ISA_FLAGS.items()}
 
 
@@ -48,7 +48,9 @@ class PackedWeight:
     ``[tiles, blocks, groups, 64]`` (groups: 4 for Q4_1, 5 for Q5_1: the 5 groups of 4 bytes of
     its row layout, 8 for Q8_0 and Q6_K), ``d`` and ``m`` fp32 ``[tiles, blocks, 16]`` (``m``
     empty for Q8_0 and Q6_K; Q6_K's ``d`` is ``[tiles, blocks, 2, 16]``: the scales of elements
-    0-15 and 16-31 of each block); rows past ``n`` are zero padding."""
+    0-15 and 16-31 of each block). Q4_K: ``qs`` as Q4_1, ``d`` fp32 ``[tiles, K/256, 2, 16]``
+    (each super-block's ``d`` then ``dmin``), ``m`` uint8 ``[tiles, blocks, 2, 16]`` (each
+    block's 6-bit scale then min). Rows past ``n`` are zero padding."""
 
     kind: str
     n: int
@@ -81,14 +83,20 @@ def pack_x16(w: QuantWeight, isa: str | None = None, levels: int = 2) -> PackedW
         t = torch.cat([t, t.new_zeros(pad, *t.shape[1:])]) if pad else t
         return t.view(tiles, TILE, *t.shape[1:])
 
-    groups = {"Q4_1": 4, "Q5_1": 5}.get(w.kind, 8)
+    groups = {"Q4_1": 4, "Q4_K": 4, "Q5_1": 5}.get(w.kind, 8)
     qs = tiled(w.qs.view(torch.uint8).reshape(n, nb, groups, 4))  # [T, 16, nb, G, 4]
     qs = qs.permute(0, 2, 3, 1, 4).reshape(tiles, nb, groups, TILE * 4).contiguous()
-    if w.kind == "Q6_K":  # [T, 16, nb * 2] -> [T, nb, 2, 16]
-        d = tiled(w.d).view(tiles, TILE, nb, 2).permute(0, 2, 3, 1).contiguous()
+    def pairs(t: torch.Tensor) -> torch.Tensor:  # [n, c * 2] -> [T, c, 2, 16]
+        return tiled(t).view(tiles, TILE, -1, 2).permute(0, 2, 3, 1).contiguous()
+
+    if w.kind in ("Q6_K", "Q4_K"):
+        d = pairs(w.d)
     else:
         d = tiled(w.d).permute(0, 2, 1).contiguous()
-    m = tiled(w.m).permute(0, 2, 1).contiguous() if w.kind in _WITH_MIN else w.m
+    if w.kind == "Q4_K":
+        m = pairs(w.m)
+    else:
+        m = tiled(w.m).permute(0, 2, 1).contiguous() if w.kind in _WITH_MIN else w.m
     return PackedWeight(w.kind, n, k, qs, d, m, isa, levels)
 
 
@@ -105,11 +113,14 @@ def unpack_x16(p: PackedWeight) -> QuantWeight:
     qs = rows(p.qs.view(tiles, nb, groups, TILE, 4).permute(0, 3, 1, 2, 4)).reshape(n, -1)
     if p.kind == "Q8_0":
         qs = qs.view(torch.int8)
-    if p.kind == "Q6_K":
-        d = rows(p.d.permute(0, 3, 1, 2)).reshape(n, 2 * nb)
+    if p.kind in ("Q6_K", "Q4_K"):
+        d = rows(p.d.permute(0, 3, 1, 2)).reshape(n, -1)
     else:
         d = rows(p.d.permute(0, 2, 1)).reshape(n, nb)
-    m = rows(p.m.permute(0, 2, 1)).reshape(n, nb) if p.kind in _WITH_MIN else p.m
+    if p.kind == "Q4_K":
+        m = rows(p.m.permute(0, 3, 1, 2)).reshape(n, 2 * nb)
+    else:
+        m = rows(p.m.permute(0, 2, 1)).reshape(n, nb) if p.kind in _WITH_MIN else p.m
     return QuantWeight(p.kind, qs.contiguous(), d.contiguous(), m.contiguous())
 
 
@@ -200,8 +211,9 @@ def _gemm_into(x: torch.Tensor, w: PackedWeight, y: torch.Tensor, col: int, isa:
     r, k, n, ldy = x.shape[0], w.k, w.n, y.shape[1]
     out = y.data_ptr() + 4 * col  # fp32
     threads = torch.get_num_threads()
-    if w.kind in _WITH_MIN:
-        gemm = lib.gs_q4_1_gemm_q8 if w.kind == "Q4_1" else lib.gs_q5_1_gemm_q8
+    if w.kind in (*_WITH_MIN, "Q4_K"):
+        gemm = {"Q4_1": lib.gs_q4_1_gemm_q8, "Q5_1": lib.gs_q5_1_gemm_q8,
+                "Q4_K": lib.gs_q4_k_gemm_q8}[w.kind]
         gemm(x.data_ptr(), r, k, w.qs.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), n, out, ldy,
              threads, levels)
     elif w.kind == "Q6_K":
@@ -285,6 +297,8 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.gs_q4_1_gemm_q8.restype = None
     lib.gs_q5_1_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, i64, i32, i32]
     lib.gs_q5_1_gemm_q8.restype = None
+    lib.gs_q4_k_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, i64, i32, i32]
+    lib.gs_q4_k_gemm_q8.restype = None
     lib.gs_q8_0_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, i64, i32, i32]
     lib.gs_q8_0_gemm_q8.restype = None
     lib.gs_q6_k_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, i64, i32, i32]

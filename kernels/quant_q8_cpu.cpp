@@ -1,4 +1,4 @@
-// GEMM over GGUF Q4_1 / Q5_1 / Q8_0 / Q6_K weights with int8 activations, for decode and small
+// GEMM over GGUF Q4_1 / Q5_1 / Q8_0 / Q6_K / Q4_K weights with int8 activations, for decode and small
 // prefill batches.
 //
 // y[r, n] = sum_k x[r, k] * w[n, k]. Each block of 32 activations of a row is quantized once per
@@ -16,7 +16,11 @@
 // nibbles: 16+4g..); Q5_1: 5 groups holding the 5-bit values of elements 4j + t (j = 0..7, t
 // the byte's place; see q5_values; mw = m as Q4_1); Q8_0: 8 groups of int8; Q6_K: 8 groups of
 // u8 0..63 (groups 0-3: elements 0-15, the first scale; 4-7: 16-31). Scales d (and m)
-// [tiles, blocks, 16], Q6_K's d [tiles, blocks, 2, 16]. A group of 4 activations is broadcast
+// [tiles, blocks, 16], Q6_K's d [tiles, blocks, 2, 16]. Q4_K: nibbles as Q4_1; per tile and
+// super-block of 256 fp32 d and dmin [2, 16], per block u8 6-bit scale sc and min mn [2, 16]: the
+// block's dw = d * sc and mw = -(dmin * mn) are formed in fp32 (exact: fp16 times 6 bits), so
+// the results equal Q4_1's on the same weights bit for bit, from 4.75 bits a weight instead of 6.
+// A group of 4 activations is broadcast
 // to every lane and one VPDPBUSD (VNNI; VPMADDUBSW + VPMADDWD otherwise) advances 16 output rows
 // by 4 products: no horizontal sums, the result is 16 contiguous floats.
 //
@@ -32,10 +36,10 @@
 
 namespace {
 
-enum Kind : int { kQ8_0 = 0, kQ4_1 = 1, kQ6_K = 2, kQ5_1 = 3 };  // decode_stack_cpu.cpp's too
+enum Kind : int { kQ8_0 = 0, kQ4_1 = 1, kQ6_K = 2, kQ5_1 = 3, kQ4_K = 4 };  // decode_stack_cpu.cpp's too
 
-constexpr bool has_min(int k) { return k == kQ4_1 || k == kQ5_1; }  // d * q + m per 32
-constexpr int groups_of(int k) { return k == kQ4_1 ? 4 : k == kQ5_1 ? 5 : 8; }  // 64 B per block
+constexpr bool has_min(int k) { return k == kQ4_1 || k == kQ5_1 || k == kQ4_K; }  // d * q + m per 32
+constexpr int groups_of(int k) { return k == kQ4_1 || k == kQ4_K ? 4 : k == kQ5_1 ? 5 : 8; }  // 64 B per block
 
 // Q5_1's 8 vectors of 5-bit values u[j] (elements 4j + t of the block, t the byte's place in its
 // group) from its 5 groups p[0..4]: u[g] = p[g] & 31; u[4 + g] = p[g] >> 5 (bits 0-2) | bits
@@ -62,7 +66,7 @@ inline VecI block_dot(const VecI* u, const VecI* w, const int8_t* xb, VecI init)
     dot = init;
     for (int g = 0; g < 8; ++g) dot = dpbusd(dot, u[g], bcast_i(group4(xb + 4 * g)));
     return dot;
-  } else if constexpr (kK == kQ4_1) {  // 8 * 2 * 15 * 127 fits int16
+  } else if constexpr (kK == kQ4_1 || kK == kQ4_K) {  // 8 * 2 * 15 * 127 fits int16
     VecI s16 = maddubs(u[0], bcast_i(group4(xb)));
     for (int g = 1; g < 8; ++g) s16 = add16(s16, maddubs(u[g], bcast_i(group4(xb + 4 * g))));
     dot = madd1(s16);
@@ -89,6 +93,7 @@ inline void tile_rows(const Q8Rows& a, int64_t K, int64_t r0, const uint8_t* qt,
   constexpr bool kQ4 = has_min(kK);
   constexpr int G = groups_of(kK);
   const int64_t nb = K / 32;
+  const auto* sm = reinterpret_cast<const uint8_t*>(mt);  // Q4_K's scales and mins
   VecF acc[RT];
   for (int r = 0; r < RT; ++r) acc[r] = fzero();
   for (int64_t b = 0; b < nb; ++b) {
@@ -96,8 +101,13 @@ inline void tile_rows(const Q8Rows& a, int64_t K, int64_t r0, const uint8_t* qt,
     // NOTE: tiles lie one after another, so the lines kPrefetch blocks ahead are this tile's
     // or the next one's (what this thread's static share takes next).
     for (int g = 0; g < G; ++g) _mm_prefetch(reinterpret_cast<const char*>(wb + (kPrefetch * G + g) * 64), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(dt + (b + kPrefetch) * kTile), _MM_HINT_T0);
-    if constexpr (kQ4) _mm_prefetch(reinterpret_cast<const char*>(mt + (b + kPrefetch) * kTile), _MM_HINT_T0);
+    if constexpr (kK == kQ4_K) {  // a line of d / dmin per super-block, of scales per 2 blocks
+      _mm_prefetch(reinterpret_cast<const char*>(dt + (b + kPrefetch) / 8 * 2 * kTile), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(sm + (b + kPrefetch) * 2 * kTile), _MM_HINT_T0);
+    } else {
+      _mm_prefetch(reinterpret_cast<const char*>(dt + (b + kPrefetch) * kTile), _MM_HINT_T0);
+      if constexpr (kQ4) _mm_prefetch(reinterpret_cast<const char*>(mt + (b + kPrefetch) * kTile), _MM_HINT_T0);
+    }
     VecI u[8], w[8];
     if constexpr (kQ4) {
       if constexpr (kK == kQ5_1) {
@@ -115,9 +125,16 @@ inline void tile_rows(const Q8Rows& a, int64_t K, int64_t r0, const uint8_t* qt,
         u[g] = kVnni ? flip(w[g]) : abs8(w[g]);
       }
     }
-    const VecF dw = load_f(dt + b * kTile + half * kLanes);
-    const VecF mw = kQ4 ? load_f(mt + b * kTile + half * kLanes)
-                        : mul(dw, bcast_f(kVnni ? -128.f : 0.f));
+    VecF dw, mw;  // Q4_K: mw = dmin * mn, subtracted (fnma) where the others add
+    if constexpr (kK == kQ4_K) {
+      const float* db = dt + b / 8 * 2 * kTile + half * kLanes;
+      const uint8_t* sb = sm + b * 2 * kTile + half * kLanes;
+      dw = mul(load_f(db), load_u8_f(sb));
+      mw = mul(load_f(db + kTile), load_u8_f(sb + kTile));
+    } else {
+      dw = load_f(dt + b * kTile + half * kLanes);
+      mw = kQ4 ? load_f(mt + b * kTile + half * kLanes) : mul(dw, bcast_f(kVnni ? -128.f : 0.f));
+    }
     VecI dot[RT];
     if constexpr (kVnni) {  // the rows' chains interleaved: each VPDPBUSD waits on none before it
       for (int r = 0; r < RT; ++r) dot[r] = izero();
@@ -136,7 +153,9 @@ inline void tile_rows(const Q8Rows& a, int64_t K, int64_t r0, const uint8_t* qt,
     for (int r = 0; r < RT; ++r) {
       const int64_t rb = (r0 + r) * nb + b;
       acc[r] = fma(to_f(dot[r]), mul(dw, bcast_f(a.dx[rb])), acc[r]);
-      if (kQ4 || kVnni) acc[r] = fma(mw, bcast_f(a.sx[rb]), acc[r]);
+      // fnma(p, s, acc) = acc - p * s, one rounding: Q4_1's fma(-p, s, acc) bit for bit
+      if constexpr (kK == kQ4_K) acc[r] = fnma(mw, bcast_f(a.sx[rb]), acc[r]);
+      else if (kQ4 || kVnni) acc[r] = fma(mw, bcast_f(a.sx[rb]), acc[r]);
     }
   }
   for (int r = 0; r < RT; ++r) store_f(y + (r0 + r) * ldy + n0, acc[r], nvalid);
@@ -205,8 +224,10 @@ template <int kK, bool kTwo>
 void gemm(const float* x, int64_t R, int64_t K, const uint8_t* qs, const float* d,
           const float* m, int64_t N, float* y, int64_t ldy, int threads) {
   constexpr bool kQ4 = has_min(kK);
-  constexpr int kScales = kK == kQ6_K ? 2 : 1;  // scale vectors per tile and block
   const int64_t nb = K / 32, tiles = (N + kTile - 1) / kTile;
+  // floats of d and bytes of m per tile
+  const int64_t d_tile = (kK == kQ6_K ? 2 * nb : kK == kQ4_K ? nb / 4 : nb) * kTile;
+  const int64_t m_tile = (kK == kQ4_K ? 2 : 4) * nb * kTile;
   const int64_t tile_bytes = nb * groups_of(kK) * 64;
   Q8Rows a = alloc_rows(R, K, kTwo, kK == kQ6_K);
   // One parallel region: the activations are quantized by all threads, then (after the implicit
@@ -228,8 +249,9 @@ void gemm(const float* x, int64_t R, int64_t K, const uint8_t* qs, const float* 
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tiles; ++t) {
       const uint8_t* qt = qs + t * tile_bytes;
-      const float* dt = d + t * nb * kTile * kScales;
-      const float* mt = kQ4 ? m + t * nb * kTile : nullptr;
+      const float* dt = d + t * d_tile;
+      const float* mt = kQ4 ? reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(m) + t * m_tile)
+                            : nullptr;
       for (int h = 0; h < kHalves; ++h) {
         const int64_t n0 = t * kTile + h * kLanes;
         if (n0 >= N) break;
@@ -299,6 +321,14 @@ void gs_q5_1_gemm_q8(const float* x, int64_t R, int64_t K, const uint8_t* qs, co
                      const float* m, int64_t N, float* y, int64_t ldy, int threads, int levels) {
   if (levels == 2) return gemm<kQ5_1, true>(x, R, K, qs, d, m, N, y, ldy, threads);
   gemm<kQ5_1, false>(x, R, K, qs, d, m, N, y, ldy, threads);
+}
+
+// Q4_K: qs as Q4_1, d [tiles, K/256, 2, 16] fp32 (d, dmin), m the bytes of u8 [tiles, K/32, 2,
+// 16] (6-bit scale, min); K a multiple of 256.
+void gs_q4_k_gemm_q8(const float* x, int64_t R, int64_t K, const uint8_t* qs, const float* d,
+                     const float* m, int64_t N, float* y, int64_t ldy, int threads, int levels) {
+  if (levels == 2) return gemm<kQ4_K, true>(x, R, K, qs, d, m, N, y, ldy, threads);
+  gemm<kQ4_K, false>(x, R, K, qs, d, m, N, y, ldy, threads);
 }
 
 // Q6_K: qs the 6-bit values (0..63) in x16 layout, d [tiles, K/32, 2, 16].

@@ -144,6 +144,10 @@ inline VecI nib_hi(VecI v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _m
 inline VecI flip(VecI v) { return _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80))); }
 inline VecF to_f(VecI v) { return _mm512_cvtepi32_ps(v); }
 inline VecF fma(VecF a, VecF b, VecF c) { return _mm512_fmadd_ps(a, b, c); }
+inline VecF fnma(VecF a, VecF b, VecF c) { return _mm512_fnmadd_ps(a, b, c); }  // c - a * b
+inline VecF load_u8_f(const uint8_t* p) {  // 16 u8 as fp32
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
 inline VecF mul(VecF a, VecF b) { return _mm512_mul_ps(a, b); }
 inline VecI add16(VecI a, VecI b) { return _mm512_add_epi16(a, b); }
 inline VecI add32(VecI a, VecI b) { return _mm512_add_epi32(a, b); }
@@ -186,6 +190,10 @@ inline VecI nib_hi(VecI v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _m
 inline VecI flip(VecI v) { return v; }  // unused
 inline VecF to_f(VecI v) { return _mm256_cvtepi32_ps(v); }
 inline VecF fma(VecF a, VecF b, VecF c) { return _mm256_fmadd_ps(a, b, c); }
+inline VecF fnma(VecF a, VecF b, VecF c) { return _mm256_fnmadd_ps(a, b, c); }  // c - a * b
+inline VecF load_u8_f(const uint8_t* p) {  // 8 u8 as fp32
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
 inline VecF mul(VecF a, VecF b) { return _mm256_mul_ps(a, b); }
 inline VecI add16(VecI a, VecI b) { return _mm256_add_epi16(a, b); }
 inline VecI add32(VecI a, VecI b) { return _mm256_add_epi32(a, b); }

@@ -1,7 +1,8 @@
 """The one-call decoder stack for decode steps (``kernels/decode_stack_cpu.cpp``) against its torch
 reference on random weights: every weight kind (Q6_K beside Q4_1 / Q8_0 in one layer, a qkv of
-Q4_1 and Q6_K row segments, Q5_1 from Q5_K and Q5_1 beside Q6_K and the Q4_0 / Q5_0 repacks), a shared prefix or none, several tokens of one row (jump-forward
-spans), a qkv bias; the pool and mirror entries it writes; every build."""
+Q4_1 and Q6_K row segments, Q4_K beside Q6_K, Q5_1 from Q5_K and Q5_1 beside Q6_K and the Q4_0 /
+Q5_0 repacks), a shared prefix or none, several tokens of one row (jump-forward spans), a qkv
+bias; the pool and mirror entries it writes; every build."""
 
 from __future__ import annotations
 
@@ -95,6 +96,8 @@ CASES = [  # kind(s), mirror row and position of each token, shared prefix lengt
     ("Q4_1+Q6_K,Q4_1,Q4_1,Q6_K", [0, 1, 1], [3, 5, 6], 20, True),
     # Q5_K_M's mix: Q5_K (the Q5_1 kind) q/k + Q6_K v, Q5_K o and gate/up, Q6_K down
     ("Q5_K+Q6_K,Q5_K,Q5_K,Q6_K", [0, 1, 1], [3, 5, 6], 20, True),
+    # Q4_K_M's mix in Q4_K's own kind: Q4_K q/k + Q6_K v, Q4_K o and gate/up, Q6_K down
+    ("Q4_K+Q6_K,Q4_K,Q4_K,Q6_K", [0, 1, 1], [3, 5, 6], 20, True),
     # small models' fallbacks for rows not a multiple of 256: Q5_1 (as Q5_1), Q5_0 (as Q8_0),
     # and old files' Q4_0 (as Q4_1)
     ("Q5_1+Q5_0,Q4_0,Q5_1,Q5_0", [0, 0, 1], [1, 2, 4], 0, False),

@@ -65,7 +65,7 @@ def test_x16_layout_unpacks_exactly(kind: str) -> None:
 
 @pytest.mark.parametrize("isa", ISAS)
 def test_q5_segments_beside_other_kinds_write_one_output(isa: str) -> None:
-    """A fused linear of Q5_1 (from Q5_K), Q6_K, Q4_1 (from Q4_K) and Q5_1 (from Q5_1) row
+    """A fused linear of Q5_1 (from Q5_K), Q6_K, Q4_K and Q5_1 (from Q5_1) row
     segments (Q5_K_M's qkv: Q5_K q/k, Q6_K v): each segment's columns equal its product alone."""
     require_isa(isa)
     k = 256

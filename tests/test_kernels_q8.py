@@ -207,10 +207,10 @@ def test_kernel_rejects_wrong_inputs() -> None:
         quant_matmul_q8(torch.randn(2, 32), packed)
     with pytest.raises(ValueError, match="levels must be 1 or 2"):
         quant_matmul_q8(torch.randn(2, 64), packed, levels=3)
-    q4_k = QuantWeight("Q4_K", torch.zeros(8, 32, dtype=torch.uint8), torch.ones(8, 1),
-                       torch.zeros(8, 1))  # kinds reach the kernel repacked: Q4_K as Q4_1
-    with pytest.raises(ValueError, match="no Q4_K path"):
-        pack_x16(q4_k)
+    q5_k = QuantWeight("Q5_K", torch.zeros(8, 32, dtype=torch.uint8), torch.ones(8, 1),
+                       torch.zeros(8, 1))  # kinds reach the kernel repacked: Q5_K as Q5_1
+    with pytest.raises(ValueError, match="no Q5_K path"):
+        pack_x16(q5_k)
 
 
 @needs_kernel

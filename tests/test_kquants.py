@@ -1,7 +1,7 @@
 """K-quant GGUF files (Q4_K_M, what users download): the numpy quantizers of
 ``benchmarks/kquants.py`` write bytes gguf reads back, llama.cpp's type mix, and a Q4_K_M model
-whose linears all decode from their own blocks: Q4_K repacked losslessly into the Q4_1 layout,
-Q6_K natively, a fused q/k/v of both as two row segments."""
+whose linears all decode from their own blocks: Q4_K and Q6_K in their own kinds (lossless), a
+fused q/k/v of both as two row segments."""
 
 from __future__ import annotations
 
@@ -125,10 +125,10 @@ def test_every_linear_of_a_q4_k_m_model_decodes_from_its_blocks(q4_k_m: LoadedMo
     expected = {n: m.weight for n, m in dense.model.named_modules() if isinstance(m, Linear)}
     linears = {n: m for n, m in q4_k_m.model.named_modules() if isinstance(m, Linear)}
     kinds = {n: tuple(q.kind for q in m.quant_rows) for n, m in linears.items()}
-    assert kinds["layers.1.self_attn.qkv_proj"] == ("Q4_1",)  # Q4_K q, k, v: one segment
-    assert kinds["layers.0.self_attn.qkv_proj"] == ("Q4_1", "Q6_K")  # Q4_K q, k + Q6_K v
+    assert kinds["layers.1.self_attn.qkv_proj"] == ("Q4_K",)  # Q4_K q, k, v: one segment
+    assert kinds["layers.0.self_attn.qkv_proj"] == ("Q4_K", "Q6_K")  # Q4_K q, k + Q6_K v
     assert kinds["layers.0.mlp.down_proj"] == ("Q6_K",) and kinds["lm_head"] == ("Q6_K",)
-    assert kinds["layers.1.mlp.down_proj"] == kinds["layers.0.mlp.gate_up_proj"] == ("Q4_1",)
+    assert kinds["layers.1.mlp.down_proj"] == kinds["layers.0.mlp.gate_up_proj"] == ("Q4_K",)
     for name, linear in linears.items():
         assert linear.quant_x16 is not None and len(linear.quant_x16) == len(kinds[name]), name
         assert linear.weight.device.type == "meta", name  # the blocks are the one copy
@@ -164,7 +164,7 @@ def _decode_steps(loaded: LoadedModel, decode_stack: bool) -> list[torch.Tensor]
 @needs_kernel
 def test_the_decode_stack_runs_mixed_segments_like_the_layers(q4_k_m: LoadedModel) -> None:
     stack = q4_k_m.model.decode_stack
-    assert stack is not None  # layers 0, 3, 6 and 7 have a Q4_1 + Q6_K qkv
+    assert stack is not None  # layers 0, 3, 6 and 7 have a Q4_K + Q6_K qkv
     calls: list[int] = []
     run = stack.run
 

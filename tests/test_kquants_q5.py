@@ -63,7 +63,7 @@ def test_a_q4_k_m_model_with_rows_not_whole_super_blocks_runs_its_q5_0_blocks(
     loaded, expected = _load_both("smollm2-tiny", "Q4_K_M", tmp_path)
     kinds = _check_every_linear(loaded, expected)
     assert kinds["layers.0.self_attn.qkv_proj"] == ("Q8_0",)  # Q5_0 q, k, v
-    assert kinds["layers.0.mlp.down_proj"] == ("Q4_1",)  # K = 256: Q4_K
+    assert kinds["layers.0.mlp.down_proj"] == ("Q4_K",)  # K = 256
     assert kinds["layers.1.mlp.down_proj"] == ("Q6_K",)
 
 
