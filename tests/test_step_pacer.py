@@ -35,8 +35,8 @@ def test_the_cap_fits_the_target_by_measured_cost() -> None:
 def test_beside_fast_decode_steps_a_step_stays_within_twice_a_decode_step() -> None:
     # Measured on the embedded model (benchmarks/bench_itl_long_prompt.py): a 4-row decode step
     # of ~20 ms, where a prefill token late in an 8,000-token prompt costs ~15 ms.
-    pacer = StepPacer(target_s=0.5, max_tokens=2048)
-    assert pacer.min_chunk == 1 and pacer.cap(decoding=True) == 1
+    pacer = StepPacer(target_s=0.5, max_tokens=2048, min_chunk=1)
+    assert pacer.cap(decoding=True) == 1
     pacer.record(0, 0.02)
     pacer.record(4, 0.02 + 4 * 0.002)  # early in the prompt: 2 ms a token
     assert pacer.limit_s(decoding=True) == pytest.approx(2 * 0.02)
@@ -60,7 +60,7 @@ def test_rising_costs_are_followed_faster_than_falling_ones() -> None:
 
 
 def test_a_waiting_request_caps_a_lone_prefill_at_the_target() -> None:
-    pacer = StepPacer(target_s=0.5, max_tokens=2048, base_s=0.02, per_token_s=0.001)
+    pacer = StepPacer(target_s=0.5, max_tokens=2048, min_chunk=1, base_s=0.02, per_token_s=0.001)
     assert pacer.cap(decoding=False, waiting=False) is None  # a lone prompt: the whole budget
     assert pacer.limit_s(decoding=False) == 0.5  # no decode rows: the target itself
     assert pacer.cap(decoding=False, waiting=True) == 500  # 0.5 / 0.001, no decode rows

@@ -22,7 +22,10 @@ the measured cost of recent steps:
 * Otherwise there is no cap (no one to stall: the largest chunk is the fastest prefill).
 
 Before the first prefill step is measured the cap is ``min_chunk``; it never falls below
-``min_chunk``, so a prompt always advances. Costs that rise (a chunk's attention grows with the
+``min_chunk``, so a prompt always advances. Not lower than 32: a short chunk rides in the decode
+rows' attention group (``attention/backend.py``), and where that group outgrows the decode
+mirror (5 rows of 7,000 positions on the embedded model) every such step is seconds whatever the
+chunk's size, so a tiny floor made that stretch of the prompt thousands of slow steps. Costs that rise (a chunk's attention grows with the
 tokens before it) are followed faster than costs that fall, so an under-estimate lasts few
 steps. Decode rows are always scheduled first (``Scheduler.schedule``).
 """
@@ -51,7 +54,7 @@ class StepPacer:
 
     target_s: float
     max_tokens: int
-    min_chunk: int = 1
+    min_chunk: int = 32
     base_s: float | None = None
     per_token_s: float | None = None
 
