@@ -28,8 +28,7 @@ typedef void (*GemmQ8_0)(const float*, int64_t, int64_t, const int8_t*, const fl
                          float*, int64_t, int, int);
 typedef void (*GemmQ4_1)(const float*, int64_t, int64_t, const uint8_t*, const float*,
                          const float*, int64_t, float*, int64_t, int, int);
-typedef void (*GemmQ6_K)(const float*, int64_t, int64_t, const uint8_t*, const float*, int64_t,
-                         float*, int64_t, int, int);
+typedef GemmQ4_1 GemmQ6_K;  // the same arguments (m: the int8 scales)
 typedef int (*AttnFn)(const float*, const float*, const float*, int64_t, const float*,
                       const float*, int64_t, const int64_t*, const int64_t*, int64_t, int64_t,
                       int64_t, int64_t, float*, int);
@@ -110,7 +109,7 @@ void linear(const GsStep& st, const GsLinear& w, const float* x, int64_t R, floa
                      st.threads, s.levels);
         break;
       case 2:
-        st.gemm_q6_k(x, R, w.k, static_cast<const uint8_t*>(s.qs), s.d, s.n, y + col, w.n,
+        st.gemm_q6_k(x, R, w.k, static_cast<const uint8_t*>(s.qs), s.d, s.m, s.n, y + col, w.n,
                      st.threads, s.levels);
         break;
       default:

@@ -38,8 +38,9 @@ class QuantWeight:
     of element 4j + t, byte t of group g < 4 is ``e[g][t] | (e[4+g][t] & 7) << 5`` and byte t of
     group 4 holds ``e[4+g][t] >> 3`` in bits 2g, 2g+1); ``d`` and ``m`` are
     fp32 ``[N, K/32]`` (``m`` is empty for Q8_0). A value stands for ``d * q + m`` (Q4_1, Q5_1)
-    or ``d * q`` (Q8_0). Q6_K: ``d`` is ``[N, K/16]`` (one scale per 16 values), ``m`` empty,
-    and a value stands for ``d * (q - 32)``. Q4_K (GGUF's own super-blocks, 4.75 bits a
+    or ``d * q`` (Q8_0). Q6_K (GGUF's own super-blocks): ``d`` fp32 ``[N, K/256]`` (each
+    super-block's ``d``, exact from fp16), ``m`` int8 ``[N, K/16]`` (the scale ``sc`` of each 16
+    values), and a value stands for ``(d * sc) * (q - 32)`` (the product exact in fp32). Q4_K (GGUF's own super-blocks, 4.75 bits a
     weight): ``qs`` as Q4_1, ``d`` fp32 ``[N, K/128]``: per 256 values the super-block's ``d``
     and ``dmin`` (exact from fp16), ``m`` uint8 ``[N, K/16]``: per 32 values the 6-bit scale
     ``sc`` and min ``mn``; a value of sub-block j stands for ``(d * sc) * q - dmin * mn`` (both
@@ -54,7 +55,7 @@ class QuantWeight:
     @property
     def shape(self) -> tuple[int, int]:
         """``(N, K)`` of the dense weight."""
-        per_d = {"Q6_K": 16, "Q4_K": 128}.get(self.kind, 32)
+        per_d = {"Q6_K": 256, "Q4_K": 128}.get(self.kind, 32)
         return self.d.shape[0], self.d.shape[1] * per_d
 
     def nbytes(self) -> int:
@@ -71,10 +72,11 @@ _Q6_K_BYTES = 210  # per 256 values: ql[128], qh[64], int8 scales[16], fp16 d
 PACKED_TYPES = (*_BLOCK, *_REPACKED, *_REPACKED_32, "Q6_K")
 #: Bytes a weight of each type in :data:`PACKED_TYPES` takes once repacked (the kernel layouts:
 #: Q4_1 4 bits + fp32 d and m per 32; Q4_K 4 bits + u8 scale and min per 32 + fp32 d and dmin
-#: per 256; Q5_1 5 bits + fp32 d and m per 32; Q8_0 8 bits + fp32 d per 32; Q6_K 8 bits + fp32
-#: d per 16).
+#: per 256; Q5_1 5 bits + fp32 d and m per 32; Q8_0 8 bits + fp32 d per 32; Q6_K 6 bits + fp32
+#: d per 256 and int8 scale per 16, 6.625 bits in the x16 layout (the row layout keeps a byte a
+#: value: 8.625)).
 LAYOUT_BYTES_PER_WEIGHT = {"Q4_1": 0.75, "Q4_K": 0.59375, "Q4_0": 0.75, "Q5_1": 0.875,
-                           "Q5_K": 0.875, "Q8_0": 1.125, "Q5_0": 1.125, "Q6_K": 1.25}
+                           "Q5_K": 0.875, "Q8_0": 1.125, "Q5_0": 1.125, "Q6_K": 0.828125}
 #: The :class:`QuantWeight` kinds :func:`quant_matmul` (fp32 activations) multiplies; the others
 #: (Q5_1, Q6_K) have only the int8-activation kernel.
 FP32_KERNEL_KINDS = tuple(_BLOCK)
@@ -91,8 +93,9 @@ def pack_gguf_blocks(kind: str, raw: np.ndarray) -> QuantWeight:
     ``m = -8 d`` (exact; 6 bits in place of 4.5; ``d * q + m`` is exact too, but a zero comes
     out +0.0 where gguf's ``d * 0`` with a negative ``d`` gives -0.0). Q5_0 (``d * (q - 16)``)
     becomes Q8_0 with the int8 ``q - 16`` (9 bits in place of 5.5); Q5_1 keeps its kind (7 bits
-    in place of 6). Q6_K keeps its own kind: one byte per 6-bit value and ``d * scale`` per 16
-    values, both exact (an fp16 times an int8 has at most 18 significant bits; fp32 holds 24)."""
+    in place of 6). Q6_K keeps its own kind: one byte per 6-bit value (in the row layout; the x16
+    layout packs them back to 6 bits), its int8 scales and fp32 ``d`` (``d * scale`` is exact: an
+    fp16 times an int8 has at most 18 significant bits; fp32 holds 24)."""
     if kind in _REPACKED:
         return _pack_k(kind, raw)
     if kind in _REPACKED_32:
@@ -190,11 +193,10 @@ def _pack_q6_k(raw: np.ndarray) -> QuantWeight:
     qh = blocks[..., 128:192].reshape(n, -1, 2, 1, 32)
     hi = (qh >> np.array([0, 2, 4, 6], np.uint8).reshape(4, 1)) & 0x03   # [N, nb, h, j, l]
     q = (lo | (hi << 4)).reshape(n, -1)
-    scales = blocks[..., 192:208].view(np.int8).astype(np.float32)     # [N, nb, 16]
+    scales = blocks[..., 192:208].copy().view(np.int8)                 # [N, nb, 16]
     d = _f16(blocks[..., 208:210])                                      # [N, nb, 1]
-    return QuantWeight("Q6_K", torch.from_numpy(q.copy()),
-                       torch.from_numpy((d * scales).reshape(n, -1)),
-                       torch.empty(0, dtype=torch.float32))
+    return QuantWeight("Q6_K", torch.from_numpy(q.copy()), torch.from_numpy(d.reshape(n, -1)),
+                       torch.from_numpy(scales.reshape(n, -1)))
 
 
 def _q4_k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -227,8 +229,9 @@ def dequantize(w: QuantWeight) -> torch.Tensor:
         q = e.view(n, k // 32, 32).float()  # element 4j + t
         return (w.d[..., None] * q + w.m[..., None]).reshape(n, k)
     if w.kind == "Q6_K":
-        q = w.qs.view(n, k // 16, 16).float() - 32.0  # exact, as is the product
-        return (w.d[..., None] * q).reshape(n, k)
+        q = w.qs.view(n, k // 16, 16).float() - 32.0  # exact, as are the products
+        scale = w.d.view(n, k // 256, 1) * w.m.view(n, k // 256, 16).float()
+        return (scale.view(n, k // 16, 1) * q).reshape(n, k)
     return (w.d[..., None] * w.qs.view(n, k // 32, 32).float()).reshape(n, k)
 
 

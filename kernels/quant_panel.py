@@ -144,6 +144,8 @@ def random_quant_weight(kind: str, n: int, k: int, seed: int = 0) -> QuantWeight
     scales of a trained model's order), for rate probes and benchmarks."""
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    if kind.endswith("_K") and k % 256:
+        raise ValueError(f"{kind} needs K a multiple of 256, got {k}")
     g = torch.Generator().manual_seed(seed)
     if kind == "Q4_1":
         qs = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
@@ -156,8 +158,9 @@ def random_quant_weight(kind: str, n: int, k: int, seed: int = 0) -> QuantWeight
         return QuantWeight(kind, qs, heads, sm)
     if kind == "Q6_K":
         qs = torch.randint(0, 64, (n, k), dtype=torch.uint8, generator=g)
-        return QuantWeight(kind, qs, torch.rand(n, k // 16, generator=g) * 0.002 + 0.0005,
-                           torch.empty(0))
+        d = (torch.rand(n, k // 256, generator=g) * 2e-5 + 5e-6).half().float()
+        return QuantWeight(kind, qs, d, torch.randint(-128, 128, (n, k // 16), dtype=torch.int8,
+                                                      generator=g))
     qs = torch.randint(-128, 128, (n, k), dtype=torch.int8, generator=g)
     return QuantWeight(kind, qs, torch.rand(n, k // 32, generator=g) * 2e-4 + 1e-4,
                        torch.empty(0))
@@ -176,7 +179,7 @@ def _dequant_into(w: PackedWeight, r0: int, r1: int, out: torch.Tensor) -> None:
                          f"{out.dtype} {tuple(out.shape)}")
     if not 0 <= r0 <= r1 <= w.n or w.qs.shape[0] * TILE < w.n:
         raise ValueError(f"rows {r0}..{r1} outside the weight's {w.n}")
-    m_ptr = w.m.data_ptr() if w.kind in ("Q4_1", "Q4_K") else None
+    m_ptr = w.m.data_ptr() if w.kind in ("Q4_1", "Q4_K", "Q6_K") else None
     lib.gs_x16_dequant(PANEL_KINDS[w.kind], w.qs.data_ptr(), w.d.data_ptr(), m_ptr, w.k, r0, r1,
                        out.data_ptr(), w.k, int(out.dtype == torch.bfloat16),
                        torch.get_num_threads())

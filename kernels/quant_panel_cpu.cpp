@@ -1,16 +1,17 @@
 // Dequantize a row range of an x16-layout weight (quant_q8.py: pack_x16; Q8_0, Q4_1, Q6_K, Q4_K) into a
 // dense row-major [rows, K] panel, fp32 or bf16, for prefill GEMMs in torch (quant_panel.py).
 //
-// The fp32 values equal quant.py's dequantize bit for bit: Q8_0 d * q, Q6_K d16 * (q - 32) (both
-// one rounding of an exact product), Q4_1 (d * q) + m (two roundings, no FMA: built with
+// The fp32 values equal quant.py's dequantize bit for bit: Q8_0 d * q, Q6_K (d * sc) * (q - 32)
+// (each one rounding of an exact product), Q4_1 (d * q) + m (two roundings, no FMA: built with
 // -ffp-contract=off, as GCC would otherwise fuse the intrinsics' vector expressions). bf16 is the
 // round-to-nearest-even of that fp32 value (torch's .bfloat16() for finite values).
 //
-// x16 layout: per tile of 16 rows and block of 32, G groups (Q4_1: 4, else 8) of 64 bytes, each
+// x16 layout: per tile of 16 rows and block of 32, G groups (Q4_1, Q4_K: 4, Q6_K: 6, Q8_0: 8) of 64 bytes, each
 // holding 4 consecutive bytes of each of the 16 rows (row r at byte 4r). A row's bytes of a block
 // are one gather of G dwords at stride 64. Q4_1's 16 bytes hold elements 0-15 in their low nibbles
-// and 16-31 in their high nibbles; Q8_0's 32 are int8, Q6_K's 32 are u8 0..63 with one scale per
-// 16 (d [tiles, blocks, 2, 16]); d and m otherwise [tiles, blocks, 16]. Q4_K: nibbles as Q4_1,
+// and 16-31 in their high nibbles; Q8_0's 32 are int8; d and m [tiles, blocks, 16]. Q6_K: the
+// nibbles as Q4_1's, then 2 groups of high bit pairs (quant_q8.py: _q6_groups), fp32 d [tiles,
+// K/256, 16], int8 scales [tiles, blocks, 2, 16] (elements 0-15, 16-31). Q4_K: nibbles as Q4_1,
 // fp32 d and dmin [tiles, K/256, 2, 16], u8 scale and min [tiles, blocks, 2, 16]; a value is
 // (d * sc) * q - dmin * mn, each product exact, as quant.py's dequantize.
 //
@@ -106,21 +107,32 @@ inline void row_block(const uint8_t* qb, const float* db, const void* mb, int la
     }
     emit16<K>(lo, d, m, out);
     emit16<K>(hi, d, m, out + 16);
+  } else if constexpr (K == kQ6_K) {
+    // nibbles as Q4_1's; bits 4-5 of element 4j + t: bits 2(j % 4), +1 of byte t of dword 4 + j / 4
+    const __m128i b = _mm_i32gather_epi32(p, _mm_setr_epi32(0, 64, 128, 192), 1);
+    const __m128i lo = _mm_and_si128(b, _mm_set1_epi8(0x0F));
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(b, 4), _mm_set1_epi8(0x0F));
+    const __m128i shifts = _mm_setr_epi32(0, 2, 4, 6), three = _mm_set1_epi8(3);
+    const __m128i top0 = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(p[64]), shifts), three);
+    const __m128i top1 = _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(p[80]), shifts), three);
+    const auto* sc = static_cast<const int8_t*>(mb);
+    const float d0 = db[lane] * static_cast<float>(sc[lane]);  // exact: fp16 times int8
+    const float d1 = db[lane] * static_cast<float>(sc[kTile + lane]);
+    emit16<K>(_mm_or_si128(lo, _mm_slli_epi16(top0, 4)), d0, 0.f, out);
+    emit16<K>(_mm_or_si128(hi, _mm_slli_epi16(top1, 4)), d1, 0.f, out + 16);
   } else {
     const __m256i b = _mm256_i32gather_epi32(p, _mm256_setr_epi32(0, 64, 128, 192, 256, 320, 384, 448), 1);
-    const float d0 = db[lane], d1 = K == kQ6_K ? db[kTile + lane] : db[lane];
-    emit16<K>(_mm256_castsi256_si128(b), d0, 0.f, out);
-    emit16<K>(_mm256_extracti128_si256(b, 1), d1, 0.f, out + 16);
+    emit16<K>(_mm256_castsi256_si128(b), db[lane], 0.f, out);
+    emit16<K>(_mm256_extracti128_si256(b, 1), db[lane], 0.f, out + 16);
   }
 }
 
 template <Kind K, typename T>
 void dequant(const uint8_t* qs, const float* d, const float* m, int64_t k, int64_t r0, int64_t r1,
              T* out, int64_t ldo, int threads) {
-  constexpr int G = K == kQ4_1 || K == kQ4_K ? 4 : 8;
-  constexpr int D = K == kQ6_K ? 2 : 1;  // scales per block and row
+  constexpr int G = K == kQ4_1 || K == kQ4_K ? 4 : K == kQ6_K ? 6 : 8;
   const int64_t nb = k / 32, t0 = r0 / kTile, t1 = (r1 + kTile - 1) / kTile;
-  const int64_t d_tile = K == kQ4_K ? nb / 4 * kTile : nb * D * kTile;  // floats per tile
+  const int64_t d_tile = (K == kQ4_K ? nb / 4 : K == kQ6_K ? nb / 8 : nb) * kTile;  // floats
 #pragma omp parallel for num_threads(threads) schedule(static)
   for (int64_t t = t0; t < t1; ++t) {
     const int lo = static_cast<int>(std::max<int64_t>(r0 - t * kTile, 0));
@@ -130,10 +142,10 @@ void dequant(const uint8_t* qs, const float* d, const float* m, int64_t k, int64
     const auto* mt = reinterpret_cast<const uint8_t*>(m);
     T* rows = out + (t * kTile - r0) * ldo;
     for (int64_t b = 0; b < nb; ++b) {
-      const float* db = K == kQ4_K ? dt + b / 8 * 2 * kTile : dt + b * D * kTile;
-      const void* mb = K == kQ4_1   ? static_cast<const void*>(m + (t * nb + b) * kTile)
-                       : K == kQ4_K ? static_cast<const void*>(mt + (t * nb + b) * 2 * kTile)
-                                    : nullptr;
+      const float* db = K == kQ4_K ? dt + b / 8 * 2 * kTile : K == kQ6_K ? dt + b / 8 * kTile : dt + b * kTile;
+      const void* mb = K == kQ4_1 ? static_cast<const void*>(m + (t * nb + b) * kTile)
+                       : K == kQ4_K || K == kQ6_K ? static_cast<const void*>(mt + (t * nb + b) * 2 * kTile)
+                                                  : nullptr;
       for (int lane = lo; lane < hi; ++lane)
         row_block<K>(qt + b * G * 64, db, mb, lane, rows + lane * ldo + b * 32);
     }
@@ -153,8 +165,8 @@ void dispatch(int kind, const uint8_t* qs, const float* d, const float* m, int64
 
 extern "C" {
 
-// Rows r0..r1 (r1 <= n) of an x16 weight of `kind` (0 Q8_0, 1 Q4_1, 2 Q6_K, 4 Q4_K: m the bytes
-// of its u8 scales and mins) with K = k into
+// Rows r0..r1 (r1 <= n) of an x16 weight of `kind` (0 Q8_0, 1 Q4_1, 2 Q6_K: m the bytes of its
+// int8 scales, 4 Q4_K: of its u8 scales and mins) with K = k into
 // out[(r - r0) * ldo + j], fp32 (`bf16` = 0) or bf16 bits (1).
 void gs_x16_dequant(int kind, const uint8_t* qs, const float* d, const float* m, int64_t k,
                     int64_t r0, int64_t r1, void* out, int64_t ldo, int bf16, int threads) {

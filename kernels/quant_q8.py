@@ -45,12 +45,13 @@ _FLAGS = {isa: _COMMON + flags for isa, flags in _ISA_FLAGS.items()}
 @dataclass(frozen=True)
 class PackedWeight:
     """A :class:`QuantWeight` in the x16 layout of ``quant_q8_cpu.cpp``: ``qs`` uint8
-    ``[tiles, blocks, groups, 64]`` (groups: 4 for Q4_1, 5 for Q5_1: the 5 groups of 4 bytes of
-    its row layout, 8 for Q8_0 and Q6_K), ``d`` and ``m`` fp32 ``[tiles, blocks, 16]`` (``m``
-    empty for Q8_0 and Q6_K; Q6_K's ``d`` is ``[tiles, blocks, 2, 16]``: the scales of elements
-    0-15 and 16-31 of each block). Q4_K: ``qs`` as Q4_1, ``d`` fp32 ``[tiles, K/256, 2, 16]``
-    (each super-block's ``d`` then ``dmin``), ``m`` uint8 ``[tiles, blocks, 2, 16]`` (each
-    block's 6-bit scale then min). Rows past ``n`` are zero padding."""
+    ``[tiles, blocks, groups, 64]`` (groups: 4 for Q4_1 and Q4_K, 5 for Q5_1: the 5 groups of 4
+    bytes of its row layout, 6 for Q6_K: see :func:`_q6_groups`, 8 for Q8_0), ``d`` and ``m``
+    fp32 ``[tiles, blocks, 16]`` (``m`` empty for Q8_0). Q4_K: ``d`` fp32 ``[tiles, K/256, 2,
+    16]`` (each super-block's ``d`` then ``dmin``), ``m`` uint8 ``[tiles, blocks, 2, 16]`` (each
+    block's 6-bit scale then min). Q6_K: ``d`` fp32 ``[tiles, K/256, 16]``, ``m`` int8
+    ``[tiles, blocks, 2, 16]`` (the scales of elements 0-15 and 16-31). Rows past ``n`` are zero
+    padding."""
 
     kind: str
     n: int
@@ -65,6 +66,29 @@ class PackedWeight:
     def shape(self) -> tuple[int, int]:
         """``(N, K)`` of the dense weight."""
         return self.n, self.k
+
+
+_GROUPS = {"Q4_1": 4, "Q4_K": 4, "Q5_1": 5, "Q6_K": 6, "Q8_0": 8}  # of 4 bytes a row and block
+
+
+def _q6_groups(q: torch.Tensor) -> torch.Tensor:
+    """Q6_K's 6-bit values ``[n, nb, 32]`` (uint8) -> ``[n, nb, 6, 4]``: with ``e[j][t]`` the
+    value of element 4j + t, byte t of group g < 4 is ``e[g][t] & 15 | (e[4+g][t] & 15) << 4``
+    (Q4_1's nibble order) and byte t of group 4 + p holds ``e[4p+j][t] >> 4`` in bits 2j, 2j+1."""
+    e = q.view(q.shape[0], q.shape[1], 8, 4)
+    low = (e[:, :, :4] & 15) | ((e[:, :, 4:] & 15) << 4)
+    top = (e >> 4).view(q.shape[0], q.shape[1], 2, 4, 4)                 # [n, nb, p, j, t]
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)
+    plane = (top << shifts).sum(3, dtype=torch.uint8)                   # disjoint bits
+    return torch.cat([low, plane], 2)
+
+
+def _q6_values(g: torch.Tensor) -> torch.Tensor:
+    """The inverse of :func:`_q6_groups`: ``[n, nb, 6, 4]`` -> ``[n, nb, 32]``."""
+    low = torch.cat([g[:, :, :4] & 15, g[:, :, :4] >> 4], 2)             # [n, nb, 8, 4]
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8).view(4, 1)
+    top = (g[:, :, 4:, None] >> shifts) & 3                              # [n, nb, p, j, t]
+    return (low | (top.reshape(low.shape) << 4)).reshape(g.shape[0], g.shape[1], 32)
 
 
 def pack_x16(w: QuantWeight, isa: str | None = None, levels: int = 2) -> PackedWeight:
@@ -83,17 +107,16 @@ def pack_x16(w: QuantWeight, isa: str | None = None, levels: int = 2) -> PackedW
         t = torch.cat([t, t.new_zeros(pad, *t.shape[1:])]) if pad else t
         return t.view(tiles, TILE, *t.shape[1:])
 
-    groups = {"Q4_1": 4, "Q4_K": 4, "Q5_1": 5}.get(w.kind, 8)
-    qs = tiled(w.qs.view(torch.uint8).reshape(n, nb, groups, 4))  # [T, 16, nb, G, 4]
-    qs = qs.permute(0, 2, 3, 1, 4).reshape(tiles, nb, groups, TILE * 4).contiguous()
     def pairs(t: torch.Tensor) -> torch.Tensor:  # [n, c * 2] -> [T, c, 2, 16]
         return tiled(t).view(tiles, TILE, -1, 2).permute(0, 2, 3, 1).contiguous()
 
-    if w.kind in ("Q6_K", "Q4_K"):
-        d = pairs(w.d)
-    else:
-        d = tiled(w.d).permute(0, 2, 1).contiguous()
-    if w.kind == "Q4_K":
+    groups = _GROUPS[w.kind]
+    raw = w.qs.view(torch.uint8)
+    raw = _q6_groups(raw.view(n, nb, 32)) if w.kind == "Q6_K" else raw
+    qs = tiled(raw.reshape(n, nb, groups, 4))  # [T, 16, nb, G, 4]
+    qs = qs.permute(0, 2, 3, 1, 4).reshape(tiles, nb, groups, TILE * 4).contiguous()
+    d = pairs(w.d) if w.kind == "Q4_K" else tiled(w.d).permute(0, 2, 1).contiguous()
+    if w.kind in ("Q4_K", "Q6_K"):
         m = pairs(w.m)
     else:
         m = tiled(w.m).permute(0, 2, 1).contiguous() if w.kind in _WITH_MIN else w.m
@@ -110,14 +133,16 @@ def unpack_x16(p: PackedWeight) -> QuantWeight:
     def rows(t: torch.Tensor) -> torch.Tensor:  # [tiles, 16, ...] -> [n, ...]
         return t.reshape(tiles * TILE, *t.shape[2:])[:n]
 
-    qs = rows(p.qs.view(tiles, nb, groups, TILE, 4).permute(0, 3, 1, 2, 4)).reshape(n, -1)
+    qs = rows(p.qs.view(tiles, nb, groups, TILE, 4).permute(0, 3, 1, 2, 4))  # [n, nb, G, 4]
+    qs = _q6_values(qs) if p.kind == "Q6_K" else qs
+    qs = qs.reshape(n, -1)
     if p.kind == "Q8_0":
         qs = qs.view(torch.int8)
-    if p.kind in ("Q6_K", "Q4_K"):
+    if p.kind == "Q4_K":
         d = rows(p.d.permute(0, 3, 1, 2)).reshape(n, -1)
     else:
-        d = rows(p.d.permute(0, 2, 1)).reshape(n, nb)
-    if p.kind == "Q4_K":
+        d = rows(p.d.permute(0, 2, 1)).reshape(n, -1)
+    if p.kind in ("Q4_K", "Q6_K"):
         m = rows(p.m.permute(0, 3, 1, 2)).reshape(n, 2 * nb)
     else:
         m = rows(p.m.permute(0, 2, 1)).reshape(n, nb) if p.kind in _WITH_MIN else p.m
@@ -217,8 +242,8 @@ def _gemm_into(x: torch.Tensor, w: PackedWeight, y: torch.Tensor, col: int, isa:
         gemm(x.data_ptr(), r, k, w.qs.data_ptr(), w.d.data_ptr(), w.m.data_ptr(), n, out, ldy,
              threads, levels)
     elif w.kind == "Q6_K":
-        lib.gs_q6_k_gemm_q8(x.data_ptr(), r, k, w.qs.data_ptr(), w.d.data_ptr(), n, out, ldy,
-                            threads, levels)
+        lib.gs_q6_k_gemm_q8(x.data_ptr(), r, k, w.qs.data_ptr(), w.d.data_ptr(), w.m.data_ptr(),
+                            n, out, ldy, threads, levels)
     else:
         lib.gs_q8_0_gemm_q8(x.data_ptr(), r, k, w.qs.data_ptr(), w.d.data_ptr(), n, out, ldy,
                             threads, levels)
@@ -301,6 +326,6 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.gs_q4_k_gemm_q8.restype = None
     lib.gs_q8_0_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, i64, i32, i32]
     lib.gs_q8_0_gemm_q8.restype = None
-    lib.gs_q6_k_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, i64, i32, i32]
+    lib.gs_q6_k_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, i64, i32, i32]
     lib.gs_q6_k_gemm_q8.restype = None
     lib.gs_cpu_level.restype = ctypes.c_int

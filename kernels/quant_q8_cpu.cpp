@@ -1,5 +1,5 @@
-// GEMM over GGUF Q4_1 / Q5_1 / Q8_0 / Q6_K / Q4_K weights with int8 activations, for decode and small
-// prefill batches.
+// GEMM over GGUF Q4_1 / Q5_1 / Q8_0 / Q6_K / Q4_K weights with int8 activations, for decode and
+// small prefill batches.
 //
 // y[r, n] = sum_k x[r, k] * w[n, k]. Each block of 32 activations of a row is quantized once per
 // call to int8 with its own scale (dx = amax / 127, q = round(x * 127 / amax)), as llama.cpp's Q8
@@ -14,15 +14,17 @@
 // consecutive weights of the 16 rows side by side (64 bytes: one 512-bit vector, or two 256-bit
 // halves of 8 rows). Q4_1: 4 groups of the block's 16 bytes (low nibbles: elements 4g..4g+3, high
 // nibbles: 16+4g..); Q5_1: 5 groups holding the 5-bit values of elements 4j + t (j = 0..7, t
-// the byte's place; see q5_values; mw = m as Q4_1); Q8_0: 8 groups of int8; Q6_K: 8 groups of
-// u8 0..63 (groups 0-3: elements 0-15, the first scale; 4-7: 16-31). Scales d (and m)
-// [tiles, blocks, 16], Q6_K's d [tiles, blocks, 2, 16]. Q4_K: nibbles as Q4_1; per tile and
-// super-block of 256 fp32 d and dmin [2, 16], per block u8 6-bit scale sc and min mn [2, 16]: the
-// block's dw = d * sc and mw = -(dmin * mn) are formed in fp32 (exact: fp16 times 6 bits), so
-// the results equal Q4_1's on the same weights bit for bit, from 4.75 bits a weight instead of 6.
-// A group of 4 activations is broadcast
-// to every lane and one VPDPBUSD (VNNI; VPMADDUBSW + VPMADDWD otherwise) advances 16 output rows
-// by 4 products: no horizontal sums, the result is 16 contiguous floats.
+// the byte's place; see q5_values; mw = m as Q4_1); Q8_0: 8 groups of int8. Scales d (and m)
+// [tiles, blocks, 16].
+// The K-quants keep their super-blocks of 256, so their scales are formed per block in fp32,
+// exactly (fp16 times 6 or 8 bits): Q4_K (4.75 bits a weight): nibbles as Q4_1; per tile and
+// super-block fp32 d and dmin [2, 16], per block u8 6-bit scale sc and min mn [2, 16]: dw = d * sc
+// and mw = -(dmin * mn), so the results equal the Q4_1 repack's (6 bits) bit for bit. Q6_K (6.625
+// bits): 6 groups, the nibbles as Q4_1's and 2 groups of high bit pairs (see q6_values); per tile
+// and super-block fp32 d [16], per block int8 scales [2, 16] (elements 0-15, 16-31): d16 = d * sc.
+// A group of 4 activations is broadcast to every lane and one VPDPBUSD (VNNI; VPMADDUBSW +
+// VPMADDWD otherwise) advances 16 output rows by 4 products: no horizontal sums, the result is 16
+// contiguous floats.
 //
 // One source, one build per instruction set (quant_q8.py picks the build at run time):
 //   avx2 (-mavx2 -mfma), avx512 (+ F/BW/VL/DQ), avx512vnni (+ VNNI).
@@ -39,7 +41,9 @@ namespace {
 enum Kind : int { kQ8_0 = 0, kQ4_1 = 1, kQ6_K = 2, kQ5_1 = 3, kQ4_K = 4 };  // decode_stack_cpu.cpp's too
 
 constexpr bool has_min(int k) { return k == kQ4_1 || k == kQ5_1 || k == kQ4_K; }  // d * q + m per 32
-constexpr int groups_of(int k) { return k == kQ4_1 || k == kQ4_K ? 4 : k == kQ5_1 ? 5 : 8; }  // 64 B per block
+constexpr int groups_of(int k) {  // of 64 B per tile and block
+  return k == kQ4_1 || k == kQ4_K ? 4 : k == kQ5_1 ? 5 : k == kQ6_K ? 6 : 8;
+}
 
 // Q5_1's 8 vectors of 5-bit values u[j] (elements 4j + t of the block, t the byte's place in its
 // group) from its 5 groups p[0..4]: u[g] = p[g] & 31; u[4 + g] = p[g] >> 5 (bits 0-2) | bits
@@ -161,6 +165,24 @@ inline void tile_rows(const Q8Rows& a, int64_t K, int64_t r0, const uint8_t* qt,
   for (int r = 0; r < RT; ++r) store_f(y + (r0 + r) * ldy + n0, acc[r], nvalid);
 }
 
+// Q6_K's 8 vectors of 6-bit values u[j] (elements 4j + t) from its 6 groups p[0..5]: the low
+// nibbles as Q4_1's (u[g] = p[g] & 15, u[4 + g] = p[g] >> 4), bits 4-5 from bits 2(j % 4),
+// 2(j % 4) + 1 of p[4 + j / 4]. The 16-bit shifts by at most 4 bring no bit of a byte's
+// neighbour into bits 4-5.
+inline void q6_values(const uint8_t* wb, VecI* u) {
+  const VecI low4 = bcast_i(0x0F0F0F0F), top2 = bcast_i(0x30303030);
+  for (int g = 0; g < 4; ++g) {
+    const VecI v = load_i(wb + g * 64);
+    u[g] = nib_lo(v);
+    u[4 + g] = and_(shr16<4>(v), low4);
+  }
+  for (int p = 0; p < 2; ++p) {
+    const VecI h = load_i(wb + (4 + p) * 64);
+    const VecI top[4] = {shl16<4>(h), shl16<2>(h), h, shr16<2>(h)};
+    for (int j = 0; j < 4; ++j) u[4 * p + j] = select(top2, top[j], u[4 * p + j]);
+  }
+}
+
 // Q6_K: 16 activations `xh` with the kLanes weight rows' 6-bit values of groups u[0..3], added
 // to init (not VNNI). A VPMADDUBSW pair is at most 2 * 63 * 127, so two fit int16, four do not.
 inline VecI half_dot_q6(const VecI* u, const int8_t* xh, VecI init) {
@@ -171,22 +193,26 @@ inline VecI half_dot_q6(const VecI* u, const int8_t* xh, VecI init) {
   return dot;
 }
 
-// tile_rows for Q6_K: each half block (16 elements, its own scale) is folded into acc before the
-// next one's products, so only its 4 groups of weights are live.
+// tile_rows for Q6_K: each half block (16 elements, its own scale d * sc: exact in fp32) is
+// folded into acc before the next one's products. `sc`: the tile's int8 scales [blocks, 2, 16].
 template <int RT, bool kTwo>
 inline void tile_rows_q6(const Q8Rows& a, int64_t K, int64_t r0, const uint8_t* qt,
-                         const float* dt, int half, float* y, int64_t ldy, int64_t n0, int nvalid) {
+                         const float* dt, const int8_t* sc, int half, float* y, int64_t ldy,
+                         int64_t n0, int nvalid) {
   const int64_t nb = K / 32;
   VecF acc[RT];
   for (int r = 0; r < RT; ++r) acc[r] = fzero();
   for (int64_t b = 0; b < nb; ++b) {
-    const uint8_t* wb = qt + b * 8 * 64 + half * 32;
-    for (int g = 0; g < 8; ++g) _mm_prefetch(reinterpret_cast<const char*>(wb + (kPrefetch * 8 + g) * 64), _MM_HINT_T0);
-    for (int s = 0; s < 2; ++s) _mm_prefetch(reinterpret_cast<const char*>(dt + (2 * (b + kPrefetch) + s) * kTile), _MM_HINT_T0);
+    const uint8_t* wb = qt + b * 6 * 64 + half * 32;
+    for (int g = 0; g < 6; ++g) _mm_prefetch(reinterpret_cast<const char*>(wb + (kPrefetch * 6 + g) * 64), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(dt + (b + kPrefetch) / 8 * kTile), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(sc + (b + kPrefetch) * 2 * kTile), _MM_HINT_T0);
+    VecI values[8];
+    q6_values(wb, values);
+    const VecF dsb = load_f(dt + b / 8 * kTile + half * kLanes);
     for (int h = 0; h < 2; ++h) {
-      VecI u[4];
-      for (int g = 0; g < 4; ++g) u[g] = load_i(wb + (4 * h + g) * 64);
-      const VecF dw = load_f(dt + (2 * b + h) * kTile + half * kLanes);
+      const VecI* u = values + 4 * h;
+      const VecF dw = mul(dsb, load_i8_f(sc + (2 * b + h) * kTile + half * kLanes));
       const VecF mw = mul(dw, bcast_f(-32.f));  // exact
       VecI dot[RT];
       if constexpr (kVnni) {
@@ -216,7 +242,8 @@ inline void tile_rows_q6(const Q8Rows& a, int64_t K, int64_t r0, const uint8_t* 
 template <int RT, int kK, bool kTwo>
 inline void rows_pass(const Q8Rows& a, int64_t K, int64_t r0, const uint8_t* qt, const float* dt,
                       const float* mt, int half, float* y, int64_t ldy, int64_t n0, int nvalid) {
-  if constexpr (kK == kQ6_K) tile_rows_q6<RT, kTwo>(a, K, r0, qt, dt, half, y, ldy, n0, nvalid);
+  if constexpr (kK == kQ6_K)
+    tile_rows_q6<RT, kTwo>(a, K, r0, qt, dt, reinterpret_cast<const int8_t*>(mt), half, y, ldy, n0, nvalid);
   else tile_rows<RT, kK, kTwo>(a, K, r0, qt, dt, mt, half, y, ldy, n0, nvalid);
 }
 
@@ -226,8 +253,8 @@ void gemm(const float* x, int64_t R, int64_t K, const uint8_t* qs, const float* 
   constexpr bool kQ4 = has_min(kK);
   const int64_t nb = K / 32, tiles = (N + kTile - 1) / kTile;
   // floats of d and bytes of m per tile
-  const int64_t d_tile = (kK == kQ6_K ? 2 * nb : kK == kQ4_K ? nb / 4 : nb) * kTile;
-  const int64_t m_tile = (kK == kQ4_K ? 2 : 4) * nb * kTile;
+  const int64_t d_tile = (kK == kQ6_K ? nb / 8 : kK == kQ4_K ? nb / 4 : nb) * kTile;
+  const int64_t m_tile = (kK == kQ4_K || kK == kQ6_K ? 2 : 4) * nb * kTile;
   const int64_t tile_bytes = nb * groups_of(kK) * 64;
   Q8Rows a = alloc_rows(R, K, kTwo, kK == kQ6_K);
   // One parallel region: the activations are quantized by all threads, then (after the implicit
@@ -250,7 +277,8 @@ void gemm(const float* x, int64_t R, int64_t K, const uint8_t* qs, const float* 
     for (int64_t t = 0; t < tiles; ++t) {
       const uint8_t* qt = qs + t * tile_bytes;
       const float* dt = d + t * d_tile;
-      const float* mt = kQ4 ? reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(m) + t * m_tile)
+      const float* mt = kQ4 || kK == kQ6_K
+                            ? reinterpret_cast<const float*>(reinterpret_cast<const uint8_t*>(m) + t * m_tile)
                             : nullptr;
       for (int h = 0; h < kHalves; ++h) {
         const int64_t n0 = t * kTile + h * kLanes;
@@ -331,11 +359,12 @@ void gs_q4_k_gemm_q8(const float* x, int64_t R, int64_t K, const uint8_t* qs, co
   gemm<kQ4_K, false>(x, R, K, qs, d, m, N, y, ldy, threads);
 }
 
-// Q6_K: qs the 6-bit values (0..63) in x16 layout, d [tiles, K/32, 2, 16].
+// Q6_K: qs the 6-bit values in 6 groups per tile and block (see q6_values), d [tiles, K/256, 16]
+// fp32, m the bytes of the int8 scales [tiles, K/32, 2, 16]; K a multiple of 256.
 void gs_q6_k_gemm_q8(const float* x, int64_t R, int64_t K, const uint8_t* qs, const float* d,
-                     int64_t N, float* y, int64_t ldy, int threads, int levels) {
-  if (levels == 2) return gemm<kQ6_K, true>(x, R, K, qs, d, nullptr, N, y, ldy, threads);
-  gemm<kQ6_K, false>(x, R, K, qs, d, nullptr, N, y, ldy, threads);
+                     const float* m, int64_t N, float* y, int64_t ldy, int threads, int levels) {
+  if (levels == 2) return gemm<kQ6_K, true>(x, R, K, qs, d, m, N, y, ldy, threads);
+  gemm<kQ6_K, false>(x, R, K, qs, d, m, N, y, ldy, threads);
 }
 
 }  // extern "C"

@@ -148,6 +148,9 @@ inline VecF fnma(VecF a, VecF b, VecF c) { return _mm512_fnmadd_ps(a, b, c); }  
 inline VecF load_u8_f(const uint8_t* p) {  // 16 u8 as fp32
   return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
+inline VecF load_i8_f(const int8_t* p) {  // 16 int8 as fp32
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+}
 inline VecF mul(VecF a, VecF b) { return _mm512_mul_ps(a, b); }
 inline VecI add16(VecI a, VecI b) { return _mm512_add_epi16(a, b); }
 inline VecI add32(VecI a, VecI b) { return _mm512_add_epi32(a, b); }
@@ -193,6 +196,9 @@ inline VecF fma(VecF a, VecF b, VecF c) { return _mm256_fmadd_ps(a, b, c); }
 inline VecF fnma(VecF a, VecF b, VecF c) { return _mm256_fnmadd_ps(a, b, c); }  // c - a * b
 inline VecF load_u8_f(const uint8_t* p) {  // 8 u8 as fp32
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
+}
+inline VecF load_i8_f(const int8_t* p) {  // 8 int8 as fp32
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
 }
 inline VecF mul(VecF a, VecF b) { return _mm256_mul_ps(a, b); }
 inline VecI add16(VecI a, VecI b) { return _mm256_add_epi16(a, b); }

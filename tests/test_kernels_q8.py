@@ -75,8 +75,10 @@ def test_q6_k_kernel_matches_reference(isa: str, k: int) -> None:
     for n in (5, 37):  # a partial tile; two tiles and a partial one
         w = pack_gguf_blocks("Q6_K", random_blocks("Q6_K", n, k, seed=k + n))
         packed = pack_x16(w, isa)
-        assert packed.qs.shape == (-(-n // 16), k // 32, 8, 64)
-        assert packed.d.shape == (-(-n // 16), k // 32, 2, 16)
+        # 6.625 bits a weight: nibbles and high bit pairs, int8 scales per 16, fp32 d per 256
+        assert packed.qs.shape == (-(-n // 16), k // 32, 6, 64)
+        assert packed.d.shape == (-(-n // 16), k // 256, 16)
+        assert packed.m.shape == (-(-n // 16), k // 32, 2, 16) and packed.m.dtype == torch.int8
         _check_against_reference(w, packed, (1, 2, 3, 4, 5, 6, 7, 8, 9, 13, 16, 17, 64, 65), gen)
 
 

@@ -55,12 +55,12 @@ def test_q6_k_keeps_its_6_bit_values_and_scales() -> None:
     raw = random_blocks("Q6_K", 3, 768)
     w = pack_gguf_blocks("Q6_K", raw)
     assert w.kind == "Q6_K" and w.qs.dtype == torch.uint8 and w.qs.shape == (3, 768)
-    assert w.d.shape == (3, 48) and w.m.numel() == 0 and w.shape == (3, 768)
-    assert not w.d[0, :16].any()  # d = 0
+    assert w.d.shape == (3, 3) and w.m.shape == (3, 48) and w.m.dtype == torch.int8
+    assert w.shape == (3, 768) and w.d[0, 0] == 0  # d = 0
     assert not w.qs[0, 256:512].any() and bool((w.qs[0, 512:] == 63).all())
     d = float(np.frombuffer(raw[0, 3 * 210 - 2:3 * 210].tobytes(), np.float16)[0])
-    assert w.d[0, 32:].tolist() == [d * -128, d * 127] * 8
-    assert int(w.qs.max()) == 63 and w.nbytes() == 3 * 768 + 3 * 48 * 4
+    assert w.d[0, 2].item() == d and w.m[0, 32:].tolist() == [-128, 127] * 8
+    assert int(w.qs.max()) == 63 and w.nbytes() == 3 * 768 + 3 * 3 * 4 + 3 * 48
 
 
 def test_the_fp32_kernel_refuses_kinds_it_lacks() -> None:
