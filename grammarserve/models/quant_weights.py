@@ -41,7 +41,7 @@ from grammarserve.models.llama import LlamaModel
 from grammarserve.models.quant_embedding import QuantEmbedding
 
 log = logging.getLogger(__name__)
-_CACHE_FILE = Path("blocks") / "gguf-blocks-v6.safetensors"  # not globbed with the weights
+_CACHE_FILE = Path("blocks") / "gguf-blocks-v7.safetensors"  # not globbed with the weights
 EMBEDDING = "embed_tokens"  # the blocks' name of the token embedding
 _FUSED = {  # our linear (per layer) -> the GGUF tensors whose rows it concatenates
     "self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"),
