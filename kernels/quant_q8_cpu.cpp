@@ -165,21 +165,17 @@ inline void tile_rows(const Q8Rows& a, int64_t K, int64_t r0, const uint8_t* qt,
   for (int r = 0; r < RT; ++r) store_f(y + (r0 + r) * ldy + n0, acc[r], nvalid);
 }
 
-// Q6_K's 8 vectors of 6-bit values u[j] (elements 4j + t) from its 6 groups p[0..5]: the low
-// nibbles as Q4_1's (u[g] = p[g] & 15, u[4 + g] = p[g] >> 4), bits 4-5 from bits 2(j % 4),
-// 2(j % 4) + 1 of p[4 + j / 4]. The 16-bit shifts by at most 4 bring no bit of a byte's
-// neighbour into bits 4-5.
-inline void q6_values(const uint8_t* wb, VecI* u) {
+// Q6_K's 6-bit values u[g] of elements 4(4h + g) + t (half h of the block: elements 16h..16h+15)
+// from its 6 groups p[0..5]: the low nibbles as Q4_1's (p[g] & 15 for h = 0, p[g] >> 4 for
+// h = 1), bits 4-5 from bits 2g, 2g + 1 of p[4 + h]. The 16-bit shifts by at most 4 bring no bit
+// of a byte's neighbour into bits 4-5. One half at a time: 4 live vectors, as the u8 layout had.
+inline void q6_values(const uint8_t* wb, int h, VecI* u) {
   const VecI low4 = bcast_i(0x0F0F0F0F), top2 = bcast_i(0x30303030);
+  const VecI p = load_i(wb + (4 + h) * 64);
+  const VecI top[4] = {shl16<4>(p), shl16<2>(p), p, shr16<2>(p)};
   for (int g = 0; g < 4; ++g) {
     const VecI v = load_i(wb + g * 64);
-    u[g] = nib_lo(v);
-    u[4 + g] = and_(shr16<4>(v), low4);
-  }
-  for (int p = 0; p < 2; ++p) {
-    const VecI h = load_i(wb + (4 + p) * 64);
-    const VecI top[4] = {shl16<4>(h), shl16<2>(h), h, shr16<2>(h)};
-    for (int j = 0; j < 4; ++j) u[4 * p + j] = select(top2, top[j], u[4 * p + j]);
+    u[g] = select(top2, top[g], and_(h ? shr16<4>(v) : v, low4));
   }
 }
 
@@ -207,11 +203,10 @@ inline void tile_rows_q6(const Q8Rows& a, int64_t K, int64_t r0, const uint8_t* 
     for (int g = 0; g < 6; ++g) _mm_prefetch(reinterpret_cast<const char*>(wb + (kPrefetch * 6 + g) * 64), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(dt + (b + kPrefetch) / 8 * kTile), _MM_HINT_T0);
     _mm_prefetch(reinterpret_cast<const char*>(sc + (b + kPrefetch) * 2 * kTile), _MM_HINT_T0);
-    VecI values[8];
-    q6_values(wb, values);
     const VecF dsb = load_f(dt + b / 8 * kTile + half * kLanes);
     for (int h = 0; h < 2; ++h) {
-      const VecI* u = values + 4 * h;
+      VecI u[4];
+      q6_values(wb, h, u);
       const VecF dw = mul(dsb, load_i8_f(sc + (2 * b + h) * kTile + half * kLanes));
       const VecF mw = mul(dw, bcast_f(-32.f));  // exact
       VecI dot[RT];
