@@ -41,7 +41,8 @@ def _open(src: Path, tag: str) -> Any:
     stride = [i64] if lib.ldy else []
     lib.gs_q4_1_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, *stride, i32, i32]
     lib.gs_q8_0_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, *stride, i32, i32]
-    lib.gs_q6_k_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, i64, ptr, *stride, i32, i32]
+    # NOTE: Q6_K's entry takes its int8 scales (m) after d since its compact layout
+    lib.gs_q6_k_gemm_q8.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, ptr, *stride, i32, i32]
     return lib
 
 
@@ -54,7 +55,7 @@ def _run(lib: Any, packed: list[Any], xs: list[torch.Tensor], ys: list[torch.Ten
                                 w.m.data_ptr(), w.n, *out, threads, levels)
         elif w.kind == "Q6_K":
             lib.gs_q6_k_gemm_q8(x.data_ptr(), x.shape[0], w.k, w.qs.data_ptr(), w.d.data_ptr(),
-                                w.n, *out, threads, levels)
+                                w.m.data_ptr(), w.n, *out, threads, levels)
         else:
             lib.gs_q8_0_gemm_q8(x.data_ptr(), x.shape[0], w.k, w.qs.data_ptr(), w.d.data_ptr(),
                                 w.n, *out, threads, levels)

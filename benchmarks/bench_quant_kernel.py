@@ -38,6 +38,7 @@ def _figures(r: int, layers: list, head: torch.nn.Module, repeat: int) -> dict[s
     from grammarserve_kernels.quant_q8 import pack_x16, quant_matmul_q8_rows
 
     padded = 4 if r <= 4 else -(-r // 8) * 8
+    dense = {id(m): m.dense() for m in [*layers, head]}  # the fp32 baseline's weights
     xs = {k: torch.randn(r, k) for k in {m.weight.shape[1] for m in layers}}
     xp = {k: torch.cat([x, x.new_zeros(padded - r, k)]) for k, x in xs.items()}
     h, hp = torch.randn(r, head.weight.shape[1]), torch.randn(padded, head.weight.shape[1])
@@ -51,10 +52,10 @@ def _figures(r: int, layers: list, head: torch.nn.Module, repeat: int) -> dict[s
             lambda lv=lv: quant_matmul_q8_rows(h, packed[id(head)], levels=lv), repeat)
            for name, lv in q8.items()},
         "layers_fp32_ms": _median_ms(
-            lambda: [torch.mm(m.weight, xp[m.weight.shape[1]].t()) for m in layers], repeat),
+            lambda: [torch.mm(dense[id(m)], xp[m.weight.shape[1]].t()) for m in layers], repeat),
         "layers_blocks_ms": _median_ms(
             lambda: [quant_matmul(xs[m.weight.shape[1]], m.quant) for m in layers], repeat),
-        "lm_head_fp32_ms": _median_ms(lambda: torch.mm(head.weight, hp.t()), repeat),
+        "lm_head_fp32_ms": _median_ms(lambda: torch.mm(dense[id(head)], hp.t()), repeat),
         "lm_head_blocks_ms": _median_ms(lambda: quant_matmul(h, head.quant), repeat),
     }
 
@@ -73,7 +74,7 @@ def main() -> None:
 
     if not quant_kernel_available():
         raise SystemExit(f"the kernel is unavailable here: {quant_kernel_error()}")
-    model = load_model("default").model
+    model = load_model("default", quant_activations="fp32").model  # blocks in row layout
     head = model.lm_head
     layers = [m for m in model.modules() if isinstance(m, Linear) and m is not head]
     from grammarserve_kernels.quant_q8 import cpu_isa

@@ -1,8 +1,8 @@
 """Give a CPU model's linears (and its token embedding) the GGUF's own quantized blocks: the one
 copy of those weights the model keeps.
 
-Each linear whose GGUF tensors all have a kernel (Q4_1 and Q4_K repacked losslessly into its
-layout, Q8_0, Q6_K) gets :class:`~grammarserve_kernels.quant.QuantWeight` row segments of the
+Each linear whose GGUF tensors all have a kernel (``quant.PACKED_TYPES``: Q4_K, Q6_K, Q5_K,
+Q8_0, Q4_1, Q5_1 and Q4_0 / Q5_0 repacked losslessly into the Q4_1 / Q8_0 layouts) gets :class:`~grammarserve_kernels.quant.QuantWeight` row segments of the
 same values, fused like the fp32 weight would be (q/k/v and gate/up concatenated, llama's Q/K row
 permutation undone; one segment per run of one layout); the loader then never reads those
 weights dense (:func:`load_gguf_blocks` before loading says which). With int8 activations (the
@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from grammarserve_kernels.quant import (
     PACKED_TYPES,
+    as_q4_1,
     QuantWeight,
     pack_gguf_blocks,
     quant_kernel_available,
@@ -176,8 +177,8 @@ def _set_layout(linear: Linear, rows: tuple[QuantWeight, ...], levels: int) -> N
     if levels:
         linear.quant_x16 = tuple(pack_x16(q, levels=levels) for q in rows)
         linear.quant_rows = ()
-    else:
-        linear.quant_rows, linear.quant_x16 = rows, None
+    else:  # the fp32-activation kernel multiplies Q4_K in the Q4_1 layout (the same values)
+        linear.quant_rows, linear.quant_x16 = tuple(as_q4_1(q) for q in rows), None
 
 
 def set_quant_activations(model: LlamaModel, activations: str) -> str:
