@@ -19,11 +19,16 @@ random, so the values are arbitrary; the figures are speed and validity. Ratios:
 llama-server per cell, and each server's constrained over its unconstrained ``tok_s``. Per server:
 its start-up time, memory plan line, and resident memory (the process and its children) when
 healthy and at its peak during the cells.
+
+``--ttft 512,2048,6000``: after the cells, time to first token of one chat request per length
+(``max_tokens`` 1, greedy), each prompt that many tokens of distinct text (no prefix in common
+with any other request, so no cache serves it); ``ttft`` maps the prompt tokens the server
+counted (``usage.prompt_tokens``) to seconds, and ``ttft_over_llama`` the ratios.
 Prints one JSON line.
 
     .venv/bin/python benchmarks/bench_shapes.py --shape smollm2-1.7b [--streams 1,8]
         [--workloads plain,json,tools] [--max-tokens 96] [--rounds 2] [--llama-server PATH]
-        [--qtype Q4_1|Q8_0|Q4_K_M|...] [--gguf FILE]
+        [--qtype Q4_1|Q8_0|Q4_K_M|...] [--gguf FILE] [--ttft 512,2048,6000]
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -157,6 +163,29 @@ async def _cell(url: str, workload: str, streams: int, rounds: int, max_tokens: 
             "finish": sorted({str(o["finish"]) for o in outs})}
 
 
+_WORDS = ["house", "river", "green", "market", "window", "paper", "summer", "engine", "garden",
+          "letter", "stone", "music", "yellow", "doctor", "island", "winter", "bridge", "camera",
+          "forest", "silver"]
+
+
+def _long_prompt(tokens: int, salt: int) -> str:
+    """About ``tokens`` tokens of text no other prompt of the run shares a prefix with."""
+    rng = random.Random(salt)
+    words = " ".join(rng.choice(_WORDS) for _ in range(tokens - 24))
+    return f"Request {salt}: count the words below.\n{words}"
+
+
+async def _ttft(url: str, tokens: int, salt: int) -> tuple[int, float]:
+    """The prompt tokens the server counted and the seconds to the first token."""
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", timeout=3600)
+    t0 = time.perf_counter()
+    reply = await client.chat.completions.create(
+        model="default", max_tokens=1, temperature=0.0,
+        messages=[{"role": "user", "content": _long_prompt(tokens, salt)}])
+    seconds = time.perf_counter() - t0
+    return (reply.usage.prompt_tokens if reply.usage else tokens), round(seconds, 2)
+
+
 def _serve(cmd: list[str], log: Path) -> tuple[subprocess.Popen[bytes], str, float]:
     """Start a server; returns it, its URL and the seconds to healthy (raises with the log)."""
     port = free_port()
@@ -215,10 +244,12 @@ def main() -> None:
     ap.add_argument("--no-peer", action="store_true")
     ap.add_argument("--cache", type=Path, default=None, help="default: model_shapes.default_dir()")
     ap.add_argument("--qtype", default="Q4_1", help="the generated file's type (model_shapes)")
+    ap.add_argument("--ttft", default="", help="prompt lengths to time to first token")
     ap.add_argument("--gguf", type=Path, default=None,
                     help="serve this file instead (e.g. one llama-quantize wrote from --shape's)")
     args = ap.parse_args()
     streams = [int(s) for s in args.streams.split(",")]
+    ttft = [int(t) for t in args.ttft.split(",") if t]
     workloads = args.workloads.split(",")
     args.cache = args.cache or default_dir()
     gguf = args.gguf or make_gguf(args.shape, args.cache, qtype=args.qtype)
@@ -229,8 +260,9 @@ def main() -> None:
                                 "--log-level", "info"]}
     if not args.no_peer and args.llama_server.is_file():
         slots = max(streams)
-        servers["llama-server"] = [str(args.llama_server), "-m", str(gguf), "-c",
-                                   str(4096 * slots), "-np", str(slots), "-t", "2", "--jinja"]
+        ctx = max(4096 * slots, -(-(max(ttft, default=0) + 512) // 1024) * 1024 * slots)
+        servers["llama-server"] = [str(args.llama_server), "-m", str(gguf), "-c", str(ctx),
+                                   "-np", str(slots), "-t", "2", "--jinja"]
     results: dict[str, Any] = {}
     for name, cmd in servers.items():
         log = args.cache / f"{name}.log"
@@ -240,6 +272,7 @@ def main() -> None:
         try:
             cells = {f"{w}@{s}": asyncio.run(_cell(url, w, s, args.rounds, args.max_tokens))
                      for s in streams for w in workloads}
+            firsts = [asyncio.run(_ttft(url, t, salt)) for salt, t in enumerate(ttft)]
         finally:
             peak_rss = rss.stop()
             proc.terminate()
@@ -248,7 +281,8 @@ def main() -> None:
                     None)
         results[name] = {"startup_s": round(startup, 1), "plan": plan,
                          "rss_ready_gb": round(ready_rss / 1e9, 2),
-                         "rss_peak_gb": round(peak_rss / 1e9, 2), "cells": cells}
+                         "rss_peak_gb": round(peak_rss / 1e9, 2), "cells": cells,
+                         "ttft": {str(n): s for n, s in firsts}}
         print(json.dumps({"server": name, **results[name]}), file=sys.stderr, flush=True)
     line["servers"] = results
     ours = results["grammarserve"]["cells"]
@@ -259,6 +293,11 @@ def main() -> None:
         line["ours_over_llama"] = {k: {m: round(ours[k][m] / peer[k][m], 2)
                                        for m in ("tok_s", "decode_tok_s")
                                        if ours[k][m] and peer[k][m]} for k in ours}
+    if "llama-server" in results and ttft:
+        line["ttft_over_llama"] = {
+            str(t): round(a / b, 3) for t, a, b in zip(
+                ttft, results["grammarserve"]["ttft"].values(),
+                results["llama-server"]["ttft"].values())}
     line["constrained_over_plain"] = {
         f"{name}:{w}@{s}": round(r["cells"][f"{w}@{s}"]["tok_s"]
                                  / r["cells"][f"plain@{s}"]["tok_s"], 2)

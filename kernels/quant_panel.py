@@ -64,6 +64,13 @@ def panel_available() -> bool:
     return isa is not None and _lib(isa) is not None
 
 
+def amx_granted() -> bool:
+    """Whether the CPU has AMX tiles and this process may use them (torch asks Linux for the
+    tile permission; False where torch has no such call). oneDNN's bf16 GEMM uses them."""
+    init = getattr(torch._C._cpu, "_init_amx", None)
+    return bool(init()) if callable(init) else False
+
+
 def panel_error() -> str | None:
     """Why :func:`panel_available` is False, or None."""
     isa = cpu_isa()

@@ -10,14 +10,14 @@ import shutil
 import pytest
 import torch
 from grammarserve_kernels.quant import dequantize, pack_gguf_blocks
-from grammarserve_kernels.quant_panel import panel_available
+from grammarserve_kernels.quant_panel import amx_granted, panel_available
 from grammarserve_kernels.quant_q8 import pack_x16, quant_matmul_q8_rows
 from quant_helpers import random_blocks
 
 from grammarserve.config import EngineConfig
 from grammarserve.errors import InvalidRequestError
 from grammarserve.models.kernel_report import measure_kernels
-from grammarserve.models.linear import PREFILL_ROWS, Linear
+from grammarserve.models.linear import PREFILL_AUTO_FALLBACK, PREFILL_ROWS, Linear
 from grammarserve.models.quant_weights import set_prefill_matmul
 
 needs_kernel = pytest.mark.skipif(
@@ -69,8 +69,18 @@ def test_the_mode_is_set_on_every_linear_and_checked() -> None:
     assert all(m.prefill_matmul == used for m in model)
     with pytest.raises(ValueError, match="prefill_matmul must be one of"):
         set_prefill_matmul(model, "fp8")  # type: ignore[arg-type]
-    with pytest.raises(InvalidRequestError, match="prefill_matmul must be int8x2, int8 or bf16"):
+    with pytest.raises(InvalidRequestError,
+                       match="prefill_matmul must be auto, int8x2, int8 or bf16"):
         EngineConfig(prefill_matmul="fp8")  # type: ignore[arg-type]
+
+
+@needs_kernel
+def test_auto_takes_bf16_panels_exactly_where_amx_tiles_are_granted() -> None:
+    model = torch.nn.Sequential(_linear()[0])
+    used = set_prefill_matmul(model, "auto")  # type: ignore[arg-type]
+    want = "bf16" if amx_granted() and panel_available() else PREFILL_AUTO_FALLBACK
+    assert used == want and model[0].prefill_matmul == want
+    assert EngineConfig().prefill_matmul == "auto"
 
 
 @pytest.mark.model

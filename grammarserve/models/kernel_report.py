@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 import torch
+from grammarserve_kernels.quant_panel import amx_granted
 from grammarserve_kernels.quant_q8 import ISAS
 
 from grammarserve.models.linear import Linear
@@ -90,10 +91,3 @@ def _gops(linear: Linear, rows: int) -> float:
             linear(x)
             best = min(best, time.perf_counter() - t0)
     return 2 * rows * n * k / best / 1e9
-
-
-def amx_granted() -> bool:
-    """Whether the CPU has AMX tiles and this process may use them (torch asks Linux for the
-    tile permission; False where torch has no such call)."""
-    init = getattr(torch._C._cpu, "_init_amx", None)
-    return bool(init()) if callable(init) else False

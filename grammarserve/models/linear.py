@@ -44,6 +44,8 @@ Q8_ROWS = 1 << 20  # ... with int8 activations: every batch (faster than BLAS at
 #: bf16 panels ran as fast as the two-level kernel, ``benchmarks/bench_prefill_gemm.py``).
 PREFILL_ROWS = PANEL_MIN_ROWS
 PREFILL_MATMULS = ("int8x2", "int8", "bf16")
+#: ``prefill_matmul`` "auto": bf16 panels where AMX tiles are granted, else this.
+PREFILL_AUTO_FALLBACK = "int8x2"
 
 
 def _padded_rows(m: int) -> int:

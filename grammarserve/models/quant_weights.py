@@ -32,12 +32,12 @@ from grammarserve_kernels.quant import (
     pack_gguf_blocks,
     quant_kernel_available,
 )
-from grammarserve_kernels.quant_panel import panel_available, panel_error
+from grammarserve_kernels.quant_panel import amx_granted, panel_available, panel_error
 from grammarserve_kernels.quant_q8 import cpu_isa, pack_x16
 
 from grammarserve.models.decode_stack import bind_decode_stack
 from grammarserve.models.gguf_convert import read_gguf, unpermute_rows
-from grammarserve.models.linear import PREFILL_MATMULS, Linear
+from grammarserve.models.linear import PREFILL_AUTO_FALLBACK, PREFILL_MATMULS, Linear
 from grammarserve.models.llama import LlamaModel
 from grammarserve.models.quant_embedding import QuantEmbedding
 
@@ -201,8 +201,12 @@ def set_quant_activations(model: LlamaModel, activations: str) -> str:
 
 def set_prefill_matmul(model: LlamaModel, mode: str) -> str:
     """Run ``model``'s batches of ``PREFILL_ROWS`` rows and more with ``mode`` (one of
-    ``linear.PREFILL_MATMULS``; see ``Linear``); returns the mode in use: ``"bf16"`` becomes
-    ``"int8"`` where the panel kernel cannot be built here."""
+    ``linear.PREFILL_MATMULS``, or ``"auto"``; see ``Linear``); returns the mode in use:
+    ``"auto"`` is ``"bf16"`` where AMX tiles are granted and the panel kernel builds, else
+    ``linear.PREFILL_AUTO_FALLBACK``; ``"bf16"`` becomes ``"int8"`` where the panel kernel
+    cannot be built here."""
+    if mode == "auto":
+        mode = "bf16" if amx_granted() and panel_available() else PREFILL_AUTO_FALLBACK
     if mode not in PREFILL_MATMULS:
         raise ValueError(f"prefill_matmul must be one of {', '.join(PREFILL_MATMULS)}, got "
                          f"{mode!r}")
