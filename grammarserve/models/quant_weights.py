@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from grammarserve_kernels.quant import (
     PACKED_TYPES,
-    as_q4_1,
     QuantWeight,
+    as_q4_1,
     pack_gguf_blocks,
     quant_kernel_available,
 )
