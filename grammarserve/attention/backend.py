@@ -24,6 +24,7 @@ from grammarserve.attention.cascade import (
 from grammarserve.attention.forward_batch import ForwardBatch
 from grammarserve.attention.kv_mirror import KVMirror
 from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
+from grammarserve.attention.prefill_kv import PrefillKV, mirror_split
 from grammarserve.attention.row_mirror import RowMirror
 
 # Requests with at most this many new tokens (decode steps, jump-forward spans) are attended
@@ -85,6 +86,7 @@ class _PaddedGroup:
     add_mask: torch.Tensor | None = None  # [B*kv_heads, group*Lq, S_cap], built on first layer
     base: int = 0  # positions before this are the group's shared prefix (cascade.py)
     own_len: torch.Tensor | None = None  # [N] mirror keys each query sees (fused kernel)
+    prefill_seq: int | None = None  # one request whose K/V PrefillKV holds (prefill_kv.py)
 
 
 class TorchSDPABackend(AttentionBackend):
@@ -116,13 +118,26 @@ class TorchSDPABackend(AttentionBackend):
         elif mirror_tokens:
             self.mirror = KVMirror(pool, mirror_tokens, req_to_token.max_context)
         self.shared = SharedPrefixKV(pool)
+        # A request attended alone behind a long prefix (a chunked prompt) reads its K/V from
+        # a contiguous per-request copy instead of a gather from the pool every layer, every
+        # step; bounded like the mirror (off without one).
+        self.prefill_kv: PrefillKV | None = None
+        if mirror_tokens:
+            self.prefill_kv = PrefillKV(pool, req_to_token.table,
+                                        min(mirror_tokens, req_to_token.max_context),
+                                        req_to_token.max_context)
         self._batch: ForwardBatch | None = None
         self._groups: list[_CausalGroup | _PaddedGroup] = []
 
     def prepare(self, batch: ForwardBatch) -> None:
+        """Group the batch's requests: prompts with no prefix (causal), the short group (decode
+        tokens and spans up to the limit, one mirrored call) and requests attended alone (long
+        extends, and members that would push the decode mirror past its budget: a late chunk
+        of a long prompt; these read :class:`PrefillKV` where it has room)."""
         self._batch = batch
         self._groups = []
         short: list[int] = []
+        alone: list[int] = []
         limit = FUSED_EXTEND if isinstance(self.mirror, RowMirror) else SHORT_EXTEND
         for i, (start, p, n) in enumerate(zip(batch.starts, batch.prefix_lens, batch.extend_lens)):
             window_ok = self.sliding_window is None or n <= self.sliding_window
@@ -132,7 +147,21 @@ class TorchSDPABackend(AttentionBackend):
             elif n <= limit:
                 short.append(i)
             else:
-                self._groups.append(self._padded(batch, [i]))
+                alone.append(i)
+        if short and self.mirror is not None and self.prefill_kv is not None:
+            apart = mirror_split([batch.prefix_lens[i] + batch.extend_lens[i] for i in short],
+                                 [batch.prefix_lens[i] for i in short],
+                                 [batch.extend_lens[i] for i in short],
+                                 [batch.seq_ids[i] in self.prefill_kv.entries for i in short],
+                                 torch.tensor([batch.req_pool_indices[i] for i in short]),
+                                 self.req_to_token.table, self.mirror.max_tokens)
+            alone += [short[j] for j in apart]
+            short = [i for j, i in enumerate(short) if j not in apart]
+        if self.prefill_kv is not None:
+            self.prefill_kv.begin([batch.seq_ids[i] for i in range(batch.batch_size)
+                                   if i not in alone])
+        for i in alone:
+            self._groups.append(self._alone(batch, i))
         if short:
             base = 0
             table_rows = torch.tensor([batch.req_pool_indices[i] for i in short])
@@ -153,6 +182,16 @@ class TorchSDPABackend(AttentionBackend):
                     self.shared.invalidate()
             self._groups.append(self._padded(batch, short, mirrored=mirrored,
                                              base=base if mirrored else 0, rows=mirror_rows))
+
+    def _alone(self, batch: ForwardBatch, i: int) -> _PaddedGroup:
+        """Request ``i`` attended by itself: its K/V from :class:`PrefillKV` where it has a
+        prefix and fits there, else gathered from the pool."""
+        g = self._padded(batch, [i])
+        p, n = batch.prefix_lens[i], batch.extend_lens[i]
+        if self.prefill_kv is not None and p > 0 and self.prefill_kv.plan(
+                batch.seq_ids[i], batch.req_pool_indices[i], p, n):
+            g.prefill_seq = batch.seq_ids[i]
+        return g
 
     def _padded(self, batch: ForwardBatch, members: list[int], *,
                 mirrored: bool = False, base: int = 0,
@@ -220,6 +259,8 @@ class TorchSDPABackend(AttentionBackend):
         for g in self._groups:
             if isinstance(g, _CausalGroup):
                 self._causal(layer, q, g, out)
+            elif g.prefill_seq is not None:
+                self._prefill_sdpa(layer, q, g, out)
             elif g.mirror_b is None or self.mirror is None:
                 self._padded_sdpa(layer, q, g, out)
             elif isinstance(self.mirror, RowMirror):
@@ -269,6 +310,14 @@ class TorchSDPABackend(AttentionBackend):
         kg = _gather(k_buf, g.kv_slots).to(q.dtype).transpose(1, 2)  # [B, Hkv, S, d]
         vg = _gather(v_buf, g.kv_slots).to(q.dtype).transpose(1, 2)
         self._sdpa(q, g, kg, vg, out)
+
+    def _prefill_sdpa(self, layer: int, q: torch.Tensor, g: _PaddedGroup,
+                      out: torch.Tensor) -> None:
+        """A request alone: SDPA over its contiguous K/V in :class:`PrefillKV` (this step's
+        new tokens appended first), the same keys and mask as :meth:`_padded_sdpa`."""
+        assert self.prefill_kv is not None and g.prefill_seq is not None and self._batch is not None
+        k, v = self.prefill_kv.append(layer, g.prefill_seq, self._batch.out_cache_loc[g.out_rows])
+        self._sdpa(q, g, k[None].to(q.dtype), v[None].to(q.dtype), out)
 
     def _mirror_kv(self, layer: int, g: _PaddedGroup) -> tuple[torch.Tensor, torch.Tensor]:
         """Append the group's new K/V to the mirror; its ``[B, Hkv, S_cap, d]`` K and V."""
