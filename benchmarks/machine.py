@@ -1,5 +1,6 @@
 """What machine a benchmark ran on, for its JSON line: every figure must say which CPU measured it
-(the CPU model varies between machines of this project's kind: AVX2 only, or AVX-512 with VNNI),
+(the CPU model varies between machines of this project's kind: AVX2 only, AVX-512 with VNNI,
+or with AMX too),
 from which checkout and when. :func:`stamp` gives all three; every script of benchmarks/ that
 prints a JSON result line starts the line with it (tests/test_bench_stamps.py checks that)."""
 
@@ -24,6 +25,8 @@ def cpu_name() -> str:
                       if ln.startswith("flags")), []))
     isa = ("AVX-512 VNNI" if {"avx512f", "avx512_vnni"} <= flags else
            "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2")
+    if {"amx_tile", "amx_bf16"} <= flags:  # listed by the CPU; whether Linux grants the tiles
+        isa += ", AMX"  # is the kernel report's ``amx`` (grammarserve_kernels.quant_panel)
     return f"{name} ({os.cpu_count()} cores, {isa})"
 
 
