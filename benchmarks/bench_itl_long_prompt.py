@@ -119,7 +119,7 @@ def pct(xs: list[float], q: float) -> float | None:
 
 
 def summary(xs: list[float]) -> dict[str, Any]:
-    return {"n": len(xs), "p50_ms": pct(xs, 0.5), "p99_ms": pct(xs, 0.99),
+    return {"n": len(xs), "p50_ms": pct(xs, 0.5), "p90_ms": pct(xs, 0.9), "p99_ms": pct(xs, 0.99),
             "max_ms": pct(xs, 1.0),
             "mean_ms": round(1000 * statistics.fmean(xs), 1) if xs else None}
 
@@ -202,6 +202,8 @@ def main() -> None:
            "p99_ratio": round(b["p99_ms"] / a["p99_ms"], 2) if a["p99_ms"] and b["p99_ms"]
            else None,
            "p50_ratio": round(b["p50_ms"] / a["p50_ms"], 2) if a["p50_ms"] and b["p50_ms"]
+           else None,
+           "p90_ratio": round(b["p90_ms"] / a["p90_ms"], 2) if a["p90_ms"] and b["p90_ms"]
            else None,
            "long_ttft_s": round(long_stream.first_s, 2) if long_stream.first_s else None,
            "long_error": long_stream.error,

@@ -8,40 +8,50 @@ the measured cost of recent steps:
 
     step seconds ~ base_s + per_token_s * prefill_tokens
 
-``base_s`` is the running mean of recent steps without prefill (the decode rows alone) and
-``per_token_s`` that of recent prefill steps' time per prefill token beyond ``base_s``.
+``base_s`` is the median of the last :data:`BASE_WINDOW` steps without prefill (the decode
+rows alone; a median, since a stall of a few seconds among them, another process taking the
+cores, made a running mean, and with it every step's allowance, ten times too large until the
+prompt ended: benchmarks/bench_itl_long_prompt.py steps of ~450 ms beside 16 ms decode steps)
+and ``per_token_s`` the running mean of recent prefill steps' time per prefill token beyond
+``base_s``.
 
 * While any request decodes, a step may take ``min(target_s, DECODE_STRETCH * base_s)``: the
-  streams' inter-token latency stays within ``DECODE_STRETCH`` times their latency without the
-  prefill (benchmarks/bench_itl_long_prompt.py: on the embedded model a prefill token late in
-  an 8,000-token prompt costs about as much as a whole 4-row decode step, so a fixed 0.5 s
-  target let each step stall the streams 10x and more).
+  streams' inter-token latency stays within about ``DECODE_STRETCH`` times their median step
+  without the prefill. Measured (benchmarks/peers/results-2026-12-08-itl.jsonl, embedded
+  model, 8,000-token prompt, 4 streams, 2 cores): 2 gave an ITL p99 3.3x the p99 alone and
+  the prompt's first token in 129 s; 4 gave 5.5x and 74 s (the pacer off: 20 s, and 51x).
 * While nothing decodes but a request waits to be admitted, a step may take ``target_s``, so
   that the newcomer starts behind a short chunk, not a whole ``max_batch_tokens`` one (the
   scheduler also keeps part of the budget for admissions then, ``Scheduler.schedule``).
 * Otherwise there is no cap (no one to stall: the largest chunk is the fastest prefill).
 
 Before the first prefill step is measured the cap is ``min_chunk``; it never falls below
-``min_chunk``, so a prompt always advances. Not lower than 32: a short chunk rides in the decode
-rows' attention group (``attention/backend.py``), and where that group outgrows the decode
-mirror (5 rows of 7,000 positions on the embedded model) every such step is seconds whatever the
-chunk's size, so a tiny floor made that stretch of the prompt thousands of slow steps. Costs that rise (a chunk's attention grows with the
-tokens before it) are followed faster than costs that fall, so an under-estimate lasts few
-steps. Decode rows are always scheduled first (``Scheduler.schedule``).
+``min_chunk``, so a prompt always advances. 8: a long prompt's chunk attends apart from the
+decode rows on its own contiguous K/V (``attention/prefill_kv.py``), so a short chunk no longer
+makes the decode rows' step slow (the floor was 32 while it rode in their mirrored group, where
+each step past the mirror's budget took seconds); below ~8 queries a chunk's attention costs
+about as much as 8 (it reads the whole prefix's K/V either way) and the prompt advances slower.
+Costs that rise (a chunk's attention grows with the tokens before it) are followed faster than
+costs that fall, so an under-estimate lasts few steps. Decode rows are always scheduled first
+(``Scheduler.schedule``).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 #: Weight of the newest step in the running means; ``ALPHA_UP`` where the cost rose.
 ALPHA = 0.3
 ALPHA_UP = 0.6
 #: While requests decode, a step with prefill may take this many times a decode-only step.
 DECODE_STRETCH = 2.0
+#: ``base_s`` is the median of this many recent steps without prefill.
+BASE_WINDOW = 15
 
 
 def _mean(old: float | None, new: float, alpha: float = ALPHA) -> float:
@@ -54,13 +64,14 @@ class StepPacer:
 
     target_s: float
     max_tokens: int
-    min_chunk: int = 32
+    min_chunk: int = 8
     base_s: float | None = None
     per_token_s: float | None = None
+    decode_steps: deque[float] = field(default_factory=lambda: deque(maxlen=BASE_WINDOW))
 
     def limit_s(self, decoding: bool) -> float:
         """The time a step with prefill may take: ``target_s``, and while requests decode at
-        most ``DECODE_STRETCH`` times a measured decode-only step."""
+        most ``DECODE_STRETCH`` times the median recent decode-only step."""
         if decoding and self.base_s is not None:
             return min(self.target_s, DECODE_STRETCH * self.base_s)
         return self.target_s
@@ -80,7 +91,8 @@ class StepPacer:
     def record(self, prefill_tokens: int, seconds: float) -> None:
         """Account one step that fed ``prefill_tokens`` prompt tokens and took ``seconds``."""
         if prefill_tokens == 0:
-            self.base_s = _mean(self.base_s, seconds)
+            self.decode_steps.append(seconds)
+            self.base_s = statistics.median(self.decode_steps)
         else:
             beyond = max(seconds - (self.base_s or 0.0), 0.0) / prefill_tokens
             up = self.per_token_s is not None and beyond > self.per_token_s
