@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from grammarserve.attention.backend import TorchSDPABackend
+from grammarserve.attention.backend import LOW_PRECISION_MIN_QUERIES, TorchSDPABackend
 from grammarserve.attention.forward_batch import ForwardBatch
 from grammarserve.attention.kv_pool import KVPool, ReqToTokenPool
 from grammarserve.attention.prefill_kv import KEEP_STEPS, PrefillKV, mirror_split
@@ -202,3 +202,28 @@ def test_mirror_split_sets_a_long_prompts_chunk_apart() -> None:
                      ([2000, 2100, 3032], [1, 1, 32])):
         assert mirror_split(seq, [s - e for s, e in zip(seq, ext)], ext, [False, False, True],
                             rows, table, big) == []
+
+
+def test_long_query_groups_attend_in_the_prefill_dtype_and_short_ones_exactly() -> None:
+    """``prefill_dtype`` (bf16 where the linears' prefill is bf16): a prompt's causal group and
+    a lone chunk of ``LOW_PRECISION_MIN_QUERIES`` queries or more attend in bf16 (within bf16's
+    rounding of the float64 reference); shorter ones and the decode rows stay fp32, bit for bit
+    the fp32 backend's."""
+    pool, table, reqs = _setup()
+    low = TorchSDPABackend(pool, table, mirror_tokens=MIRROR_TOKENS,
+                           prefill_dtype=torch.bfloat16)
+    exact = TorchSDPABackend(pool, table, mirror_tokens=MIRROR_TOKENS)
+    for c in (LOW_PRECISION_MIN_QUERIES, LOW_PRECISION_MIN_QUERIES, 100):
+        ext = [1, 1, 1, 1, c]
+        batch = _batch(pool, table, reqs, ext)
+        qkv = _qkv(sum(ext))
+        got, fp32 = _run(low, batch, qkv), _run(exact, batch, qkv)
+        for layer in range(LAYERS):
+            want = _reference(pool, table, batch, layer, qkv[layer][0])
+            assert torch.equal(got[layer][:4], fp32[layer][:4])  # the decode rows
+            if c >= LOW_PRECISION_MIN_QUERIES:
+                torch.testing.assert_close(got[layer].double(), want, atol=3e-2, rtol=3e-2)
+                assert not torch.equal(got[layer][4:], fp32[layer][4:])
+            else:
+                assert torch.equal(got[layer], fp32[layer])
+        _advance(reqs, ext)

@@ -39,6 +39,9 @@ FUSED_EXTEND = 256
 # batched matmuls instead of SDPA: CPU flash attention's cost grows with the padded query length,
 # so one jump-forward span in the group made every row pay for it (2x at 4 queries, measured).
 MATMUL_MAX_QUERIES = 8
+# With ``prefill_dtype`` (bf16 where the linears' prefill is bf16) a causal group or lone chunk of
+# this many queries attends in it: CPU flash attention in bf16 is ~2.6x fp32 (AMX; ~3e-3 error).
+LOW_PRECISION_MIN_QUERIES = 256
 
 
 class AttentionBackend(ABC):
@@ -101,8 +104,10 @@ class TorchSDPABackend(AttentionBackend):
 
     def __init__(self, pool: KVPool, req_to_token: ReqToTokenPool,
                  sliding_window: int | None = None, mirror_tokens: int | None = None,
-                 decode_kernel: bool = True, decode_stack: bool = True) -> None:
+                 decode_kernel: bool = True, decode_stack: bool = True,
+                 prefill_dtype: torch.dtype | None = None) -> None:
         self.pool = pool
+        self.prefill_dtype = prefill_dtype
         # NOTE: with the kernel, every mirrored group in fp32 takes it (any span length), so the
         # mirror can keep K in the kernel's tiled layout.
         self.decode_kernel = (decode_kernel and sliding_window is None
@@ -296,9 +301,10 @@ class TorchSDPABackend(AttentionBackend):
     def _causal(self, layer: int, q: torch.Tensor, g: _CausalGroup, out: torch.Tensor) -> None:
         """A request with no cached prefix: causal SDPA over its own new tokens."""
         k_buf, v_buf = self.pool.k[layer], self.pool.v[layer]
-        qg = q[g.rows].transpose(0, 1)[None]  # [1, H, n, d]
-        kg = k_buf.index_select(0, g.slots).to(q.dtype).transpose(0, 1)[None]
-        vg = v_buf.index_select(0, g.slots).to(q.dtype).transpose(0, 1)[None]
+        dt = self._dtype(q, g.slots.shape[0])
+        qg = q[g.rows].to(dt).transpose(0, 1)[None]  # [1, H, n, d]
+        kg = k_buf.index_select(0, g.slots).to(dt).transpose(0, 1)[None]
+        vg = v_buf.index_select(0, g.slots).to(dt).transpose(0, 1)[None]
         o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=True, enable_gqa=True)
         out[g.rows] = o[0].transpose(0, 1)
 
@@ -317,7 +323,14 @@ class TorchSDPABackend(AttentionBackend):
         new tokens appended first), the same keys and mask as :meth:`_padded_sdpa`."""
         assert self.prefill_kv is not None and g.prefill_seq is not None and self._batch is not None
         k, v = self.prefill_kv.append(layer, g.prefill_seq, self._batch.out_cache_loc[g.out_rows])
-        self._sdpa(q, g, k[None].to(q.dtype), v[None].to(q.dtype), out)
+        dt = self._dtype(q, g.q_rows.shape[1])
+        self._sdpa(q, g, k[None].to(dt), v[None].to(dt), out)
+
+    def _dtype(self, q: torch.Tensor, queries: int) -> torch.dtype:
+        """The dtype a group of ``queries`` queries attends in (LOW_PRECISION_MIN_QUERIES)."""
+        if self.prefill_dtype is not None and queries >= LOW_PRECISION_MIN_QUERIES:
+            return self.prefill_dtype
+        return q.dtype
 
     def _mirror_kv(self, layer: int, g: _PaddedGroup) -> tuple[torch.Tensor, torch.Tensor]:
         """Append the group's new K/V to the mirror; its ``[B, Hkv, S_cap, d]`` K and V."""
@@ -379,9 +392,9 @@ class TorchSDPABackend(AttentionBackend):
               out: torch.Tensor) -> None:
         """Masked SDPA of the group's padded queries; real query rows are written to ``out``."""
         assert g.mask is not None  # (None would be no mask at all)
-        qg = q[g.q_rows].transpose(1, 2)  # [B, H, Lq, d]
+        qg = q[g.q_rows].to(kg.dtype).transpose(1, 2)  # [B, H, Lq, d], in the keys' dtype
         o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=g.mask, enable_gqa=True)
-        out[g.out_rows] = o.transpose(1, 2).flatten(0, 1)[g.valid]  # [B*Lq, H, d] -> real rows
+        out[g.out_rows] = o.transpose(1, 2).flatten(0, 1)[g.valid].to(out.dtype)  # real rows
 
 def _gather(buf: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """``buf[slots]`` for 2-D ``slots``; index_select is several times faster than indexing."""

@@ -63,7 +63,8 @@ class ModelRunner:
                 pool, table, mc.sliding_window,
                 mirror_tokens=mirror_tokens,
                 decode_kernel=config.decode_attention_kernel,
-                decode_stack=config.decode_stack_kernel)
+                decode_stack=config.decode_stack_kernel,
+                prefill_dtype=torch.bfloat16 if model.prefill_matmul == "bf16" else None)
         graphs = None
         if config.cuda_graphs and device.type == "cuda" and DecodeGraphs.supports(model):
             graphs = DecodeGraphs(model, pool, table, config.max_num_reqs)

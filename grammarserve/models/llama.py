@@ -97,6 +97,9 @@ class LlamaModel(nn.Module):
     # The decoder layers bound to the one-call decode kernel (models/decode_stack.py), set with
     # the quantized blocks; decode steps the attention backend offers run through it.
     decode_stack: DecodeStack | None = None
+    #: How the linears multiply prefill-sized batches (``quant_weights.set_prefill_matmul``);
+    #: "bf16" also lets long prompts attend in bf16 (``attention/backend.py``).
+    prefill_matmul: str = "int8x2"
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()

@@ -217,6 +217,7 @@ def set_prefill_matmul(model: LlamaModel, mode: str) -> str:
     for module in model.modules():
         if isinstance(module, Linear):
             module.prefill_matmul = mode
+    model.prefill_matmul = mode
     return mode
 
 
