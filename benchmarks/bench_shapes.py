@@ -177,12 +177,12 @@ def _long_prompt(tokens: int, salt: int) -> str:
 
 async def _ttft(url: str, tokens: int, salt: int) -> tuple[int, float]:
     """The prompt tokens the server counted and the seconds to the first token."""
-    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", timeout=3600)
-    t0 = time.perf_counter()
-    reply = await client.chat.completions.create(
-        model="default", max_tokens=1, temperature=0.0,
-        messages=[{"role": "user", "content": _long_prompt(tokens, salt)}])
-    seconds = time.perf_counter() - t0
+    async with openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", timeout=3600) as client:
+        t0 = time.perf_counter()
+        reply = await client.chat.completions.create(
+            model="default", max_tokens=1, temperature=0.0,
+            messages=[{"role": "user", "content": _long_prompt(tokens, salt)}])
+        seconds = time.perf_counter() - t0
     return (reply.usage.prompt_tokens if reply.usage else tokens), round(seconds, 2)
 
 

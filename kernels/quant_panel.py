@@ -43,11 +43,14 @@ _ISA_FLAGS = {
     "avx2": [],
     "avx512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"],
 }
-#: Weight rows dequantized per panel: a 512 x 2048 bf16 panel is 2 MiB. In
-#: ``bench_prefill_gemm.py`` (gate_up, 16384 x 2048) panels of 256, 512 and 1024 rows and the
-#: whole segment ran within the machine's noise of each other at 512 and 2048 rows, so the panel
-#: stays small: an 8B model's 28,672 x 4,096 gate_up would otherwise need a 235 MB transient.
-PANEL_ROWS = 512
+#: Weight rows dequantized per panel: a 1024 x 2048 bf16 panel is 4 MiB. In
+#: ``bench_prefill_gemm.py`` (gate_up, 16384 x 2048, AMD EPYC without AMX) panels of 256 to
+#: 1024 rows and the whole segment ran within noise; with AMX (Intel Xeon, 2 threads) each
+#: panel's output copy into the fp32 result costs about as much as its GEMM, and a 632-token
+#: chunk at the 1.7B shape took 5.6 s with 512-row panels, 3.3 s with 2048 and 4.5 s with the
+#: whole segment (a 235 MB transient for an 8B model's gate_up); a 2,680-token prompt
+#: 14.4 / 10.8 / 11.1 s with 512 / 1024 / 2048 rows.
+PANEL_ROWS = 1024
 #: The batch rows from which :func:`panel_matmul` (bf16) ran at least as fast as the two-level
 #: int8 kernel on the AMD EPYC (AVX-512 VNNI and BF16, no AMX) of ``bench_prefill_gemm.py``; with
 #: AMX (oneDNN's bf16 tiles) the crossover is expected lower (measure with

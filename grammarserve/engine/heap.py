@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 
 #: glibc's mallopt parameters (malloc.h) and what :func:`keep_transients` sets them to.
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
-_MMAP_THRESHOLD = 32 << 20  # glibc's largest: blocks above it are always mapped
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD, _M_MMAP_MAX = -1, -2, -3, -4
+_MMAP_THRESHOLD = 32 << 20  # glibc's largest (blocks above it are mapped unless mapping is off)
 _TRIM_THRESHOLD = 1 << 30
 _TOP_PAD = 64 << 20
 
@@ -47,19 +47,22 @@ def freeze_startup_heap() -> int:
 
 
 def keep_transients() -> bool:
-    """Let glibc reuse a forward's freed buffers instead of mapping fresh pages for each: blocks
-    up to 32 MiB come from the heap and up to 1 GiB of free memory stays in an arena between
+    """Let glibc reuse a forward's freed buffers instead of mapping fresh pages for each: every
+    block comes from the heap (no ``mmap`` per block: a prefill's 64-128 MiB activations were
+    mapped and unmapped per op) and up to 1 GiB of free memory stays in an arena between
     :class:`HeapTrimmer`'s trims (by default an arena gives back what passes glibc's dynamic
-    trim threshold, and the worker threads' arenas, where oneDNN's GEMM scratch lives, shrink and
-    grow again on every call). A prefill forward allocates hundreds of multi-MiB temporaries, and
-    each fresh page costs a fault: a 2,664-token prompt at the 1.7B shape took 14.8 s (13.3 s) to
-    its first token with glibc's defaults and 11.1 s (10.2 s) with these (Intel Xeon with AMX, 2
-    threads, in-process). Returns False where there is no ``mallopt`` (not glibc)."""
+    trim threshold, and the worker threads' arenas, where oneDNN's GEMM scratch lives, shrink
+    and grow again on every call). A prefill forward allocates hundreds of multi-MiB
+    temporaries, and each fresh page costs a fault: a 2,664-token prompt at the 1.7B shape took
+    14.8 s (13.3 s) to its first token with glibc's defaults, 11.1 s (10.2 s) with the
+    thresholds alone, and a 2,680-token one behind two others 10.0 s with mapping off too
+    (Intel Xeon with AMX, 2 threads, in-process). Call it once the model is loaded (its load
+    maps and frees large blocks). Returns False where there is no ``mallopt`` (not glibc)."""
     mallopt = getattr(_libc(), "mallopt", None)
     if mallopt is None:
         return False
-    for param, value in ((_M_MMAP_THRESHOLD, _MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, _TRIM_THRESHOLD),
-                         (_M_TOP_PAD, _TOP_PAD)):
+    for param, value in ((_M_MMAP_THRESHOLD, _MMAP_THRESHOLD), (_M_MMAP_MAX, 0),
+                         (_M_TRIM_THRESHOLD, _TRIM_THRESHOLD), (_M_TOP_PAD, _TOP_PAD)):
         mallopt(param, value)
     return True
 
