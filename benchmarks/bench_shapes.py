@@ -245,6 +245,7 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, default=None, help="default: model_shapes.default_dir()")
     ap.add_argument("--qtype", default="Q4_1", help="the generated file's type (model_shapes)")
     ap.add_argument("--ttft", default="", help="prompt lengths to time to first token")
+    ap.add_argument("--server-args", default="", help="more `grammarserve serve` arguments")
     ap.add_argument("--gguf", type=Path, default=None,
                     help="serve this file instead (e.g. one llama-quantize wrote from --shape's)")
     args = ap.parse_args()
@@ -256,7 +257,7 @@ def main() -> None:
     line: dict[str, Any] = {**stamp(), "bench": "shapes", "shape": args.shape,
                             "file": gguf.name, "max_tokens": args.max_tokens,
                             "rounds": args.rounds}
-    servers = {"grammarserve": [GRAMMARSERVE, "serve", "--model", str(gguf),
+    servers = {"grammarserve": [GRAMMARSERVE, "serve", "--model", str(gguf), *args.server_args.split(),
                                 "--log-level", "info"]}
     if not args.no_peer and args.llama_server.is_file():
         slots = max(streams)
