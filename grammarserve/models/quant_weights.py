@@ -75,7 +75,9 @@ class _CachedRows(MutableMapping[str, tuple[QuantWeight, ...]]):
         self._file, self._kinds = handle, kinds
 
     def __getitem__(self, name: str) -> tuple[QuantWeight, ...]:
-        return tuple(QuantWeight(kind, *(self._file.get_tensor(f"{name}.{i}.{part}")
+        # NOTE: cloned: a tensor viewing the mapped file would keep the whole mapping, and every
+        # page loading touched, resident beside the packed copy (an 8B model: 4.8 GB more RSS)
+        return tuple(QuantWeight(kind, *(self._file.get_tensor(f"{name}.{i}.{part}").clone()
                                          for part in ("qs", "d", "m")))
                      for i, kind in enumerate(self._kinds[name]))
 
