@@ -127,10 +127,11 @@ def engine_args(p: argparse.ArgumentParser) -> None:
                         "(exact); integer kernels dispatched for AVX2/AVX-512/VNNI")
     p.add_argument("--prefill-matmul", default=EngineConfig.prefill_matmul,
                    choices=["auto", "int8x2", "int8", "bf16"],
-                   help="matmuls of prefill-sized batches (256 rows and more): auto (default: "
-                        "bf16 where the CPU grants AMX tiles, else int8x2), the int8x2 kernel, "
-                        "one int8 level (int8: ~2x faster, llama.cpp's numerics) or bf16 GEMM "
-                        "on dequantized panels (bf16: AMX tiles where the CPU has them)")
+                   help="matmuls of prefill-sized batches (256 rows and more): the int8x2 "
+                        "kernel (default: a row's result never depends on its batch), auto (bf16 "
+                        "where the CPU grants AMX tiles, else int8x2), one int8 level (int8: ~2x "
+                        "faster, llama.cpp's numerics) or bf16 GEMM on dequantized panels (bf16: "
+                        "AMX tiles where the CPU has them; ~3x faster prompts there)")
     p.add_argument("--decode-attention-kernel", default=EngineConfig.decode_attention_kernel,
                    action=argparse.BooleanOptionalAction,
                    help="CPU decode attention with the fused C++ kernel (off: torch matmuls)")

@@ -174,9 +174,12 @@ class EngineConfig:
         (llama.cpp's Q8 activations: faster, ~5e-3, greedy replies can change); ``"fp32"`` the
         exact product with the dequantized weight (``kernels/quant_cpu.cpp``).
     prefill_matmul:
-        With int8 activations, batches of ``PREFILL_ROWS`` (256) rows and more: ``"auto"``
-        (default) is ``"bf16"`` where the CPU has AMX tiles and Linux grants them, else
-        ``"int8x2"``; ``"int8x2"`` as above (a row's result never depends on its batch),
+        With int8 activations, batches of ``PREFILL_ROWS`` (256) rows and more: ``"int8x2"``
+        (default) as above (a row's result never depends on its batch); ``"auto"`` is ``"bf16"``
+        where the CPU has AMX tiles and Linux grants them, else ``"int8x2"``. Not the default:
+        the path is chosen per batch, so a decoding request's rows batched beside another's long
+        prompt take bf16 too and its greedy reply can change (the suite's schema replies on an
+        AMX machine: one looped to ``max_tokens``);
         ``"int8"`` one level (~2x faster prefill), ``"bf16"`` torch's bf16 GEMM on weight panels
         dequantized per call (oneDNN: AMX tiles where present; ~3e-3 relative error per
         product, so a long prompt's greedy reply can differ from int8x2's).
@@ -289,7 +292,7 @@ class EngineConfig:
     strict_thinking: bool = False
     gguf_blocks: bool = True
     quant_activations: Literal["int8x2", "int8", "fp32"] = "int8x2"
-    prefill_matmul: Literal["auto", "int8x2", "int8", "bf16"] = "auto"
+    prefill_matmul: Literal["auto", "int8x2", "int8", "bf16"] = "int8x2"
     decode_attention_kernel: bool = True
     decode_stack_kernel: bool = True
     attention_backend: Literal["auto", "torch", "varlen"] = "auto"

@@ -80,7 +80,7 @@ def test_auto_takes_bf16_panels_exactly_where_amx_tiles_are_granted() -> None:
     used = set_prefill_matmul(model, "auto")  # type: ignore[arg-type]
     want = "bf16" if amx_granted() and panel_available() else PREFILL_AUTO_FALLBACK
     assert used == want and model[0].prefill_matmul == want
-    assert EngineConfig().prefill_matmul == "auto"
+    assert EngineConfig().prefill_matmul == "int8x2"  # batch-independent rows by default
 
 
 @pytest.mark.model
