@@ -176,10 +176,9 @@ class EngineConfig:
     prefill_matmul:
         With int8 activations, batches of ``PREFILL_ROWS`` (256) rows and more: ``"int8x2"``
         (default) as above (a row's result never depends on its batch); ``"auto"`` is ``"bf16"``
-        where the CPU has AMX tiles and Linux grants them, else ``"int8x2"``. Not the default:
-        the path is chosen per batch, so a decoding request's rows batched beside another's long
-        prompt take bf16 too and its greedy reply can change (the suite's schema replies on an
-        AMX machine: one looped to ``max_tokens``);
+        where the CPU has AMX tiles and Linux grants them, else ``"int8x2"``; not the default, as
+        the path is chosen per batch: a decoding request beside another's long prompt takes bf16
+        too and its greedy reply can change (one of the suite's schema replies looped on AMX);
         ``"int8"`` one level (~2x faster prefill), ``"bf16"`` torch's bf16 GEMM on weight panels
         dequantized per call (oneDNN: AMX tiles where present; ~3e-3 relative error per
         product, so a long prompt's greedy reply can differ from int8x2's).

@@ -34,7 +34,14 @@ import torch
 import torch.nn.functional as F
 from grammarserve_kernels.cpu_build import build_error, open_cached
 from grammarserve_kernels.quant import QuantWeight
-from grammarserve_kernels.quant_q8 import KINDS, TILE, PackedWeight, cpu_isa, pack_x16
+from grammarserve_kernels.quant_q8 import (
+    KINDS,
+    TILE,
+    PackedWeight,
+    check_segments,
+    cpu_isa,
+    pack_x16,
+)
 
 _SOURCE = Path(__file__).with_name("quant_panel_cpu.cpp")
 _COMMON = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-mavx2", "-mfma",
@@ -108,13 +115,7 @@ def panel_matmul(x: torch.Tensor, parts: tuple[PackedWeight, ...],
     ``dtype`` and multiplied by ``F.linear`` in ``dtype``; ``x`` is converted to ``dtype`` once.
     Transient memory: the panel (``panel_rows * K`` elements), ``x`` in ``dtype`` and one
     ``[M, panel_rows]`` product."""
-    if not parts:
-        raise ValueError("a weight needs at least one row segment")
-    k = parts[0].k
-    if any(w.k != k for w in parts):
-        raise ValueError(f"row segments must share K, got {[w.k for w in parts]}")
-    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != k or x.device.type != "cpu":
-        raise ValueError(f"x must be fp32 [M, {k}] on CPU, got {x.dtype} {tuple(x.shape)}")
+    k = check_segments(x, parts)
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be bfloat16 or float32, got {dtype}")
     if panel_rows < 1:

@@ -199,13 +199,9 @@ def quant_matmul_q8(x: torch.Tensor, w: PackedWeight, isa: str | None = None,
     return quant_matmul_q8_rows(x, (w,), isa, levels)
 
 
-def quant_matmul_q8_rows(x: torch.Tensor, parts: tuple[PackedWeight, ...], isa: str | None = None,
-                         levels: int | None = None) -> torch.Tensor:
-    """``x [R, K] @ W.T`` where ``W``'s output rows are ``parts`` in order (row segments, each of
-    its own kind, e.g. a fused qkv of Q4_1 q/k and Q6_K v): each segment's GEMM writes its columns
-    of the one ``[R, sum(n)]`` output in place (no concatenation). ``isa`` and ``levels`` as in
-    :func:`quant_matmul_q8` (defaults: each segment's own). A segment's columns equal
-    :func:`quant_matmul_q8` of it alone, bit for bit."""
+def check_segments(x: torch.Tensor, parts: tuple[PackedWeight, ...]) -> int:
+    """The K that ``parts`` (row segments of one weight) share; raises ValueError unless there
+    is at least one, they share K and ``x`` is fp32 ``[rows, K]`` on CPU."""
     if not parts:
         raise ValueError("a weight needs at least one row segment")
     k = parts[0].k
@@ -213,6 +209,17 @@ def quant_matmul_q8_rows(x: torch.Tensor, parts: tuple[PackedWeight, ...], isa: 
         raise ValueError(f"row segments must share K, got {[w.k for w in parts]}")
     if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != k or x.device.type != "cpu":
         raise ValueError(f"x must be fp32 [R, {k}] on CPU, got {x.dtype} {tuple(x.shape)}")
+    return k
+
+
+def quant_matmul_q8_rows(x: torch.Tensor, parts: tuple[PackedWeight, ...], isa: str | None = None,
+                         levels: int | None = None) -> torch.Tensor:
+    """``x [R, K] @ W.T`` where ``W``'s output rows are ``parts`` in order (row segments, each of
+    its own kind, e.g. a fused qkv of Q4_1 q/k and Q6_K v): each segment's GEMM writes its columns
+    of the one ``[R, sum(n)]`` output in place (no concatenation). ``isa`` and ``levels`` as in
+    :func:`quant_matmul_q8` (defaults: each segment's own). A segment's columns equal
+    :func:`quant_matmul_q8` of it alone, bit for bit."""
+    k = check_segments(x, parts)
     for w in parts:
         if (levels or w.levels) not in (1, 2):
             raise ValueError(f"levels must be 1 or 2, got {levels or w.levels}")

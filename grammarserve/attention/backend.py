@@ -328,9 +328,8 @@ class TorchSDPABackend(AttentionBackend):
 
     def _dtype(self, q: torch.Tensor, queries: int) -> torch.dtype:
         """The dtype a group of ``queries`` queries attends in (LOW_PRECISION_MIN_QUERIES)."""
-        if self.prefill_dtype is not None and queries >= LOW_PRECISION_MIN_QUERIES:
-            return self.prefill_dtype
-        return q.dtype
+        long = self.prefill_dtype is not None and queries >= LOW_PRECISION_MIN_QUERIES
+        return self.prefill_dtype if long and self.prefill_dtype else q.dtype
 
     def _mirror_kv(self, layer: int, g: _PaddedGroup) -> tuple[torch.Tensor, torch.Tensor]:
         """Append the group's new K/V to the mirror; its ``[B, Hkv, S_cap, d]`` K and V."""
